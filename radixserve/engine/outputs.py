@@ -1,0 +1,40 @@
+"""Values the engine hands back to its callers (the offline API and the server)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class RequestMetrics:
+    """Timestamps (time.monotonic seconds) and token counts of one request."""
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_computed_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    num_preemptions: int = 0
+
+
+@dataclass
+class RequestOutput:
+    """State of a request after an engine step: everything so far plus the delta."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort" | "error"
+    num_cached_tokens: int
+    metrics: RequestMetrics
+    error: str | None = None
+    # One float32 row per generated token, only when SamplingParams.return_logits.
+    logits: list[Any] = field(default_factory=list)

@@ -1,0 +1,107 @@
+"""Tokenizer, chat template and incremental detokenization over HF `transformers`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from radixserve.errors import InvalidRequestError, ModelNotFoundError
+
+VALID_ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+class Tokenizer:
+    """Text <-> token ids for one model, with its chat template and stop tokens."""
+
+    def __init__(self, hf_tokenizer: Any) -> None:
+        self.hf = hf_tokenizer
+        self.eos_token_id: int | None = hf_tokenizer.eos_token_id
+        self.bos_token_id: int | None = hf_tokenizer.bos_token_id
+        self.vocab_size: int = len(hf_tokenizer)
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> Tokenizer:
+        """Load tokenizer.json / tokenizer_config.json (and chat template) from a directory."""
+        from transformers import AutoTokenizer
+
+        try:
+            return cls(AutoTokenizer.from_pretrained(str(path)))
+        except (OSError, ValueError) as e:
+            raise ModelNotFoundError(f"cannot load a tokenizer from {path}: {e}") from e
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text`, without adding special tokens."""
+        return list(self.hf.encode(text, add_special_tokens=False))
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of `token_ids`."""
+        return str(self.hf.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
+
+    def apply_chat_template(
+        self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> list[int]:
+        """Token ids of a chat rendered through the model's template; validates messages."""
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise InvalidRequestError("messages must be a non-empty list", "messages")
+        clean = []
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict):
+                raise InvalidRequestError(f"messages[{i}] must be an object", "messages")
+            role, content = m.get("role"), m.get("content")
+            if role not in VALID_ROLES:
+                raise InvalidRequestError(
+                    f"messages[{i}].role must be one of {', '.join(VALID_ROLES)}", "messages"
+                )
+            if isinstance(content, list):  # OpenAI content parts: keep the text ones
+                parts = []
+                for part in content:
+                    if not isinstance(part, dict) or part.get("type") != "text":
+                        raise InvalidRequestError(
+                            f"messages[{i}].content: only text parts are supported", "messages"
+                        )
+                    text = part.get("text")
+                    if not isinstance(text, str):
+                        raise InvalidRequestError(
+                            f"messages[{i}].content part text must be a string", "messages"
+                        )
+                    parts.append(text)
+                content = "".join(parts)
+            if content is None:
+                content = ""
+            if not isinstance(content, str):
+                raise InvalidRequestError(f"messages[{i}].content must be a string", "messages")
+            clean.append({"role": "system" if role == "developer" else role, "content": content})
+        try:
+            text = self.hf.apply_chat_template(
+                clean, add_generation_prompt=add_generation_prompt, tokenize=False
+            )
+        except Exception as e:  # a template may raise on unexpected role orders
+            raise InvalidRequestError(f"chat template failed: {e}", "messages") from e
+        return self.encode(str(text))
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of token ids into text deltas, never splitting a UTF-8 character."""
+
+    def __init__(self, tokenizer: Tokenizer, prompt_token_ids: Sequence[int]) -> None:
+        self.tokenizer = tokenizer
+        # A few prompt tokens of context so leading-space handling matches a full decode.
+        tail = list(prompt_token_ids[-4:])
+        self.ids: list[int] = tail
+        self.prefix_offset = 0
+        self.read_offset = len(tail)
+        self.text = ""
+
+    def add(self, token_id: int) -> str:
+        """Append one token; returns the newly completed text (possibly empty)."""
+        self.ids.append(token_id)
+        prefix = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self.tokenizer.decode(self.ids[self.prefix_offset :])
+        if len(full) > len(prefix) and not full.endswith("\ufffd"):
+            delta = full[len(prefix) :]
+            self.prefix_offset = self.read_offset
+            self.read_offset = len(self.ids)
+            self.text += delta
+            return delta
+        return ""

@@ -1,0 +1,117 @@
+"""Convert a Llama GGUF file into a Hugging Face directory (fp32 safetensors + tokenizer)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from radixserve.errors import ModelNotFoundError
+
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_TOP_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+
+
+def _field(reader: Any, key: str, default: Any = None) -> Any:
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's RoPE row permutation of q/k projections."""
+    rows, cols = w.shape
+    return w.reshape(n_head, rows // n_head // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
+
+
+def hf_name(gguf_name: str) -> str:
+    """The transformers parameter name of a GGUF tensor name."""
+    base, _, suffix = gguf_name.rpartition(".")
+    if base.startswith("blk."):
+        _, layer, kind = base.split(".", 2)
+        return f"model.layers.{layer}.{_LAYER_NAMES[kind]}.{suffix}"
+    return f"{_TOP_NAMES[base]}.{suffix}"
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    """Dequantise `gguf_path` into `out_dir` (written atomically: a temp dir, then rename)."""
+    import gguf
+    from safetensors.numpy import save_file
+
+    try:
+        reader = gguf.GGUFReader(str(gguf_path))
+    except Exception as e:
+        raise ModelNotFoundError(f"{gguf_path} is not a readable GGUF file: {e}") from e
+    arch = _field(reader, "general.architecture")
+    if arch != "llama":
+        raise ModelNotFoundError(f"GGUF architecture {arch!r} is not supported (llama only)")
+    n_head = int(_field(reader, "llama.attention.head_count"))
+    n_kv = int(_field(reader, "llama.attention.head_count_kv", n_head))
+    hidden = int(_field(reader, "llama.embedding_length"))
+    tensors: dict[str, np.ndarray] = {}
+    for t in reader.tensors:
+        w = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        if t.name.endswith("attn_q.weight"):
+            w = _unpermute(w, n_head)
+        elif t.name.endswith("attn_k.weight"):
+            w = _unpermute(w, n_kv)
+        tensors[hf_name(t.name)] = np.ascontiguousarray(w)
+    tied = "lm_head.weight" not in tensors
+    vocab = tensors["model.embed_tokens.weight"].shape[0]
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": int(_field(reader, "llama.feed_forward_length")),
+        "num_hidden_layers": int(_field(reader, "llama.block_count")),
+        "num_attention_heads": n_head,
+        "num_key_value_heads": n_kv,
+        "head_dim": hidden // n_head,
+        "rms_norm_eps": float(_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
+        "rope_theta": float(_field(reader, "llama.rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(_field(reader, "llama.context_length", 2048)),
+        "tie_word_embeddings": tied,
+        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
+        "torch_dtype": "float32",
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+    }
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=out_dir.parent))
+    try:
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        _save_tokenizer(gguf_path, tmp)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _save_tokenizer(gguf_path: Path, out_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    tok.save_pretrained(str(out_dir))

