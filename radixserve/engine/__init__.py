@@ -1,0 +1,1 @@
+"""Requests, scheduling, sampling and the step loop over the model and the radix cache."""
