@@ -1,0 +1,187 @@
+"""`radixserve serve --workers N`: N worker processes and the router in front, as one command."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import logging
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+# Serve flags the launcher sets itself for each worker (or that only mean something to it).
+OWN_FLAGS = {"host", "port", "workers", "num_threads", "help"}
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free now on `host`."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _flag(action: argparse.Action) -> str:
+    return max(action.option_strings, key=len)
+
+
+def worker_argv(args: argparse.Namespace, port: int) -> list[str]:
+    """The command line of one worker: the user's serve flags, its own port, 1 thread by default.
+
+    Flags are rebuilt from the serve parser's own actions, so any serve flag the user set is
+    passed on without this function knowing it.
+    """
+    from radixserve.server.main import add_serve_args
+
+    parser = argparse.ArgumentParser(add_help=False)
+    add_serve_args(parser)
+    argv = [
+        sys.executable,
+        "-m",
+        "radixserve.cli",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    for action in parser._actions:
+        if not action.option_strings or action.dest in OWN_FLAGS or not hasattr(args, action.dest):
+            continue
+        value: Any = getattr(args, action.dest)
+        if value == action.default or value is None:
+            continue
+        flag = _flag(action)
+        if isinstance(action, argparse.BooleanOptionalAction):
+            argv.append(flag if value else "--no-" + flag.removeprefix("--"))
+        elif action.nargs == 0:  # store_true / store_false / store_const
+            argv.append(flag)
+        elif isinstance(value, (list, tuple)):
+            if isinstance(action, argparse._AppendAction):
+                for v in value:
+                    argv += [flag, str(v)]
+            else:
+                argv += [flag, *map(str, value)]
+        else:
+            argv += [flag, str(value)]
+    threads = getattr(args, "num_threads", None)
+    argv += ["--num-threads", str(threads if threads else 1)]
+    return argv
+
+
+def _die_with_parent() -> None:  # runs in the child before exec (Linux): no orphaned workers
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def start_workers(
+    args: argparse.Namespace, n: int
+) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
+    """Spawn `n` workers on free loopback ports; returns the processes and their URLs."""
+    procs, urls = [], []
+    for _ in range(n):
+        port = free_port()
+        argv = worker_argv(args, port)
+        log.info("starting worker: %s", " ".join(argv))
+        procs.append(subprocess.Popen(argv, preexec_fn=_die_with_parent))
+        urls.append(f"http://127.0.0.1:{port}")
+    return procs, urls
+
+
+def wait_healthy(
+    procs: list[subprocess.Popen[bytes]],
+    urls: list[str],
+    timeout: float,
+    headers: dict[str, str] | None = None,
+) -> None:
+    """Block until every worker answers /health 200; raise if one exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    pending = set(range(len(urls)))
+    while pending:
+        for i in sorted(pending):
+            if procs[i].poll() is not None:
+                raise RuntimeError(f"worker {urls[i]} exited with code {procs[i].returncode}")
+            try:
+                if httpx.get(urls[i] + "/health", timeout=2.0, headers=headers).status_code == 200:
+                    pending.discard(i)
+            except httpx.HTTPError:
+                pass
+        if pending and time.monotonic() > deadline:
+            raise RuntimeError(
+                f"workers not healthy after {timeout:.0f}s: "
+                f"{', '.join(urls[i] for i in sorted(pending))}"
+            )
+        if pending:
+            time.sleep(0.5)
+
+
+def stop_workers(procs: list[subprocess.Popen[bytes]], grace: float = 10.0) -> None:
+    """SIGTERM every worker, then SIGKILL what is still running after `grace` seconds."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def route_args(args: argparse.Namespace, urls: list[str]) -> argparse.Namespace:
+    """The router's arguments: route defaults, overridden by same-named serve arguments."""
+    from radixserve.router.main import add_route_args
+
+    parser = argparse.ArgumentParser(add_help=False)
+    add_route_args(parser)
+    out = parser.parse_args([])
+    for name in vars(out):
+        if name != "worker" and hasattr(args, name):
+            setattr(out, name, getattr(args, name))
+    out.worker = urls
+    if not isinstance(out.log_level, str):
+        out.log_level = "info"
+    return out
+
+
+def serve_workers(args: argparse.Namespace) -> int:
+    """Run `args.workers` workers plus the router on args.host:args.port; stop them together."""
+    from radixserve.router.main import run_route
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, on_term)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        procs, urls = start_workers(args, int(args.workers))
+        key = getattr(args, "api_key", None)
+        wait_healthy(
+            procs,
+            urls,
+            timeout=float(getattr(args, "startup_timeout", None) or 900),
+            headers={"authorization": f"Bearer {key}"} if key else None,
+        )
+        log.info("%d workers ready: %s", len(urls), ", ".join(urls))
+        signal.signal(signal.SIGTERM, old)  # uvicorn handles SIGTERM/SIGINT from here
+        return run_route(route_args(args, urls))
+    except KeyboardInterrupt:
+        return 130
+    except RuntimeError as e:
+        log.error("%s", e)
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, old)
+        stop_workers(procs)

@@ -1,0 +1,140 @@
+"""Routing decisions as pure functions over snapshots of the workers' state (no I/O)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+POLICIES = ("cache_aware", "round_robin", "least_load", "random")
+
+# Reasons a decision gives; they label the router's `decisions_total` metric.
+CACHE_HIT = "cache_hit"  # longest cached prefix won
+LEAST_LOAD = "least_load"  # no useful prefix anywhere: fewest in-flight, most free cache
+LOAD_IMBALANCE = "load_imbalance"  # loads too uneven: least loaded first, cache second
+ROUND_ROBIN = "round_robin"
+RANDOM = "random"
+REASONS = (CACHE_HIT, LEAST_LOAD, LOAD_IMBALANCE, ROUND_ROBIN, RANDOM)
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """What the policy sees of one healthy worker for one request."""
+
+    index: int
+    in_flight: int
+    matched_tokens: int = 0  # longest prefix of this prompt cached on the worker
+    cached_blocks: int = 0  # blocks in the worker's cache (router's mirror)
+    total_blocks: int = 0  # the worker's KV pool size; 0 when unknown
+
+    @property
+    def free_blocks(self) -> int:
+        """Blocks the worker's cache could still take without evicting (negative if unknown)."""
+        return self.total_blocks - self.cached_blocks if self.total_blocks else -self.cached_blocks
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Thresholds of the cache_aware policy (see docs/router.md)."""
+
+    # Route by cache when the best worker's match beats the least-loaded worker's match by at
+    # least this fraction of the prompt. A prefix every worker holds (the chat template's system
+    # prompt) gains nothing, so it never pins traffic to one worker.
+    cache_threshold: float = 0.3
+    # Loads are uneven when max - min in-flight > abs AND max > rel * min.
+    balance_abs_threshold: int = 4
+    balance_rel_threshold: float = 1.5
+
+
+class Decision(NamedTuple):
+    """The chosen worker, why, and how many prompt tokens it is expected to have cached."""
+
+    index: int
+    reason: str
+    matched_tokens: int
+
+
+class NoWorkerError(Exception):
+    """No healthy worker to route to."""
+
+
+def is_imbalanced(loads: Sequence[int], cfg: PolicyConfig) -> bool:
+    """Whether in-flight counts differ beyond both the absolute and the relative threshold."""
+    lo, hi = min(loads), max(loads)
+    return hi - lo > cfg.balance_abs_threshold and hi > cfg.balance_rel_threshold * lo
+
+
+def least_loaded(views: Sequence[WorkerView]) -> WorkerView:
+    """Fewest in-flight requests, then most free cache, then lowest index."""
+    return min(views, key=lambda v: (v.in_flight, -v.free_blocks, v.index))
+
+
+def choose_cache_aware(
+    views: Sequence[WorkerView], prompt_len: int, cfg: PolicyConfig = PolicyConfig()
+) -> Decision:
+    """Longest cached prefix when it saves enough prefill, else least load; load first if uneven."""
+    if not views:
+        raise NoWorkerError("no healthy worker")
+    if len(views) > 1 and is_imbalanced([v.in_flight for v in views], cfg):
+        lo = min(v.in_flight for v in views)
+        pick = max(
+            (v for v in views if v.in_flight == lo),
+            key=lambda v: (v.matched_tokens, v.free_blocks, -v.index),
+        )
+        return Decision(pick.index, LOAD_IMBALANCE, pick.matched_tokens)
+    balanced = least_loaded(views)
+    best = max(views, key=lambda v: (v.matched_tokens, -v.in_flight, v.free_blocks, -v.index))
+    need = cfg.cache_threshold * prompt_len
+    if prompt_len > 0 and best.matched_tokens > 0:
+        if best.matched_tokens - balanced.matched_tokens >= need:
+            return Decision(best.index, CACHE_HIT, best.matched_tokens)
+        if balanced.matched_tokens >= need:
+            return Decision(balanced.index, CACHE_HIT, balanced.matched_tokens)
+    return Decision(balanced.index, LEAST_LOAD, balanced.matched_tokens)
+
+
+def choose_round_robin(views: Sequence[WorkerView], counter: int) -> Decision:
+    """The `counter`-th healthy worker, cyclically."""
+    if not views:
+        raise NoWorkerError("no healthy worker")
+    v = sorted(views, key=lambda v: v.index)[counter % len(views)]
+    return Decision(v.index, ROUND_ROBIN, v.matched_tokens)
+
+
+def choose_least_load(views: Sequence[WorkerView], counter: int = 0) -> Decision:
+    """Fewest in-flight requests; ties are broken cyclically by `counter`."""
+    if not views:
+        raise NoWorkerError("no healthy worker")
+    lo = min(v.in_flight for v in views)
+    ties = sorted((v for v in views if v.in_flight == lo), key=lambda v: v.index)
+    v = ties[counter % len(ties)]
+    return Decision(v.index, LEAST_LOAD, v.matched_tokens)
+
+
+def choose_random(views: Sequence[WorkerView], rng: random.Random) -> Decision:
+    """A uniformly random healthy worker."""
+    if not views:
+        raise NoWorkerError("no healthy worker")
+    v = rng.choice(list(views))
+    return Decision(v.index, RANDOM, v.matched_tokens)
+
+
+def choose(
+    policy: str,
+    views: Sequence[WorkerView],
+    prompt_len: int,
+    counter: int,
+    rng: random.Random,
+    cfg: PolicyConfig = PolicyConfig(),
+) -> Decision:
+    """Dispatch to the named policy."""
+    if policy == "cache_aware":
+        return choose_cache_aware(views, prompt_len, cfg)
+    if policy == "round_robin":
+        return choose_round_robin(views, counter)
+    if policy == "least_load":
+        return choose_least_load(views, counter)
+    if policy == "random":
+        return choose_random(views, rng)
+    raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")

@@ -1,0 +1,100 @@
+"""The router's mirror of one worker's prefix cache, built on `radixserve.cache`'s trie.
+
+The mirror is a `RadixCache` over a pool of placeholder block ids: it knows which token
+prefixes the worker holds, not where their KV lives. It is fed either by the worker's cache
+events (exact) or, without them, by the prompts the router sent there (an estimate, bounded
+by the pool and evicted LRU like the worker's own cache).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable, Iterable, Sequence
+
+from radixserve.cache import BlockPool, CacheEvent, CacheFullError, RadixCache, RadixNode
+from radixserve.cache.tokens import decode
+
+log = logging.getLogger(__name__)
+
+Path = tuple[Hashable, tuple[int, ...]]
+
+
+class MirrorCache(RadixCache):
+    """A RadixCache that can also list its cached leaf paths (for snapshots and tests)."""
+
+    def leaf_paths(self) -> list[Path]:
+        """(namespace, token ids) of every root-to-leaf path, i.e. everything cached."""
+        out: list[Path] = []
+        with self._lock:
+            for ns, root in self._roots.items():
+                stack: list[RadixNode] = list(root.children.values())
+                while stack:
+                    node = stack.pop()
+                    if node.children:
+                        stack.extend(node.children.values())
+                    else:
+                        out.append((ns, decode(node.path_tokens())))
+        return out
+
+
+class WorkerTrie:
+    """Which token prefixes (per namespace) one worker has cached, as far as the router knows."""
+
+    def __init__(self, block_size: int, capacity_blocks: int) -> None:
+        self.block_size = block_size
+        self.capacity = capacity_blocks
+        self.cache = MirrorCache(BlockPool(capacity_blocks), block_size)
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks in the mirror."""
+        return self.cache.pool.num_used
+
+    def match(self, token_ids: Sequence[int], namespace: Hashable = None) -> int:
+        """Tokens of the longest cached prefix of `token_ids` (whole blocks). Read-only."""
+        return self.cache.peek_prefix(token_ids, namespace)
+
+    def insert(self, token_ids: Sequence[int], namespace: Hashable = None) -> None:
+        """Record that the worker caches `token_ids` (cut to whole blocks and to capacity).
+
+        Marks the path most recently used; evicts the mirror's LRU leaves if it is full.
+        """
+        n = min(len(token_ids) // self.block_size, self.capacity) * self.block_size
+        if n == 0:
+            return
+        try:
+            self.cache.apply_event(CacheEvent("insert", namespace, tuple(token_ids[:n]), n))
+        except CacheFullError:  # cannot happen with nothing locked; never fail a route for it
+            log.warning("router mirror full (%d blocks); insert dropped", self.capacity)
+
+    def remove(
+        self, token_ids: Sequence[int], namespace: Hashable = None, num_tokens: int | None = None
+    ) -> None:
+        """Record that the worker evicted the last `num_tokens` of the path `token_ids`.
+
+        Without `num_tokens` only the path's last block (and anything below it) is dropped:
+        the worker may have trimmed just that block, so the mirror errs towards keeping
+        prefixes (see `Worker` for how such drift is detected and resynced).
+        """
+        n = len(token_ids) // self.block_size * self.block_size
+        if n == 0:
+            return
+        tokens = tuple(token_ids[:n])
+        if num_tokens is None or num_tokens <= 0:
+            num_tokens = self.block_size
+        num_tokens = min(n, (num_tokens + self.block_size - 1) // self.block_size * self.block_size)
+        self.cache.apply_event(CacheEvent("evict", namespace, tokens, num_tokens))
+
+    def load(self, paths: Iterable[tuple[Hashable, Sequence[int]]]) -> None:
+        """Replace the contents with exactly `paths` (a snapshot of the worker's cache)."""
+        self.clear()
+        for namespace, token_ids in paths:
+            self.insert(token_ids, namespace)
+
+    def clear(self) -> None:
+        """Forget everything."""
+        self.cache = MirrorCache(BlockPool(self.capacity), self.block_size)
+
+    def paths(self) -> list[Path]:
+        """Every cached root-to-leaf path as (namespace, token ids)."""
+        return self.cache.leaf_paths()

@@ -1,0 +1,219 @@
+"""In-process fake workers (FastAPI on uvicorn threads) that speak the server's HTTP contract.
+
+A fake worker "caches" every prompt it answers in a real `RadixCache` with a small pool, so
+evictions happen and its `/v1/cache/events` stream carries real insert/evict events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from radixserve.cache import CacheEvent
+from radixserve.router.launcher import free_port
+from radixserve.router.trie import WorkerTrie
+
+BLOCK_SIZE = 4
+
+
+class CharTokenizer:
+    """One token per character; a chat is rendered as `<role>content` per message."""
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def apply_chat_template(self, messages: Any) -> list[int]:
+        return self.encode("".join(f"<{m['role']}>{m['content']}" for m in messages) + "<a>")
+
+
+@dataclass
+class FakeState:
+    """What a test can steer and inspect on a fake worker."""
+
+    name: str
+    num_blocks: int = 64
+    fail_next: list[int] = field(default_factory=list)  # HTTP statuses to answer next
+    bad_json: bool = False
+    send_num_tokens: bool = True  # include num_tokens in evict events
+    api_key: str | None = None
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+    auth_seen: list[str | None] = field(default_factory=list)
+    delay: float = 0.0
+
+
+def fake_worker_app(state: FakeState) -> FastAPI:
+    """A FastAPI app imitating `radixserve serve` closely enough for the router."""
+    app = FastAPI()
+    tok = CharTokenizer()
+    trie = WorkerTrie(BLOCK_SIZE, state.num_blocks)
+    subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
+
+    def on_event(e: CacheEvent) -> None:
+        data: dict[str, Any] = {
+            "type": e.kind,
+            "namespace": e.namespace,
+            "token_ids": list(e.token_ids),
+        }
+        if state.send_num_tokens:
+            data["num_tokens"] = e.num_tokens
+        for q in subscribers:
+            q.put_nowait(data)
+
+    def listen() -> None:
+        trie.cache.add_listener(on_event)
+
+    listen()
+
+    def reset() -> None:  # trie.clear() builds a new cache: listen to it too
+        trie.clear()
+        listen()
+
+    app.state.fake = state
+    app.state.trie = trie
+    app.state.reset = reset
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/cache/stats")
+    async def stats() -> dict[str, int]:
+        return {
+            "block_size": BLOCK_SIZE,
+            "cached_blocks": trie.num_blocks,
+            "total_blocks": state.num_blocks,
+        }
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": "fake", "object": "model"}]}
+
+    @app.get("/v1/cache/events")
+    async def events() -> StreamingResponse:
+        q: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        subscribers.add(q)
+
+        async def gen() -> AsyncIterator[bytes]:
+            try:
+                paths = [{"namespace": ns, "token_ids": list(t)} for ns, t in trie.paths()]
+                yield (
+                    b"data: " + json.dumps({"type": "snapshot", "paths": paths}).encode() + b"\n\n"
+                )
+                while True:
+                    item = await q.get()
+                    yield b"data: " + json.dumps(item).encode() + b"\n\n"
+            finally:
+                subscribers.discard(q)
+
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        state.auth_seen.append(request.headers.get("authorization"))
+        if state.api_key and request.headers.get("authorization") != f"Bearer {state.api_key}":
+            return JSONResponse({"error": {"message": "bad key"}}, status_code=401)
+        if state.fail_next:
+            status = state.fail_next.pop(0)
+            return JSONResponse({"error": {"message": f"{state.name} says {status}"}}, status)
+        if state.bad_json:
+            return Response(b"<html>oops", media_type="application/json")
+        body = await request.json()
+        state.bodies.append(body)
+        if state.delay:
+            await asyncio.sleep(state.delay)
+        ns = body.get("cache_salt")
+        ids = tok.apply_chat_template(body["messages"])
+        cached = trie.match(ids, ns)
+        trie.insert(ids, ns)
+        usage = {
+            "prompt_tokens": len(ids),
+            "completion_tokens": 2,
+            "total_tokens": len(ids) + 2,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
+        if not body.get("stream"):
+            return JSONResponse(
+                {
+                    "id": "x",
+                    "object": "chat.completion",
+                    "model": "fake",
+                    "worker": state.name,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "finish_reason": "length",
+                            "message": {"role": "assistant", "content": "ok"},
+                        }
+                    ],
+                    "usage": usage,
+                }
+            )
+
+        async def gen() -> AsyncIterator[bytes]:
+            for piece in ("o", "k"):
+                chunk = {
+                    "object": "chat.completion.chunk",
+                    "choices": [{"index": 0, "delta": {"content": piece}}],
+                }
+                yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
+            last = {"object": "chat.completion.chunk", "choices": [], "usage": usage}
+            yield b"data: " + json.dumps(last).encode() + b"\n\n"
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
+    return app
+
+
+class ServerThread:
+    """A uvicorn server for `app` on a free loopback port, in a daemon thread."""
+
+    def __init__(self, app: Any, port: int | None = None) -> None:
+        self.app = app
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server: uvicorn.Server | None = None
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> ServerThread:
+        config = uvicorn.Config(
+            self.app,
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            timeout_graceful_shutdown=1,
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("server thread did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None and self.thread is not None:
+            self.server.should_exit = True
+            self.thread.join(10)
+        self.server = self.thread = None
+
+
+def wait_for(predicate: Any, timeout: float = 10.0, what: str = "condition") -> None:
+    """Poll `predicate()` until true or fail the test."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")

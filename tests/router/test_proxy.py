@@ -1,0 +1,256 @@
+"""The router's HTTP behaviour against in-process fake workers (no model, a few seconds)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from radixserve.router.main import add_route_args, build_router_app
+from tests.router.fakes import CharTokenizer, FakeState, ServerThread, fake_worker_app, wait_for
+
+
+class Cluster:
+    """Fake workers plus a router, all on loopback."""
+
+    def __init__(self, n: int = 2, route_flags: tuple[str, ...] = (), **fake: Any) -> None:
+        self.states = [FakeState(name=f"w{i}", **fake) for i in range(n)]
+        self.apps = [fake_worker_app(s) for s in self.states]
+        self.workers = [ServerThread(a).start() for a in self.apps]
+        parser = argparse.ArgumentParser()
+        add_route_args(parser)
+        argv = [x for w in self.workers for x in ("--worker", w.url)]
+        args = parser.parse_args([*argv, "--health-interval", "0.2", *route_flags])
+        self.app = build_router_app(args, tokenizer=CharTokenizer())
+        self.router = ServerThread(self.app).start()
+        self.http = httpx.Client(base_url=self.router.url, timeout=10)
+        wait_for(lambda: all(w.healthy for w in self.balancer.workers), what="workers up")
+
+    @property
+    def balancer(self) -> Any:
+        return self.app.state.balancer
+
+    def chat(self, content: str, **extra: Any) -> httpx.Response:
+        body = {"model": "fake", "messages": [{"role": "user", "content": content}], **extra}
+        return self.http.post("/v1/chat/completions", json=body, headers=extra.pop("headers", {}))
+
+    def close(self) -> None:
+        self.http.close()
+        self.router.stop()
+        for w in self.workers:
+            w.stop()
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    c = Cluster()
+    yield c
+    c.close()
+
+
+def test_non_streamed_answer_and_usage_pass_through(cluster: Cluster) -> None:
+    r = cluster.chat("hello there")
+    assert r.status_code == 200
+    assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert r.headers["x-radixserve-worker"] in ("0", "1")
+
+
+def test_stream_is_passed_through_chunk_by_chunk(cluster: Cluster) -> None:
+    body = {"model": "fake", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    with cluster.http.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        lines = [ln for ln in r.iter_lines() if ln.startswith("data:")]
+    assert lines[-1] == "data: [DONE]"
+    assert "usage" in json.loads(lines[-2][5:])
+    assert sum(w.in_flight for w in cluster.balancer.workers) == 0
+
+
+def test_turns_of_a_conversation_stay_on_one_worker(cluster: Cluster) -> None:
+    convs = [
+        [{"role": "user", "content": f"conversation {c} is about topic {c}. " * 3}]
+        for c in range(4)
+    ]
+    workers: list[set[str]] = [set() for _ in convs]
+    for turn in range(4):
+        for c, msgs in enumerate(convs):  # interleaved, like concurrent users
+            r = cluster.http.post("/v1/chat/completions", json={"model": "f", "messages": msgs})
+            assert r.status_code == 200
+            workers[c].add(r.headers["x-radixserve-worker"])
+            msgs += [
+                {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": f"and what about part {turn}?"},
+            ]
+    assert all(len(w) == 1 for w in workers), workers
+    assert len(set.union(*workers)) == 2, "unrelated conversations spread over both workers"
+
+
+def test_failed_attempt_is_retried_on_the_other_worker(cluster: Cluster) -> None:
+    cluster.states[0].fail_next = [503]  # idle and empty workers: worker 0 is tried first
+    r = cluster.chat("retry me")
+    assert r.status_code == 200
+    assert r.headers["x-radixserve-worker"] == "1"
+    assert cluster.states[0].fail_next == []
+    text = cluster.http.get("/metrics").text
+    assert "radixserve_router_retries_total 1.0" in text
+
+
+def test_error_when_every_attempt_fails_is_openai_style(cluster: Cluster) -> None:
+    for s in cluster.states:
+        s.fail_next = [500]
+    r = cluster.chat("fail me")
+    assert r.status_code == 502
+    assert "answered HTTP 500: w" in r.json()["error"]["message"]
+
+
+def test_worker_busy_status_and_message_are_reported(cluster: Cluster) -> None:
+    cluster.states[0].fail_next = [503]
+    cluster.states[1].fail_next = [503]
+    r = cluster.chat("busy")
+    assert r.status_code == 503
+    assert "answered HTTP 503: w1 says 503" in r.json()["error"]["message"]
+
+
+def test_client_errors_are_not_retried(cluster: Cluster) -> None:
+    for s in cluster.states:
+        s.fail_next = [400]
+    r = cluster.chat("bad")
+    assert r.status_code == 400
+    assert sum(len(s.fail_next) for s in cluster.states) == 1
+
+
+def test_invalid_json_from_worker_is_a_502() -> None:
+    c = Cluster(bad_json=True)
+    try:
+        r = c.chat("x")
+        assert r.status_code == 502
+        assert r.json()["error"]["message"].endswith("invalid JSON")
+    finally:
+        c.close()
+
+
+def test_dead_worker_is_taken_out_and_request_retried(cluster: Cluster) -> None:
+    cluster.workers[0].stop()
+    for i in range(4):
+        assert cluster.chat(f"still served {i}").status_code == 200
+    w0 = cluster.balancer.workers[0]
+    wait_for(lambda: not w0.healthy, what="worker 0 down")
+    health = cluster.http.get("/health").json()
+    assert health["workers"][0]["healthy"] is False
+    assert w0.trie.num_blocks == 0
+    cluster.workers[0].start()  # same port: it comes back
+    wait_for(lambda: w0.healthy, what="worker 0 back up")
+
+
+def test_no_healthy_worker_is_a_503(cluster: Cluster) -> None:
+    for w in cluster.workers:
+        w.stop()
+    wait_for(lambda: not cluster.balancer.healthy(), what="all down")
+    r = cluster.chat("anyone?")
+    assert r.status_code == 503
+    assert r.json()["error"]["type"] == "service_unavailable"
+    assert cluster.http.get("/health").status_code == 503
+
+
+def test_models_answered_by_a_worker(cluster: Cluster) -> None:
+    assert cluster.http.get("/v1/models").json()["data"][0]["id"] == "fake"
+
+
+def test_mirror_matches_worker_cache_after_evictions(cluster: Cluster) -> None:
+    for i in range(40):  # 40 prompts of ~10 blocks into 64-block caches: many evictions
+        cluster.chat(f"conversation {i % 7} " * 3 + f"turn {i}")
+    for w, app in zip(cluster.balancer.workers, cluster.apps, strict=True):
+        real = sorted(app.state.trie.paths(), key=repr)
+        wait_for(
+            lambda w=w, real=real: sorted(w.trie.paths(), key=repr) == real,
+            what=f"mirror of {w.name} equal to its cache",
+        )
+
+
+def test_mirror_resyncs_when_evictions_lack_their_length() -> None:
+    c = Cluster(send_num_tokens=False, num_blocks=24)
+    try:
+        for i in range(20):
+            c.chat(f"topic {i % 5} " * 4 + f"q{i}")
+        for w, app in zip(c.balancer.workers, c.apps, strict=True):
+            wait_for(
+                lambda w=w, app=app: (
+                    sorted(w.trie.paths(), key=repr) == sorted(app.state.trie.paths(), key=repr)
+                ),
+                timeout=10,
+                what=f"mirror of {w.name} resynced",
+            )
+    finally:
+        c.close()
+
+
+def test_cache_salt_matches_only_within_its_namespace(cluster: Cluster) -> None:
+    long = "a long shared document " * 4
+    first = cluster.chat(long, cache_salt="alice")
+    w = cluster.balancer.workers[int(first.headers["x-radixserve-worker"])]
+    wait_for(
+        lambda: (
+            w.trie.match(
+                CharTokenizer().apply_chat_template([{"role": "user", "content": long}]), "alice"
+            )
+            > 0
+        ),
+        what="insert event",
+    )
+    ids = CharTokenizer().apply_chat_template([{"role": "user", "content": long}])
+    assert w.trie.match(ids, None) == 0
+    assert w.trie.match(ids, "bob") == 0
+
+
+def test_api_key_is_checked_at_the_router_and_forwarded() -> None:
+    c = Cluster(route_flags=("--api-key", "sekrit"), api_key="sekrit")
+    try:
+        assert c.chat("no key").status_code == 401
+        r = c.http.post(
+            "/v1/chat/completions",
+            headers={"authorization": "Bearer sekrit"},
+            json={"model": "f", "messages": [{"role": "user", "content": "k"}]},
+        )
+        assert r.status_code == 200
+        assert c.http.get("/health").status_code == 200  # health needs no key
+    finally:
+        c.close()
+
+
+def test_client_key_is_forwarded_when_router_has_none(cluster: Cluster) -> None:
+    r = cluster.http.post(
+        "/v1/chat/completions",
+        headers={"authorization": "Bearer abc"},
+        json={"model": "f", "messages": [{"role": "user", "content": "k"}]},
+    )
+    assert r.status_code == 200
+    assert "Bearer abc" in [a for s in cluster.states for a in s.auth_seen]
+
+
+def test_normalize_whitespace_forwards_the_normalised_body() -> None:
+    c = Cluster(route_flags=("--normalize-whitespace",))
+    try:
+        c.chat("  spaced out\r\nline  \n")
+        bodies = [b for s in c.states for b in s.bodies]
+        assert bodies[-1]["messages"][0]["content"] == "spaced out\nline"
+    finally:
+        c.close()
+
+
+def test_metrics_report_workers_and_decisions(cluster: Cluster) -> None:
+    cluster.chat("count me")
+    text = cluster.http.get("/metrics").text
+    assert "radixserve_router_decisions_total" in text
+    assert 'radixserve_router_worker_up{worker="' in text
+    assert "radixserve_router_matched_prefix_tokens_total" in text
+    assert "radixserve_router_in_flight" in text
+
+
+def test_malformed_body_is_a_400(cluster: Cluster) -> None:
+    r = cluster.http.post("/v1/chat/completions", content=b"[1, 2")
+    assert r.status_code == 400
+    assert r.json()["error"]["type"] == "invalid_request_error"
