@@ -66,7 +66,9 @@ def resolve_model(model: str | None, cache_dir: Path | None = None) -> ModelFile
         p = Path(model).expanduser()
         if p.is_dir():
             if not (p / "config.json").is_file():
-                raise ModelNotFoundError(f"{p} is not a Hugging Face model directory (no config.json)")
+                raise ModelNotFoundError(
+                    f"{p} is not a Hugging Face model directory (no config.json)"
+                )
             return ModelFiles(p, p.name)
         if not p.is_file():
             raise ModelNotFoundError(
@@ -101,3 +103,47 @@ def load_state_dict(path: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         for k, v in load_file(str(f)).items():
             out[k] = v.to(dtype) if v.is_floating_point() else v
     return out
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """float32 | bfloat16 | float16 | auto (bfloat16 where the hardware computes it fast)."""
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype in table:
+        return table[dtype]
+    if dtype != "auto":
+        raise ValueError(f"unknown dtype {dtype!r}; use float32, bfloat16, float16 or auto")
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if _cpu_has_fast_bf16() else torch.float32
+
+
+def _cpu_has_fast_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_device(device: str) -> torch.device:
+    """auto | cpu | cuda[:N]; auto picks CUDA when available."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for but CUDA is not available")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise ValueError(f"unknown device {device!r}; use auto, cpu or cuda")
+    return torch.device(device)
+
+
+def load_model(files: ModelFiles, dtype: torch.dtype, device: torch.device):  # noqa: ANN201
+    """Build the LlamaModel for `files` with its weights, on `device` in `dtype`."""
+    from radixserve.model.config import ModelConfig
+    from radixserve.model.llama import LlamaModel
+
+    config = ModelConfig.from_dir(files.path)
+    model = LlamaModel(config, dtype)
+    model.load_hf_state_dict(load_state_dict(files.path, dtype))
+    model = model.to(device).eval()
+    model.prepare()
+    return model

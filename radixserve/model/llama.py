@@ -1,0 +1,268 @@
+"""Llama-family decoder whose attention reads and writes the paged KV pool."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixserve.model.batch import ForwardBatch
+from radixserve.model.config import ModelConfig
+from radixserve.model.kv_pool import KVPool
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """Inverse RoPE frequencies [head_dim/2] with the config's theta and scaling."""
+    d = config.head_dim
+    inv = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    s = config.rope_scaling
+    if not s:
+        return inv.float()
+    kind = s.get("rope_type", s.get("type", "default"))
+    if kind == "default":
+        return inv.float()
+    if kind == "linear":
+        return (inv / float(s["factor"])).float()
+    if kind == "llama3":
+        factor = float(s["factor"])
+        low, high = float(s["low_freq_factor"]), float(s["high_freq_factor"])
+        old_ctx = float(s["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        low_wl, high_wl = old_ctx / low, old_ctx / high
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        mid = (1 - smooth) * inv / factor + smooth * inv
+        out = torch.where(wavelen > low_wl, inv / factor, inv)
+        is_mid = (wavelen <= low_wl) & (wavelen >= high_wl)
+        return torch.where(is_mid, mid, out).float()
+    raise ValueError(f"unsupported rope scaling {kind!r}")
+
+
+class Rotary(nn.Module):
+    """cos/sin tables for every position up to the model's maximum, built once."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        t = torch.arange(config.max_position_embeddings, dtype=torch.float32)
+        freqs = torch.outer(t, rope_inv_freq(config))
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.register_buffer("cos", emb.cos().to(dtype), persistent=False)
+        self.register_buffer("sin", emb.sin().to(dtype), persistent=False)
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cos[positions], self.sin[positions]
+
+
+class Linear:
+    """y = x W^T (+ b), with the weight prepacked for oneDNN where that is faster.
+
+    On CPU in bfloat16, oneDNN's prepacked GEMM is ~1.7x faster than F.linear for the
+    few-row matmuls of decode steps; elsewhere this is F.linear.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.weight, self.bias, self.packed = weight, bias, None
+        if weight.device.type == "cpu" and weight.dtype == torch.bfloat16:
+            try:
+                packed = torch.ops.mkldnn._reorder_linear_weight(weight, 8)
+                probe = torch.ones(2, weight.shape[1], dtype=weight.dtype)
+                self._packed_call(probe, packed)
+                self.packed = packed
+            except (RuntimeError, AttributeError):
+                self.packed = None
+
+    def _packed_call(self, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return self._packed_call(x, self.packed)
+        return F.linear(x, self.weight, self.bias)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm computed in float32, scaled in the model dtype (as transformers does).
+
+    Normalising in float32 explicitly is also ~20x faster on CPU than bf16 F.rms_norm.
+    """
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [T, heads, D] by the per-token cos/sin [T, D] (rotate-half layout)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+def paged_attention(
+    q: torch.Tensor, batch: ForwardBatch, k_cache: torch.Tensor, v_cache: torch.Tensor
+) -> torch.Tensor:
+    """Attention of q [T, H, D] over each sequence's cached K/V; returns [T, H * D].
+
+    k_cache / v_cache are one layer's pool, flattened to [slots, KVH, D], with this step's
+    new K/V already written.
+    """
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv = k_cache.shape[1]
+    group = num_heads // num_kv
+    out = torch.empty(num_tokens, num_heads * head_dim, dtype=q.dtype, device=q.device)
+    if batch.decode is not None:
+        d = batch.decode
+        b = d.num_seqs
+        # One query token per sequence: fold the query heads sharing a KV head into the
+        # query-length axis, so no K/V repeat is needed.
+        qd = q[:b].view(b, num_kv, group, head_dim)
+        kd = k_cache[d.kv_slots].transpose(1, 2)
+        vd = v_cache[d.kv_slots].transpose(1, 2)
+        od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=d.mask)
+        out[:b] = od.reshape(b, num_heads * head_dim)
+    for p in batch.prefills:
+        rows = slice(p.token_start, p.token_start + p.num_tokens)
+        qp = q[rows].transpose(0, 1).unsqueeze(0)
+        kp = k_cache[p.kv_slots].transpose(0, 1).unsqueeze(0)
+        vp = v_cache[p.kv_slots].transpose(0, 1).unsqueeze(0)
+        if p.causal_mask is None:
+            op = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, enable_gqa=True)
+        else:
+            op = F.scaled_dot_product_attention(
+                qp, kp, vp, attn_mask=p.causal_mask, enable_gqa=True
+            )
+        out[rows] = op.squeeze(0).transpose(0, 1).reshape(p.num_tokens, num_heads * head_dim)
+    return out
+
+
+class DecoderLayer(nn.Module):
+    """One pre-norm block: attention then SwiGLU MLP, with fused QKV and gate/up weights."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.num_kv = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.eps = config.rms_norm_eps
+        qkv_rows = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
+        self.input_norm = nn.Parameter(torch.ones(config.hidden_size), requires_grad=False)
+        self.qkv = nn.Parameter(torch.empty(qkv_rows, config.hidden_size), requires_grad=False)
+        self.qkv_bias = (
+            nn.Parameter(torch.zeros(qkv_rows), requires_grad=False)
+            if config.attention_bias
+            else None
+        )
+        self.o = nn.Parameter(
+            torch.empty(config.hidden_size, config.num_heads * config.head_dim),
+            requires_grad=False,
+        )
+        self.post_norm = nn.Parameter(torch.ones(config.hidden_size), requires_grad=False)
+        self.gate_up = nn.Parameter(
+            torch.empty(2 * config.intermediate_size, config.hidden_size), requires_grad=False
+        )
+        self.down = nn.Parameter(
+            torch.empty(config.hidden_size, config.intermediate_size), requires_grad=False
+        )
+
+    def prepare(self) -> None:
+        """(Re)build the matmul wrappers from the current weights."""
+        self.qkv_lin = Linear(self.qkv, self.qkv_bias)
+        self.o_lin = Linear(self.o)
+        self.gate_up_lin = Linear(self.gate_up)
+        self.down_lin = Linear(self.down)
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        batch: ForwardBatch,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        t = h.shape[0]
+        x = rms_norm(h, self.input_norm, self.eps)
+        qkv = self.qkv_lin(x)
+        nq, nkv = self.num_heads * self.head_dim, self.num_kv * self.head_dim
+        q = qkv[:, :nq].view(t, self.num_heads, self.head_dim)
+        k = qkv[:, nq : nq + nkv].view(t, self.num_kv, self.head_dim)
+        v = qkv[:, nq + nkv :].view(t, self.num_kv, self.head_dim)
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
+        k_cache.index_copy_(0, batch.slot_mapping, k)
+        v_cache.index_copy_(0, batch.slot_mapping, v)
+        h = h + self.o_lin(paged_attention(q, batch, k_cache, v_cache))
+        x = rms_norm(h, self.post_norm, self.eps)
+        gate, up = self.gate_up_lin(x).chunk(2, dim=-1)
+        return h + self.down_lin(F.silu(gate) * up)
+
+
+class LlamaModel(nn.Module):
+    """The decoder stack; forward returns float32 logits of the rows the batch asks for."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Parameter(
+            torch.empty(config.vocab_size, config.hidden_size), requires_grad=False
+        )
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = nn.Parameter(torch.ones(config.hidden_size), requires_grad=False)
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else nn.Parameter(
+                torch.empty(config.vocab_size, config.hidden_size), requires_grad=False
+            )
+        )
+        self.rotary = Rotary(config, dtype)
+        self.to(dtype)
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
+        h = self.embed[batch.input_ids]
+        cos, sin = self.rotary(batch.positions)
+        for i, layer in enumerate(self.layers):
+            k_cache, v_cache = kv.layer(i)
+            h = layer(h, cos, sin, batch, k_cache, v_cache)
+        if batch.logits_rows.numel() == 0:
+            return torch.empty(0, self.config.vocab_size)
+        h = rms_norm(h[batch.logits_rows], self.norm, self.config.rms_norm_eps)
+        return self.head_lin(h).float()
+
+    def prepare(self) -> None:
+        """Build the matmul wrappers; call after loading weights or moving the model."""
+        self.head_lin = Linear(self.embed if self.lm_head is None else self.lm_head)
+        for layer in self.layers:
+            layer.prepare()
+
+    def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
+        """Copy transformers-named weights in, fusing q/k/v and gate/up."""
+        dtype = self.embed.dtype
+
+        def take(name: str) -> torch.Tensor:
+            if name not in sd:
+                raise KeyError(f"weight {name} missing from the checkpoint")
+            return sd[name].to(dtype)
+
+        with torch.no_grad():
+            self.embed.copy_(take("model.embed_tokens.weight"))
+            self.norm.copy_(take("model.norm.weight"))
+            if self.lm_head is not None:
+                name = "lm_head.weight"
+                self.lm_head.copy_(take(name) if name in sd else take("model.embed_tokens.weight"))
+            for i, layer in enumerate(self.layers):
+                p = f"model.layers.{i}."
+                a = p + "self_attn."
+                layer.input_norm.copy_(take(p + "input_layernorm.weight"))
+                layer.post_norm.copy_(take(p + "post_attention_layernorm.weight"))
+                layer.qkv.copy_(torch.cat([take(a + f"{x}_proj.weight") for x in ("q", "k", "v")]))
+                if layer.qkv_bias is not None:
+                    layer.qkv_bias.copy_(
+                        torch.cat([take(a + f"{x}_proj.bias") for x in ("q", "k", "v")])
+                    )
+                layer.o.copy_(take(a + "o_proj.weight"))
+                layer.gate_up.copy_(
+                    torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])
+                )
+                layer.down.copy_(take(p + "mlp.down_proj.weight"))
+        self.prepare()
