@@ -1,0 +1,323 @@
+"""`radixserve bench` and `radixserve analyze`: arguments and entry points."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from radixserve.bench.client import NotLoopbackError, check_loopback, make_client
+from radixserve.bench.corpus import TokenCounter
+from radixserve.bench.load import BenchPlan, LoadConfig
+from radixserve.bench.report import format_summary, summarize
+from radixserve.bench.workloads import APIS, WORKLOADS, build_sessions, make_workload, script
+from radixserve.errors import RadixServeError
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+def _workload_help() -> str:
+    lines = []
+    for name, cls in WORKLOADS.items():
+        sizes = ", ".join(f"{f.name}={f.default}" for f in dataclasses.fields(cls))
+        lines.append(f"{name} ({cls.summary}): {sizes}")
+    return "; ".join(lines)
+
+
+def load_tokenizer(model: str | None, tokenizer_dir: str | None = None) -> Any:
+    """The model's tokenizer (radixserve.engine.tokenizer.Tokenizer); no weights are loaded."""
+    from radixserve.engine.tokenizer import Tokenizer
+
+    if tokenizer_dir:
+        return Tokenizer.from_dir(tokenizer_dir)
+    from radixserve.model.loader import resolve_model
+
+    return Tokenizer.from_dir(resolve_model(model).path)
+
+
+def add_bench_args(parser: argparse.ArgumentParser) -> None:
+    """Arguments of `radixserve bench`."""
+    p = parser
+    p.add_argument("--url", default=DEFAULT_URL, help="server base URL (loopback only)")
+    p.add_argument("--workload", default="rag", choices=list(WORKLOADS))
+    p.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="workload size override, repeatable. Defaults: " + _workload_help(),
+    )
+    p.add_argument("--seed", type=int, default=0, help="selects the text (and Poisson times)")
+    p.add_argument("--api", choices=APIS, help="chat or completion (default: per workload)")
+    p.add_argument("--model", help="model name to request (default: the server's first)")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument(
+        "--ignore-eos", action="store_true", help='send "ignore_eos": true (vLLM/SGLang style)'
+    )
+    p.add_argument("--api-key", help="sent as a Bearer token")
+    g = p.add_argument_group("load")
+    g.add_argument("--concurrency", type=int, default=4, help="requests in flight (default 4)")
+    g.add_argument("--rate", type=float, help="Poisson arrivals at this many requests/s instead")
+    g.add_argument("--max-requests", type=int, help="stop after this many requests")
+    g.add_argument("--duration", type=float, help="send no new request after this many seconds")
+    g.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
+    o = p.add_argument_group("output")
+    o.add_argument("--output-dir", help="write results.json and PNG plots here")
+    o.add_argument("--trace-out", help="write the requests sent as a JSONL trace (for analyze)")
+    o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    o.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="build the workload without a server (placeholder answers); use with --trace-out",
+    )
+    o.add_argument(
+        "--tokenizer",
+        help="tokenizer dir for measuring sizes (default: the default model's; 'none' = "
+        "estimate 4 characters per token)",
+    )
+    c = p.add_argument_group("comparison")
+    c.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("A", "B"),
+        help="run the workload against two servers alternately; each is a URL or a server "
+        "command to start ('{port}' is replaced by a free port, else --port P is appended)",
+    )
+    c.add_argument("--labels", nargs=2, default=["A", "B"], metavar=("LABEL_A", "LABEL_B"))
+    c.add_argument("--rounds", type=int, default=1, help="alternations (each with seed+round)")
+    c.add_argument(
+        "--suite",
+        action="store_true",
+        help="every workload, cache on vs off, against two `radixserve serve` it starts; "
+        "writes report.md + plots into --output-dir (default bench-results)",
+    )
+    c.add_argument("--scale", type=float, default=1.0, help="suite: scale request counts")
+    c.add_argument("--workloads", help="suite: comma-separated subset of workloads")
+    c.add_argument(
+        "--server-args", default="", help="suite: extra `radixserve serve` arguments, quoted"
+    )
+
+
+def _params(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--param wants KEY=VALUE, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _counter(args: argparse.Namespace) -> TokenCounter:
+    if args.tokenizer == "none":
+        return TokenCounter(None)
+    return TokenCounter(load_tokenizer(None, args.tokenizer))
+
+
+def _write_trace(path: str, trace: list[dict[str, Any]]) -> None:
+    Path(path).write_text("".join(json.dumps(e) + "\n" for e in trace))
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Entry point of `radixserve bench`."""
+    try:
+        return _run_bench(args)
+    except (NotLoopbackError, ValueError, RuntimeError, OSError, RadixServeError) as e:
+        print(f"radixserve bench: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _plan(args: argparse.Namespace, counter: TokenCounter) -> BenchPlan:
+    load = LoadConfig(args.concurrency, args.rate, args.max_requests, args.duration, args.seed)
+    return BenchPlan(
+        make_workload(args.workload, _params(args.param)),
+        load,
+        args.seed,
+        args.api,
+        args.model,
+        args.temperature,
+        {"ignore_eos": True} if args.ignore_eos else {},
+        counter,
+    )
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    counter = _counter(args)
+    progress = not args.no_progress
+    if args.suite:
+        from radixserve.bench.suite import run_suite
+
+        out = args.output_dir or "bench-results"
+        names = args.workloads.split(",") if args.workloads else None
+        for n in names or []:
+            make_workload(n)  # validates the name
+        run_suite(
+            out,
+            args.scale,
+            args.server_args,
+            names,
+            counter.codec,  # type: ignore[arg-type]
+            "radixserve " + shlex.join(sys.argv[1:]),
+            progress,
+            seed=args.seed,
+            model=args.model,
+            temperature=args.temperature,
+            counter=counter,
+        )
+        print(Path(out, "report.md").read_text())
+        return 0
+    plan = _plan(args, counter)
+    if args.dry_run:
+        sessions = build_sessions(plan.workload, args.seed, counter)
+        specs = script(sessions, plan.api_name)
+        trace = [
+            {"id": s.id, "session_id": s.session_id, "turn": s.turn, "timestamp": float(i)}
+            | {k: v for k, v in s.body(args.model or "default").items() if "stream" not in k}
+            for i, s in enumerate(specs)
+        ]
+        if args.trace_out:
+            _write_trace(args.trace_out, trace)
+        print(
+            f"{plan.workload.name}: {len(specs)} requests ({plan.api_name}), sizes "
+            f"{'measured' if counter.exact else 'estimated'}: {plan.workload.params()}"
+        )
+        return 0
+    if args.compare:
+        return _run_compare(args, plan, progress)
+    url = check_loopback(args.url)
+
+    async def go() -> Any:
+        async with make_client(args.api_key, args.timeout) as client:
+            return await plan.run(client, url, progress=progress)
+
+    res = asyncio.run(go())
+    summary = summarize(res.records, res.duration)
+    title = f"{plan.workload.name} against {url} ({plan.load.describe()})"
+    print(format_summary(summary, title))
+    if args.trace_out:
+        _write_trace(args.trace_out, res.trace)
+    if args.output_dir:
+        from radixserve.bench.plots import plot_ttft_cdf, plot_ttft_vs_prompt
+
+        out = Path(args.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        data = {
+            "url": url,
+            "workload": plan.workload.name,
+            "params": plan.workload.params(),
+            "load": dataclasses.asdict(plan.load),
+            "summary": summary.to_json(),
+            "records": [dataclasses.asdict(r) for r in res.records],
+        }
+        (out / "results.json").write_text(json.dumps(data, indent=1))
+        plot_ttft_cdf({plan.workload.name: res.records}, out / "ttft_cdf.png")
+        plot_ttft_vs_prompt({plan.workload.name: res.records}, out / "ttft_vs_prompt.png")
+    return 1 if summary.errors == summary.requests else 0
+
+
+def _run_compare(args: argparse.Namespace, plan: BenchPlan, progress: bool) -> int:
+    from radixserve.bench.servers import ServerProcess
+    from radixserve.bench.suite import compare, warmup, write_run_files
+
+    servers = []
+    urls = []
+    try:
+        for target in args.compare:
+            if target.startswith(("http://", "https://")):
+                urls.append(check_loopback(target))
+            else:
+                s = ServerProcess(target, args.output_dir)
+                servers.append(s)
+                print(f"starting {shlex.join(s.argv)}", file=sys.stderr)
+                urls.append(check_loopback(s.start().url))
+
+        async def go() -> Any:
+            async with make_client(args.api_key, args.timeout) as client:
+                for u in urls:
+                    await warmup(client, u, args.model)
+                labels = (args.labels[0], args.labels[1])
+                return await compare(
+                    client, plan, (urls[0], urls[1]), labels, args.rounds, progress
+                )
+
+        res = asyncio.run(go())
+    finally:
+        for s in servers:
+            s.stop()
+    print(f"{plan.workload.name} ({plan.load.describe()}, {args.rounds} round(s))")
+    print(res.table())
+    if args.trace_out:
+        _write_trace(args.trace_out, res.trace)
+    if args.output_dir:
+        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+        write_run_files(Path(args.output_dir), plan.workload.name, res, None)
+    return 0
+
+
+def add_analyze_args(parser: argparse.ArgumentParser) -> None:
+    """Arguments of `radixserve analyze`."""
+    p = parser
+    p.add_argument("trace", help="JSONL trace: one OpenAI request body per line (docs/bench.md)")
+    p.add_argument("--model", help="model whose tokenizer and KV shape to use (default model)")
+    p.add_argument("--tokenizer", help="tokenizer directory, if not the model's")
+    p.add_argument("--block-size", type=int, default=16, help="cache block size in tokens")
+    p.add_argument(
+        "--kv-dtype", default="bfloat16", choices=["float32", "bfloat16", "float16", "fp8"]
+    )
+    p.add_argument(
+        "--capacities",
+        help="cache sizes to replay, comma-separated: blocks (1024) or bytes (256MiB, 2GiB)",
+    )
+    p.add_argument("--output-dir", help="write analysis.json and PNG plots here")
+
+
+def parse_capacity(text: str, bytes_per_block: int) -> int:
+    """'1024' -> 1024 blocks; '256MiB' / '2GiB' / '500MB' -> blocks of that many bytes."""
+    t = text.strip()
+    units = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9}
+    for unit, mult in units.items():
+        if t.endswith(unit):
+            return max(1, int(float(t[: -len(unit)]) * mult) // bytes_per_block)
+    return int(t)
+
+
+def run_analyze(args: argparse.Namespace) -> int:
+    """Entry point of `radixserve analyze`."""
+    from radixserve.bench.analyze import (
+        analyze_tokens,
+        format_analysis,
+        kv_bytes_per_token,
+        read_trace,
+        tokenize,
+    )
+    from radixserve.model.config import ModelConfig
+    from radixserve.model.loader import resolve_model
+
+    try:
+        model_dir = resolve_model(args.model).path
+        tok = load_tokenizer(args.model, args.tokenizer or str(model_dir))
+        kv = kv_bytes_per_token(ModelConfig.from_dir(model_dir), args.kv_dtype)
+        requests = read_trace(args.trace)
+        caps = None
+        if args.capacities:
+            bpb = kv * args.block_size
+            caps = [parse_capacity(c, bpb) for c in args.capacities.split(",") if c.strip()]
+        a = analyze_tokens(tokenize(requests, tok), args.block_size, kv, args.kv_dtype, caps)
+    except (OSError, ValueError, RadixServeError) as e:
+        print(f"radixserve analyze: error: {e}", file=sys.stderr)
+        return 2
+    print(format_analysis(a))
+    if args.output_dir:
+        from radixserve.bench.plots import plot_miss_ratio_curve, plot_shared_prefix_hist
+
+        out = Path(args.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "analysis.json").write_text(json.dumps(a.to_json(), indent=1))
+        plot_shared_prefix_hist(a, out / "shared_prefix_hist.png")
+        plot_miss_ratio_curve(a, out / "miss_ratio_curve.png")
+    return 0

@@ -1,0 +1,97 @@
+"""Summaries, comparison tables, plots, and the CLI's no-server paths (dry run, analyze)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+
+from radixserve.bench.cli import (
+    add_analyze_args,
+    add_bench_args,
+    parse_capacity,
+    run_analyze,
+    run_bench,
+)
+from radixserve.bench.plots import plot_ttft_cdf, plot_ttft_vs_prompt
+from radixserve.bench.report import RequestRecord, format_compare, percentile, summarize
+
+
+def rec(i: int, ttft: float, prompt: int = 100, cached: int = 0, out: int = 10, **kw):
+    return RequestRecord(
+        f"r{i}", "s", 0, i * 0.1, ttft, ttft + 0.5, [0.05] * (out - 1), prompt, cached, out, **kw
+    )
+
+
+def test_percentiles_interpolate():
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile([5], 99) == 5
+    assert math.isnan(percentile([], 50))
+
+
+def test_summary_counts_tokens_hit_ratio_and_throughput():
+    records = [rec(i, 0.1 * (i + 1), cached=50) for i in range(4)]
+    records.append(rec(9, 0.0, error="HTTP 500"))
+    s = summarize(records, duration=2.0)
+    assert s.requests == 5 and s.errors == 1
+    assert s.requests_per_s == 2.0 and s.output_tokens_per_s == 20.0
+    assert s.cache_hit_ratio == 0.5
+    assert s.ttft["p50"] == pytest.approx(0.25)
+    assert s.tpot["p50"] == pytest.approx(0.5 / 9)
+
+
+def test_compare_table_shows_both_sides_and_the_ratio():
+    a = summarize([rec(i, 0.1) for i in range(3)], 1.0)
+    b = summarize([rec(i, 0.4) for i in range(3)], 2.0)
+    table = format_compare(a, b, "on", "off")
+    line = next(x for x in table.splitlines() if x.startswith("TTFT p50"))
+    assert "100 ms" in line and "400 ms" in line and "0.25x" in line
+    assert "2.00x" in next(x for x in table.splitlines() if x.startswith("requests/s"))
+
+
+def test_plots_are_written(tmp_path):
+    runs = {
+        "on": [rec(i, 0.05, 200, 160) for i in range(5)],
+        "off": [rec(i, 0.3) for i in range(5)],
+    }
+    for f in (plot_ttft_cdf, plot_ttft_vs_prompt):
+        p = f(runs, tmp_path / f"{f.__name__}.png")
+        assert p.read_bytes()[:4] == b"\x89PNG"
+
+
+def parse(add, argv):
+    p = argparse.ArgumentParser()
+    add(p)
+    return p.parse_args(argv)
+
+
+def test_bench_refuses_a_non_loopback_url(capsys):
+    args = parse(add_bench_args, ["--url", "http://192.0.2.1:8000", "--tokenizer", "none"])
+    assert run_bench(args) == 2
+    assert "loopback" in capsys.readouterr().err
+
+
+def test_dry_run_trace_feeds_analyze(tmp_path, capsys, tokenizer):
+    trace = tmp_path / "rag.jsonl"
+    argv = ["--workload", "rag", "--dry-run", "--trace-out", str(trace)]
+    argv += ["--param", "requests=4", "--param", "preamble_tokens=256"]
+    assert run_bench(parse(add_bench_args, argv)) == 0
+    lines = [json.loads(x) for x in trace.read_text().splitlines()]
+    assert len(lines) == 4 and all("messages" in x and "timestamp" in x for x in lines)
+
+    out = tmp_path / "an"
+    args = parse(add_analyze_args, [str(trace), "--output-dir", str(out)])
+    assert run_analyze(args) == 0
+    text = capsys.readouterr().out
+    assert "Worth it" in text and "block-aligned" in text
+    data = json.loads((out / "analysis.json").read_text())
+    assert data["redundant_fraction"] > 0.6
+    assert (out / "miss_ratio_curve.png").exists() and (out / "shared_prefix_hist.png").exists()
+
+
+def test_capacities_in_blocks_or_bytes():
+    assert parse_capacity("128", 1000) == 128
+    assert parse_capacity("1MiB", 2**10) == 1024
+    assert parse_capacity("2GB", 10**6) == 2000
