@@ -163,7 +163,8 @@ def serve_workers(args: argparse.Namespace) -> int:
     def on_term(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
-    old = signal.signal(signal.SIGTERM, on_term)
+    old_term = signal.signal(signal.SIGTERM, on_term)
+    old_int = signal.getsignal(signal.SIGINT)
     procs: list[subprocess.Popen[bytes]] = []
     try:
         procs, urls = start_workers(args, int(args.workers))
@@ -175,7 +176,10 @@ def serve_workers(args: argparse.Namespace) -> int:
             headers={"authorization": f"Bearer {key}"} if key else None,
         )
         log.info("%d workers ready: %s", len(urls), ", ".join(urls))
-        signal.signal(signal.SIGTERM, old)  # uvicorn handles SIGTERM/SIGINT from here
+        # uvicorn handles SIGTERM/SIGINT while it serves and re-raises the signal once it has
+        # shut down; no-op handlers make that re-raise harmless, so we get to stop the workers.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: None)
         return run_route(route_args(args, urls))
     except KeyboardInterrupt:
         return 130
@@ -183,5 +187,6 @@ def serve_workers(args: argparse.Namespace) -> int:
         log.error("%s", e)
         return 1
     finally:
-        signal.signal(signal.SIGTERM, old)
         stop_workers(procs)
+        signal.signal(signal.SIGTERM, old_term)
+        signal.signal(signal.SIGINT, old_int)

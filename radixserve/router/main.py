@@ -122,7 +122,7 @@ def build_router_app(args: argparse.Namespace, tokenizer: Any = None) -> Any:
     )
     timeout = httpx.Timeout(args.request_timeout, connect=5.0)
     limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
-    client = httpx.AsyncClient(timeout=timeout, limits=limits)
+    client = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
     metrics = RouterMetrics()
     workers = [Worker(i, url, client, cfg, metrics) for i, url in enumerate(args.worker)]
     policy_cfg = PolicyConfig(

@@ -11,7 +11,8 @@ import httpx
 import pytest
 
 from radixserve.router.main import add_route_args, build_router_app
-from tests.router.fakes import CharTokenizer, FakeState, ServerThread, fake_worker_app, wait_for
+
+from .fakes import CharTokenizer, FakeState, ServerThread, fake_worker_app, wait_for
 
 
 class Cluster:

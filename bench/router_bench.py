@@ -1,0 +1,150 @@
+"""Cache-aware vs round-robin routing over 2 workers, on the multi-turn chat workload.
+
+Three runs of the same sessions (same seed), each on freshly started servers:
+  single       one worker with the total cache of both (the hit-ratio reference)
+  cache_aware  two workers behind `radixserve route --policy cache_aware`
+  round_robin  two workers behind `radixserve route --policy round_robin`
+and a table of aggregate cache hit ratio (usage.cached_tokens / prompt_tokens) and TTFT.
+
+    python bench/router_bench.py                       # defaults: ~5 minutes on 2 CPU cores
+    python bench/router_bench.py --conversations 16 --turns 6 --concurrency 8 --device cuda
+
+Targets (issue 7): cache_aware's hit ratio within 5% of single's; p50 TTFT at least 2x lower
+than round_robin's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from radixserve.bench.client import make_client
+from radixserve.bench.corpus import TokenCounter
+from radixserve.bench.load import BenchPlan, LoadConfig
+from radixserve.bench.report import Summary, markdown_table, summarize
+from radixserve.bench.servers import ServerProcess, radixserve_command
+from radixserve.bench.workloads import MultiTurn
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--conversations", type=int, default=8)
+    p.add_argument("--turns", type=int, default=5)
+    p.add_argument("--system-tokens", type=int, default=64, help="shared system prompt")
+    p.add_argument("--user-tokens", type=int, default=96, help="each user message")
+    p.add_argument("--max-tokens", type=int, default=16, help="each answer")
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--kv-cache-mib", type=int, default=256, help="KV pool of each of 2 workers")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--num-threads", type=int, default=1, help="torch threads per worker")
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--runs", default="single,cache_aware,round_robin")
+    p.add_argument("--out", default="bench_results/router_bench.json")
+    return p.parse_args(argv)
+
+
+def worker_command(args: argparse.Namespace, kv_mib: int) -> list[str]:
+    return radixserve_command(
+        "--dtype", args.dtype, "--device", args.device, "--num-threads", str(args.num_threads),
+        "--max-model-len", str(args.max_model_len), "--kv-cache-memory", f"{kv_mib}MiB",
+        "--log-level", "warning",
+    )  # fmt: skip
+
+
+def route_command(policy: str, urls: list[str]) -> list[str]:
+    workers = [a for u in urls for a in ("--worker", u)]
+    return [sys.executable, "-m", "radixserve.cli", "route", *workers, "--policy", policy,
+            "--log-level", "warning"]  # fmt: skip
+
+
+def run_one(name: str, args: argparse.Namespace, plan: BenchPlan) -> tuple[Summary, Any]:
+    """Start the servers of run `name`, drive the workload through them, stop them."""
+    with ExitStack() as stack:
+        if name == "single":
+            single = ServerProcess(worker_command(args, 2 * args.kv_cache_mib))
+            url = stack.enter_context(single).url
+        else:
+            cmd = worker_command(args, args.kv_cache_mib)
+            urls = [stack.enter_context(ServerProcess(cmd)).url for _ in range(2)]
+            url = stack.enter_context(ServerProcess(route_command(name, urls))).url
+        print(f"[{name}] servers up; running {plan.workload.params()}", file=sys.stderr)
+
+        async def drive() -> Any:
+            async with make_client() as client:
+                result = await plan.run(client, url, progress=False, desc=name)
+                if name == "single":
+                    return result, None
+                r = await client.get(url + "/metrics")
+                return result, r.text
+
+        t = time.perf_counter()
+        result, metrics = asyncio.run(drive())
+        print(f"[{name}] done in {time.perf_counter() - t:.0f}s", file=sys.stderr)
+        routing = decisions(metrics) if metrics else None
+    return summarize(result.records, result.duration), routing
+
+
+def decisions(metrics: str) -> dict[str, float]:
+    """Routing decisions by reason, from the router's /metrics text."""
+    out = {}
+    for line in metrics.splitlines():
+        if line.startswith("radixserve_router_decisions_total{"):
+            reason = line.split('reason="')[1].split('"')[0]
+            out[reason] = float(line.rsplit(" ", 1)[1])
+    return {k: v for k, v in out.items() if v}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from radixserve.router.main import load_tokenizer
+
+    workload = MultiTurn(
+        conversations=args.conversations, turns=args.turns, system_tokens=args.system_tokens,
+        user_tokens=args.user_tokens, max_tokens=args.max_tokens,
+    )  # fmt: skip
+    plan = BenchPlan(workload, LoadConfig(concurrency=args.concurrency), seed=args.seed,
+                     counter=TokenCounter(load_tokenizer(None)))  # fmt: skip
+    results: dict[str, tuple[Summary, Any]] = {}
+    for name in args.runs.split(","):
+        results[name] = run_one(name, args, plan)
+
+    rows = []
+    for name, (s, routing) in results.items():
+        rows.append([
+            name, f"{s.requests - s.errors}/{s.requests}", f"{s.cache_hit_ratio:.3f}",
+            f"{s.ttft['p50'] * 1000:.0f}", f"{s.ttft['p90'] * 1000:.0f}",
+            f"{s.requests_per_s:.2f}", json.dumps(routing) if routing else "-",
+        ])  # fmt: skip
+    header = ["run", "ok", "cache hit ratio", "p50 TTFT ms", "p90 TTFT ms", "req/s", "routing"]
+    print(markdown_table(header, rows))
+    checks = {}
+    if {"single", "cache_aware"} <= results.keys():
+        ref, ca = results["single"][0].cache_hit_ratio, results["cache_aware"][0].cache_hit_ratio
+        checks["hit_ratio_vs_single"] = ca / ref if ref else float("nan")
+        print(f"\ncache_aware hit ratio / single's: {checks['hit_ratio_vs_single']:.3f} "
+              f"(target >= 0.95)")  # fmt: skip
+    if {"round_robin", "cache_aware"} <= results.keys():
+        rr, ca = results["round_robin"][0].ttft["p50"], results["cache_aware"][0].ttft["p50"]
+        checks["p50_ttft_rr_over_ca"] = rr / ca if ca else float("nan")
+        print(f"round_robin p50 TTFT / cache_aware's: {checks['p50_ttft_rr_over_ca']:.2f}x "
+              f"(target >= 2)")  # fmt: skip
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "args": vars(args), "workload": workload.params(), "checks": checks,
+        "runs": {n: {"summary": s.to_json(), "routing": r} for n, (s, r) in results.items()},
+    }, indent=2))  # fmt: skip
+    print(f"\nwritten to {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,250 @@
+"""`radixserve serve --workers 2`: real worker processes and the router, driven with `openai`.
+
+One cluster for the module (two model loads); tests run in file order and share it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from radixserve.router.launcher import free_port
+
+from .fakes import wait_for
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("radixserve.engine.engine") is None, reason="no engine yet"
+    ),
+]
+
+# Small and fast: float32, one thread per worker, a short context, a KV pool of ~40 blocks
+# so that a handful of conversations already forces evictions.
+WORKER_ARGS = ["--dtype", "float32", "--max-model-len", "1024", "--kv-cache-memory", "28MiB"]
+STARTUP_TIMEOUT_S = 240.0
+
+
+def children(pid: int) -> list[int]:
+    """Direct child pids of `pid` (Linux)."""
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+def port_of(pid: int) -> int:
+    """The --port of a worker process, from its command line."""
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    return int(argv[argv.index(b"--port") + 1])
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat").read_text() if Path(f"/proc/{pid}/stat").exists() else ""
+    return " Z " not in stat  # a zombie has exited
+
+
+class Cluster:
+    """The launcher process and what the tests need to know about it."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        fd, path = tempfile.mkstemp(prefix="radixserve-router-test-", suffix=".log")
+        os.close(fd)
+        self.log_path = Path(path)
+        cmd = [
+            sys.executable,
+            "-m",
+            "radixserve.cli",
+            "serve",
+            "--workers",
+            "2",
+            "--port",
+            str(self.port),
+            *WORKER_ARGS,
+            "--log-level",
+            "warning",
+        ]
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        self.extra: list[subprocess.Popen[bytes]] = []
+        self.http = httpx.Client(base_url=self.url, timeout=120)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-5000:]
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"launcher exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                r = self.http.get("/health", timeout=2)
+                if r.status_code == 200 and all(w["healthy"] for w in r.json()["workers"]):
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        pytest.fail(f"cluster not ready after {STARTUP_TIMEOUT_S:.0f}s:\n{self.log()}")
+
+    def workers(self) -> list[dict[str, Any]]:
+        return list(self.http.get("/health").json()["workers"])
+
+    def chat(self, messages: list[dict[str, str]], max_tokens: int = 4) -> tuple[int, Any]:
+        """(worker index, parsed body) of one non-streamed chat request."""
+        body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+        r = self.http.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        return int(r.headers["x-radixserve-worker"]), r.json()
+
+    def close(self) -> None:
+        self.http.close()
+        for p in self.extra:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    c = Cluster()
+    try:
+        c.wait_ready()
+        yield c
+    finally:
+        c.close()
+
+
+def conversation(topic: str) -> list[dict[str, str]]:
+    return [
+        {
+            "role": "user",
+            "content": f"Let us talk about {topic}. " * 6
+            + f"What is the single most surprising fact about {topic}?",
+        }
+    ]
+
+
+def test_turns_stay_on_one_worker_and_conversations_spread(cluster: Cluster) -> None:
+    topics = ["volcanoes", "penguins", "medieval castles", "jazz music"]
+    convs = [conversation(t) for t in topics]
+    where: list[set[int]] = [set() for _ in convs]
+    for turn in range(3):
+        for i, msgs in enumerate(convs):
+            w, body = cluster.chat(msgs)
+            where[i].add(w)
+            if turn:
+                assert body["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+            msgs += [
+                {"role": "assistant", "content": body["choices"][0]["message"]["content"]},
+                {"role": "user", "content": f"Tell me more, part {turn}."},
+            ]
+    assert all(len(s) == 1 for s in where), where
+    assert set.union(*where) == {0, 1}
+
+
+def snapshot(url: str) -> list[tuple[Any, tuple[int, ...]]]:
+    """The worker's cache contents: the first event of its /v1/cache/events stream."""
+    with httpx.stream("GET", url + "/v1/cache/events", timeout=10) as r:
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                event = json.loads(line[5:])
+                assert event["type"] == "snapshot"
+                return sorted(
+                    ((p["namespace"], tuple(p["token_ids"])) for p in event["paths"]), key=repr
+                )
+    raise AssertionError("no snapshot")
+
+
+def router_tree(cluster: Cluster, index: int) -> list[tuple[Any, tuple[int, ...]]]:
+    w = cluster.http.get("/v1/router/tree").json()["workers"][index]
+    return sorted(((p["namespace"], tuple(p["token_ids"])) for p in w["paths"]), key=repr)
+
+
+def test_router_tries_equal_worker_caches_after_evictions(cluster: Cluster) -> None:
+    for i in range(10):  # ~10 x 9 blocks into two pools of ~40 blocks: evictions on both
+        cluster.chat(conversation(f"subject number {i}"), max_tokens=2)
+    evicted = 0
+    for w in cluster.workers():
+        stats = httpx.get(w["url"] + "/v1/cache/stats").json()
+        evicted += stats.get("evicted_blocks", 0)
+    assert evicted > 0
+    for i, w in enumerate(cluster.workers()):
+        assert w["cache_events_live"]
+        wait_for(
+            lambda i=i, w=w: router_tree(cluster, i) == snapshot(w["url"]),
+            timeout=15,
+            what=f"router's trie of worker {i} equal to its cache",
+        )
+
+
+def test_killed_worker_loses_no_request_and_comes_back(cluster: Cluster) -> None:
+    pids = children(cluster.proc.pid)
+    assert len(pids) == 2
+    victim = next(p for p in pids if port_of(p) == int(cluster.workers()[0]["url"].rsplit(":")[-1]))
+    msgs = [conversation(f"question {i}") for i in range(10)]
+
+    with ThreadPoolExecutor(10) as pool:
+        futures = [pool.submit(cluster.chat, m, 8) for m in msgs]
+        time.sleep(1.0)  # requests are in flight on both workers
+        os.kill(victim, signal.SIGKILL)
+        served = [f.result()[0] for f in futures]  # raises if any request failed
+    assert len(served) == 10
+    wait_for(lambda: not cluster.workers()[0]["healthy"], what="worker 0 reported down")
+    text = cluster.http.get("/metrics").text
+    assert 'radixserve_router_worker_up{worker="' + cluster.workers()[0]["url"] + '"} 0.0' in text
+
+    port = int(cluster.workers()[0]["url"].rsplit(":")[-1])  # bring it back on its port
+    cmd = [
+        sys.executable,
+        "-m",
+        "radixserve.cli",
+        "serve",
+        "--port",
+        str(port),
+        *WORKER_ARGS,
+        "--num-threads",
+        "1",
+        "--log-level",
+        "warning",
+    ]
+    cluster.extra.append(
+        subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    )
+    wait_for(
+        lambda: cluster.workers()[0]["healthy"], timeout=STARTUP_TIMEOUT_S, what="worker 0 back up"
+    )
+    assert cluster.chat(conversation("after the restart"))[0] in (0, 1)
+
+
+def test_launcher_stops_every_worker(cluster: Cluster) -> None:
+    pids = children(cluster.proc.pid)
+    cluster.proc.send_signal(signal.SIGTERM)
+    assert cluster.proc.wait(60) == 0
+    wait_for(lambda: not any(alive(p) for p in pids), timeout=30, what="workers gone")

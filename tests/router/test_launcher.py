@@ -1,0 +1,70 @@
+"""How `serve --workers N` turns its own flags into worker and router arguments."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from radixserve.router.launcher import route_args, worker_argv
+
+server_main = pytest.importorskip("radixserve.server.main")
+
+
+def serve_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    server_main.add_serve_args(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_worker_gets_user_flags_its_port_and_one_thread() -> None:
+    args = serve_args(
+        "--workers",
+        "2",
+        "--port",
+        "9000",
+        "--kv-cache-memory",
+        "64MiB",
+        "--no-prefix-cache",
+        "--dtype",
+        "float32",
+    )
+    argv = worker_argv(args, 8123)
+    tail = argv[argv.index("serve") + 1 :]
+    assert tail[:4] == ["--host", "127.0.0.1", "--port", "8123"]
+    assert "--workers" not in tail and "9000" not in tail
+    assert tail[tail.index("--kv-cache-memory") + 1] == "64MiB"
+    assert tail[tail.index("--dtype") + 1] == "float32"
+    assert "--no-prefix-cache" in tail
+    assert tail[-2:] == ["--num-threads", "1"]
+
+
+def test_worker_keeps_the_users_thread_count() -> None:
+    argv = worker_argv(serve_args("--workers", "2", "--num-threads", "3"), 8123)
+    assert argv[-2:] == ["--num-threads", "3"]
+
+
+def test_worker_omits_flags_left_at_their_defaults() -> None:
+    argv = worker_argv(serve_args("--workers", "2"), 8123)
+    assert argv[argv.index("serve") + 1 :] == [
+        "--host", "127.0.0.1", "--port", "8123", "--num-threads", "1",
+    ]  # fmt: skip
+
+
+def test_router_takes_the_serve_address_model_and_key() -> None:
+    args = serve_args(
+        "--workers",
+        "2",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "9000",
+        "--api-key",
+        "k",
+        "--block-size",
+        "32",
+    )
+    r = route_args(args, ["http://127.0.0.1:1", "http://127.0.0.1:2"])
+    assert (r.host, r.port, r.api_key, r.block_size) == ("0.0.0.0", 9000, "k", 32)
+    assert r.worker == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    assert r.policy == "cache_aware"
