@@ -50,6 +50,7 @@ class CompareResult:
     summaries: tuple[Summary, Summary]
     trace: list[dict[str, Any]]
     params: dict[str, Any] = dataclasses.field(default_factory=dict)  # the workload's sizes
+    load: str = ""  # how it was driven
 
     def table(self) -> str:
         """The side-by-side plain-text table with A/B ratios."""
@@ -99,7 +100,7 @@ async def compare(
             if side == 0:
                 trace.extend(res.trace)
     sums = (summarize(recs[0], durations[0]), summarize(recs[1], durations[1]))
-    return CompareResult(labels, recs, sums, trace, plan.workload.params())
+    return CompareResult(labels, recs, sums, trace, plan.workload.params(), plan.load.describe())
 
 
 def suite_plan(name: str, scale: float, load: LoadConfig | None, **plan_kw: Any) -> BenchPlan:
@@ -133,7 +134,10 @@ def suite_markdown(
     results: dict[str, CompareResult], extras: dict[str, dict[str, Any]], command: str
 ) -> str:
     """The Markdown report: what ran, on what, and cache on vs off per workload."""
-    ms = lambda s, k: f"{s.ttft[k] * 1000:.0f}"  # noqa: E731
+
+    def ms(s: Summary, k: str) -> str:
+        return f"{s.ttft[k] * 1000:.0f}"
+
     rows = []
     for name, res in results.items():
         on, off = res.summaries
@@ -183,7 +187,7 @@ def suite_markdown(
     ]
     for name, res in results.items():
         params = ", ".join(f"{k}={v}" for k, v in res.params.items())
-        lines.append(f"- `{name}` — {WORKLOADS[name].summary} ({params})")
+        lines.append(f"- `{name}` — {WORKLOADS[name].summary} ({params}; {res.load})")
     lines += ["", "![cache on vs off](suite_ratios.png)", ""]
     for name in results:
         lines.append(f"![{name} TTFT]({name}_ttft_cdf.png) ![{name}]({name}_ttft_vs_prompt.png)")
