@@ -99,7 +99,12 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--scale", type=float, default=1.0, help="suite: scale request counts")
     c.add_argument("--workloads", help="suite: comma-separated subset of workloads")
     c.add_argument(
-        "--server-args", default="", help="suite: extra `radixserve serve` arguments, quoted"
+        "--server-args",
+        default="",
+        help="suite: extra `radixserve serve` arguments, quoted (default --kv-cache-memory 1GiB)",
+    )
+    c.add_argument(
+        "--server-cmd", help="suite: the server command instead of `radixserve serve`, quoted"
     )
 
 
@@ -160,7 +165,9 @@ def _run_bench(args: argparse.Namespace) -> int:
             out,
             args.scale,
             args.server_args,
+            args.server_cmd,
             names,
+            _params(args.param),
             counter.codec,  # type: ignore[arg-type]
             "radixserve " + shlex.join(sys.argv[1:]),
             progress,

@@ -77,8 +77,9 @@ async def send_request(
     body: dict[str, Any],
     t0: float,
 ) -> RequestRecord:
-    """Stream one request and time it: TTFT is the first chunk that carries text; inter-token
-    latencies are the gaps between later text chunks; token counts come from the usage chunk.
+    """Stream one request and time it: TTFT is the first chunk that carries text or a finish
+    reason (role-only chunks do not count); inter-token latencies are the gaps between text
+    chunks; token counts come from the usage chunk.
     `t0` (time.perf_counter()) is the start of the run; errors land in record.error."""
     start = time.perf_counter()
     rec = RequestRecord(spec.id, spec.session_id, spec.turn, start - t0)
@@ -103,10 +104,10 @@ async def send_request(
                     rec.error = f"stream error: {json.dumps(chunk['error'])[:500]}"
                     break
                 text, finish = _chunk_text(chunk)
+                if rec.ttft is None and (text or finish):  # a lone finish: the first token was EOS
+                    rec.ttft = now - start
                 if text:
-                    if last is None:
-                        rec.ttft = now - start
-                    else:
+                    if last is not None:
                         rec.itl.append(now - last)
                     last = now
                     rec.chunks += 1

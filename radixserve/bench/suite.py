@@ -14,6 +14,7 @@ import platform
 import shlex
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from radixserve.bench.workloads import WORKLOADS, make_workload
 
 # Concurrency per workload in the suite: sessions interleave where a workload has them.
 SUITE_CONCURRENCY = {"multi_turn": 4, "rag": 2, "few_shot": 2, "agent": 4, "unique": 2}
+SUITE_KV_MEMORY = "1GiB"  # per server, unless --server-args sets --kv-cache-memory
 # Workload fields that count requests or sessions (scaled by --scale; token sizes are not).
 COUNT_FIELDS = ("requests", "conversations", "agents")
 
@@ -103,14 +105,19 @@ async def compare(
     return CompareResult(labels, recs, sums, trace, plan.workload.params(), plan.load.describe())
 
 
-def suite_plan(name: str, scale: float, load: LoadConfig | None, **plan_kw: Any) -> BenchPlan:
-    """The suite's plan for one workload: default sizes, counts scaled by `scale`."""
+def suite_plan(
+    name: str, scale: float = 1.0, params: dict[str, str] | None = None, **plan_kw: Any
+) -> BenchPlan:
+    """The suite's plan for one workload: default sizes, counts scaled by `scale`, then the
+    `params` this workload has (e.g. `max_tokens`) overridden."""
     w = make_workload(name)
     for f in COUNT_FIELDS:
         if hasattr(w, f):
             setattr(w, f, max(1, round(getattr(w, f) * scale)))
-    cfg = load or LoadConfig(concurrency=SUITE_CONCURRENCY.get(name, 2))
-    return BenchPlan(w, cfg, **plan_kw)
+    own = {k: v for k, v in (params or {}).items() if hasattr(w, k)}
+    w = dataclasses.replace(w, **{k: int(v) for k, v in own.items()})
+    plan_kw.setdefault("extra_body", {"ignore_eos": True})  # both sides decode max_tokens
+    return BenchPlan(w, LoadConfig(concurrency=SUITE_CONCURRENCY.get(name, 2)), **plan_kw)
 
 
 def write_run_files(
@@ -131,7 +138,10 @@ def write_run_files(
 
 
 def suite_markdown(
-    results: dict[str, CompareResult], extras: dict[str, dict[str, Any]], command: str
+    results: dict[str, CompareResult],
+    extras: dict[str, dict[str, Any]],
+    command: str,
+    servers: Sequence[str] = (),
 ) -> str:
     """The Markdown report: what ran, on what, and cache on vs off per workload."""
 
@@ -178,9 +188,12 @@ def suite_markdown(
         f"Produced by `{command}` on {platform.machine()} with {os.cpu_count()} CPUs "
         f"({platform.platform()}, Python {platform.python_version()}), "
         f"{time.strftime('%Y-%m-%d')}. Both servers ran on the same machine and were driven "
-        "one at a time. Speedup = off / on for latency, on / off for throughput.",
+        "one at a time, with `ignore_eos` so both decode exactly `max_tokens` per request. "
+        "Speedup = off / on for latency, on / off for throughput.",
         "",
         markdown_table(header, rows),
+        "",
+        *(f"- {label}: `{cmd}`" for label, cmd in zip(("on", "off"), servers, strict=False)),
         "",
         "Workloads (sizes in tokens, seed-deterministic text from the Python stdlib):",
         "",
@@ -198,19 +211,25 @@ def run_suite(
     out_dir: str | Path,
     scale: float = 1.0,
     server_args: str = "",
+    server_cmd: str | None = None,
     workloads: list[str] | None = None,
+    params: dict[str, str] | None = None,
     tokenizer: ChatTokenizer | None = None,
     command: str = "radixserve bench --suite",
     progress: bool = True,
     **plan_kw: Any,
 ) -> dict[str, CompareResult]:
     """Start `radixserve serve` twice (cache on, `--no-prefix-cache`) on free ports, run every
-    workload against both alternately, and write report.md, results and plots into out_dir."""
+    workload against both alternately, and write report.md, results and plots into out_dir.
+    `server_cmd` replaces `radixserve serve` (the port and `server_args` are appended)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     extra = shlex.split(server_args)
-    on = ServerProcess(radixserve_command(*extra), out)
-    off = ServerProcess(radixserve_command(*extra, "--no-prefix-cache"), out)
+    if not any(a.startswith("--kv-cache-memory") for a in extra):
+        extra += ["--kv-cache-memory", SUITE_KV_MEMORY]  # two servers share the machine's RAM
+    base = shlex.split(server_cmd) if server_cmd else radixserve_command()
+    on = ServerProcess([*base, *extra], out)
+    off = ServerProcess([*base, *extra, "--no-prefix-cache"], out)
     results: dict[str, CompareResult] = {}
     extras: dict[str, dict[str, Any]] = {}
     try:
@@ -224,10 +243,10 @@ def run_suite(
                 for u in urls:
                     await warmup(client, u, plan_kw.get("model"))
                 for i, name in enumerate(workloads or list(WORKLOADS)):
-                    plan = suite_plan(name, scale, None, **plan_kw)
+                    plan = suite_plan(name, scale, params, **plan_kw)
                     res = await compare(client, plan, urls, ("on", "off"), 1, progress, i)
                     results[name] = res
-                    print(res.table(), file=sys.stderr)
+                    print(f"{name} ({res.load})\n{res.table()}\n", file=sys.stderr)
 
         asyncio.run(go())
     finally:
@@ -244,7 +263,8 @@ def run_suite(
         for n, r in results.items()
     ]
     plot_suite_ratios(bars, out / "suite_ratios.png")
-    (out / "report.md").write_text(suite_markdown(results, extras, command))
+    servers = [shlex.join(s.argv).replace(str(s.port), "P") for s in (on, off)]
+    (out / "report.md").write_text(suite_markdown(results, extras, command, servers))
     summary = {
         n: {lab: s.to_json() for lab, s in zip(r.labels, r.summaries, strict=True)}
         for n, r in results.items()

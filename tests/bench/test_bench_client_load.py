@@ -194,3 +194,22 @@ def test_poisson_arrivals_overlap_and_finish_every_request():
     assert len(res.records) == 12 and server.max_in_flight > 1
     s = summarize(res.records, res.duration)
     assert s.errors == 0 and s.completion_tokens == 36 and 0 < s.cache_hit_ratio < 1
+
+
+def test_a_request_whose_first_token_is_eos_still_has_a_ttft():
+    chunks = [
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}},
+    ]
+    data = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=data.encode()))
+    spec = RequestSpec("r", "s", 0, "chat", 5, messages=[{"role": "user", "content": "hi"}])
+
+    async def go():
+        async with httpx.AsyncClient(transport=transport) as c:
+            return await send_request(c, URL, spec, spec.body("m"), 0.0)
+
+    rec = run(go())
+    assert rec.ok and rec.ttft is not None and rec.chunks == 0 and rec.text == ""
+    assert rec.completion_tokens == 1 and rec.finish_reason == "stop" and rec.cached_tokens == 0
