@@ -81,16 +81,26 @@ def read_trace(path: str | Path) -> list[TraceRequest]:
     return out
 
 
-def tokenize(requests: Iterable[TraceRequest], tokenizer: ChatTokenizer) -> list[list[int]]:
-    """Prompt token ids of each request (chat template with the generation prompt)."""
+def tokenize(
+    requests: Iterable[TraceRequest],
+    tokenizer: ChatTokenizer,
+    skipped: list[str] | None = None,
+) -> list[list[int]]:
+    """Prompt token ids of each request (chat template with the generation prompt). A request
+    the template rejects raises ValueError, or is left out and noted in `skipped` if given."""
     out = []
     for r in requests:
-        if r.messages is not None:
-            out.append(list(tokenizer.apply_chat_template(r.messages)))
-        elif isinstance(r.prompt, list):
-            out.append(list(r.prompt))
-        else:
-            out.append(tokenizer.encode(r.prompt or ""))
+        try:
+            if r.messages is not None:
+                out.append(list(tokenizer.apply_chat_template(r.messages)))
+            elif isinstance(r.prompt, list):
+                out.append(list(r.prompt))
+            else:
+                out.append(tokenizer.encode(r.prompt or ""))
+        except ValueError as e:
+            if skipped is None:
+                raise ValueError(f"request {r.id}: {e}") from e
+            skipped.append(f"{r.id}: {e}")
     return out
 
 

@@ -314,7 +314,13 @@ def run_analyze(args: argparse.Namespace) -> int:
         if args.capacities:
             bpb = kv * args.block_size
             caps = [parse_capacity(c, bpb) for c in args.capacities.split(",") if c.strip()]
-        a = analyze_tokens(tokenize(requests, tok), args.block_size, kv, args.kv_dtype, caps)
+        skipped: list[str] = []
+        seqs = tokenize(requests, tok, skipped)
+        if skipped:
+            print(f"skipped {len(skipped)} request(s), e.g. {skipped[0]}", file=sys.stderr)
+        if not seqs:
+            raise ValueError(f"{args.trace} holds no usable request")
+        a = analyze_tokens(seqs, args.block_size, kv, args.kv_dtype, caps)
     except (OSError, ValueError, RadixServeError) as e:
         print(f"radixserve analyze: error: {e}", file=sys.stderr)
         return 2

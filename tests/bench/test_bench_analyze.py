@@ -147,3 +147,24 @@ def test_trace_errors_name_the_line(tmp_path):
     p.write_text("not json\n")
     with pytest.raises(ValueError, match="line 1"):
         read_trace(p)
+
+
+class StrictTokenizer(FakeTokenizer):
+    def apply_chat_template(self, messages):
+        if any(m["role"] == "tool" for m in messages):
+            raise ValueError("bad role")
+        return super().apply_chat_template(messages)
+
+
+def test_requests_the_template_rejects_are_skipped_or_raise():
+    from radixserve.bench.analyze import TraceRequest
+
+    reqs = [
+        TraceRequest("ok", None, prompt="ab"),
+        TraceRequest("bad", None, messages=[{"role": "tool", "content": "x"}]),
+    ]
+    skipped: list[str] = []
+    assert tokenize(reqs, StrictTokenizer(), skipped) == [[97, 98]]
+    assert skipped and skipped[0].startswith("bad:")
+    with pytest.raises(ValueError, match="request bad"):
+        tokenize(reqs, StrictTokenizer())
