@@ -143,10 +143,15 @@ class Proxy:
     async def get(self, request: Request, path: str) -> Response:
         """A GET (e.g. /v1/models) answered by any healthy worker."""
         headers = self.headers(request)
-        return await self._with_retry(Prompt(None, None), lambda r: self._get(r, path, headers))
+        return await self._with_retry(
+            Prompt(None, None), lambda r: self._get(r, path, headers), record=False
+        )
 
     async def _with_retry(
-        self, prompt: Prompt, attempt: Callable[[Route], Awaitable[Response | Failure]]
+        self,
+        prompt: Prompt,
+        attempt: Callable[[Route], Awaitable[Response | Failure]],
+        record: bool = True,
     ) -> Response:
         tried: set[int] = set()
         failure: Failure | None = None
@@ -154,9 +159,9 @@ class Proxy:
             healthy = [w for w in self.balancer.healthy() if w.index not in tried]
             if not healthy:
                 break
-            route = self.balancer.pick(prompt, frozenset(tried))
+            route = self.balancer.pick(prompt, frozenset(tried), record)
             tried.add(route.worker.index)
-            if n:
+            if n and record:
                 self.metrics.retries.inc()
                 log.info("retrying on %s after: %s", route.worker.name, failure and failure.message)
             result = await attempt(route)

@@ -78,8 +78,14 @@ class Balancer:
             return Prompt(None, ns)
         return Prompt(ids, ns)
 
-    def pick(self, prompt: Prompt, exclude: frozenset[int] = frozenset()) -> Route:
-        """Choose a healthy worker not in `exclude`; raises NoWorkerError if there is none."""
+    def pick(
+        self, prompt: Prompt, exclude: frozenset[int] = frozenset(), record: bool = True
+    ) -> Route:
+        """Choose a healthy worker not in `exclude`; raises NoWorkerError if there is none.
+
+        With `record`, the decision counts in the metrics and, without a live event stream,
+        the prompt is recorded in the chosen worker's trie.
+        """
         candidates = [w for w in self.workers if w.healthy and w.index not in exclude]
         if not candidates:
             raise NoWorkerError("no healthy worker is available")
@@ -88,6 +94,8 @@ class Balancer:
         decision = choose(self.policy, views, n_tokens, self._counter, self.rng, self.cfg)
         self._counter += 1
         worker = self.workers[decision.index]
+        if not record:
+            return Route(worker, decision)
         self.metrics.decisions.labels(decision.reason).inc()
         if prompt.token_ids is not None:
             self.metrics.prompt_tokens.labels(worker.name).inc(n_tokens)

@@ -141,6 +141,7 @@ def run_route(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per worker call
     app = build_router_app(args)
     log.info(
         "routing %s over %d workers on http://%s:%d",

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from radixserve.router.launcher import free_port
@@ -87,7 +88,11 @@ class Cluster:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         self.extra: list[subprocess.Popen[bytes]] = []
+        self.model = ""
         self.http = httpx.Client(base_url=self.url, timeout=120)
+        self.client = openai.OpenAI(
+            base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=120
+        )
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-5000:]
@@ -100,6 +105,7 @@ class Cluster:
             try:
                 r = self.http.get("/health", timeout=2)
                 if r.status_code == 200 and all(w["healthy"] for w in r.json()["workers"]):
+                    self.model = self.http.get("/v1/models").json()["data"][0]["id"]
                     return
             except httpx.HTTPError:
                 pass
@@ -110,11 +116,14 @@ class Cluster:
         return list(self.http.get("/health").json()["workers"])
 
     def chat(self, messages: list[dict[str, str]], max_tokens: int = 4) -> tuple[int, Any]:
-        """(worker index, parsed body) of one non-streamed chat request."""
-        body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0}
-        r = self.http.post("/v1/chat/completions", json=body)
-        assert r.status_code == 200, r.text
-        return int(r.headers["x-radixserve-worker"]), r.json()
+        """(worker index, ChatCompletion) of one non-streamed chat request."""
+        raw = self.client.chat.completions.with_raw_response.create(
+            model=self.model,
+            messages=messages,
+            max_tokens=max_tokens,
+            temperature=0,
+        )
+        return int(raw.headers["x-radixserve-worker"]), raw.parse()
 
     def close(self) -> None:
         self.http.close()
@@ -167,6 +176,21 @@ def test_turns_stay_on_one_worker_and_conversations_spread(cluster: Cluster) -> 
             ]
     assert all(len(s) == 1 for s in where), where
     assert set.union(*where) == {0, 1}
+
+
+def test_stream_passes_through_with_usage(cluster: Cluster) -> None:
+    stream = cluster.client.chat.completions.create(
+        model=cluster.model,
+        messages=conversation("rivers"),
+        max_tokens=4,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
 
 
 def snapshot(url: str) -> list[tuple[Any, tuple[int, ...]]]:
