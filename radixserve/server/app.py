@@ -1,0 +1,102 @@
+"""The FastAPI app: routes, API-key auth, and the wiring of serving, metrics and cache events."""
+
+from __future__ import annotations
+
+import hmac
+import time
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI
+from fastapi.encoders import jsonable_encoder
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from radixserve.server.bridge import EngineBridge
+from radixserve.server.cache_events import CacheEventHub
+from radixserve.server.errors import APIError, install_error_handlers
+from radixserve.server.metrics import CONTENT_TYPE, ResponseCounter, ServerMetrics
+from radixserve.server.protocol import MAX_BODY_BYTES
+from radixserve.server.serving import DEFAULT_MAX_TOKENS, SSE_HEADERS, OpenAIServing
+
+
+def _auth_dependency(api_key: str) -> Any:
+    expected = f"Bearer {api_key}".encode()
+
+    async def require_api_key(request: Request) -> None:
+        given = request.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(given, expected):
+            raise APIError(
+                401,
+                "missing or incorrect API key; send 'Authorization: Bearer <key>'",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    return require_api_key
+
+
+def build_app(
+    engine: Any,
+    api_key: str | None = None,
+    served_model_name: str | None = None,
+    default_max_tokens: int = DEFAULT_MAX_TOKENS,
+    max_body_bytes: int = MAX_BODY_BYTES,
+) -> FastAPI:
+    """An OpenAI-compatible app over a started `LLMEngine`; the caller owns the engine."""
+    model_name = served_model_name or engine.model_name
+    metrics = ServerMetrics(engine)
+    bridge = EngineBridge(engine, observer=metrics)
+    serving = OpenAIServing(engine, bridge, [model_name], default_max_tokens, max_body_bytes)
+    hub = CacheEventHub(engine)
+    created = int(time.time())
+
+    app = FastAPI(title="radixserve", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.engine = engine
+    app.state.metrics = metrics
+    app.state.cache_events = hub
+    install_error_handlers(app)
+    app.add_middleware(ResponseCounter, metrics=metrics)
+
+    deps = [Depends(_auth_dependency(api_key))] if api_key else []
+    v1 = APIRouter(prefix="/v1", dependencies=deps)
+
+    @v1.post("/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await serving.chat(request)
+
+    @v1.post("/completions")
+    async def completions(request: Request) -> Response:
+        return await serving.completions(request)
+
+    @v1.get("/models")
+    async def models() -> JSONResponse:
+        card = {
+            "id": model_name,
+            "object": "model",
+            "created": created,
+            "owned_by": "radixserve",
+            "max_model_len": engine.max_model_len,
+        }
+        return JSONResponse({"object": "list", "data": [card]})
+
+    @v1.get("/cache/stats")
+    async def cache_stats() -> JSONResponse:
+        return JSONResponse(jsonable_encoder(engine.cache_stats()))
+
+    @v1.get("/cache/events")
+    async def cache_events() -> StreamingResponse:
+        return StreamingResponse(hub.stream(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+    app.include_router(v1)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if engine.is_alive():
+            return JSONResponse({"status": "ok"})
+        return APIError(503, "the engine is not running", code="engine_dead").response()
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    return app

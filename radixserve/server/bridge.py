@@ -1,0 +1,127 @@
+"""The bridge between the asyncio app and the engine thread.
+
+The engine calls `on_output` on its own thread after each step; the callback only stamps the
+time and hands the output to the request's asyncio queue with `loop.call_soon_threadsafe`, so
+the engine thread never waits for the app. A request whose consumer goes away (client
+disconnect, cancelled task) is aborted in the engine, which releases its locks and blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from starlette.requests import Request
+
+from radixserve.engine.outputs import RequestOutput
+from radixserve.engine.params import SamplingParams
+
+
+class OutputObserver(Protocol):
+    """Receives every output of every request, with the time the engine produced it."""
+
+    def observe(self, output: RequestOutput, stamp: float, prev_stamp: float | None) -> None:
+        """Called on the event loop for each output, in order."""
+
+
+class RequestStream:
+    """Outputs of one engine request as an async iterator; `close()` aborts it if unfinished."""
+
+    def __init__(
+        self, engine: Any, loop: asyncio.AbstractEventLoop, observer: OutputObserver | None
+    ) -> None:
+        self._engine = engine
+        self._loop = loop
+        self._observer = observer
+        self._queue: asyncio.Queue[tuple[float, RequestOutput]] = asyncio.Queue()
+        self._last_stamp: float | None = None
+        self.request_id: str | None = None
+        self.finished = False
+        self.client_gone = False
+        self.final: RequestOutput | None = None
+
+    def on_output(self, output: RequestOutput) -> None:
+        """Engine-thread callback: must be quick and must not raise."""
+        item = (time.monotonic(), output)
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        while not self.finished:
+            stamp, output = await self._queue.get()
+            if self._observer is not None:
+                self._observer.observe(output, stamp, self._last_stamp)
+            if output.new_token_ids:
+                self._last_stamp = stamp
+            if output.finished:
+                self.finished = True
+                self.final = output
+            yield output
+
+    async def result(self) -> RequestOutput:
+        """Wait for the final output."""
+        async for _ in self:
+            pass
+        assert self.final is not None
+        return self.final
+
+    def abort(self) -> None:
+        """Abort the request in the engine unless it already finished (idempotent)."""
+        if not self.finished and self.request_id is not None:
+            self._engine.abort(self.request_id)
+
+    def close(self) -> None:
+        """Release the request: abort it if its consumer stopped before it finished."""
+        self.abort()
+
+
+class EngineBridge:
+    """Submits requests to an `LLMEngine` from the event loop."""
+
+    def __init__(self, engine: Any, observer: OutputObserver | None = None) -> None:
+        self.engine = engine
+        self.observer = observer
+
+    def submit(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        namespace: str | None = None,
+        priority: int = 0,
+    ) -> RequestStream:
+        """Add a request; raises the engine's validation errors (QueueFullError, ...) directly."""
+        stream = RequestStream(self.engine, asyncio.get_running_loop(), self.observer)
+        stream.request_id = self.engine.add_request(
+            prompt_token_ids,
+            params,
+            request_id=request_id,
+            namespace=namespace,
+            priority=priority,
+            on_output=stream.on_output,
+        )
+        return stream
+
+
+@contextlib.asynccontextmanager
+async def abort_on_disconnect(request: Request, stream: RequestStream) -> AsyncIterator[None]:
+    """While inside, a client that closes its connection aborts `stream`'s request."""
+
+    async def watch() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                stream.client_gone = True
+                stream.abort()
+                return
+
+    task = asyncio.create_task(watch())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task

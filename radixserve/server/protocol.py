@@ -1,0 +1,216 @@
+"""OpenAI wire format: request bodies (pydantic, strict types) and how they are parsed."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from starlette.requests import Request
+
+from radixserve.server.errors import APIError
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+class _Strict(BaseModel):
+    # Unknown fields are ignored (OpenAI clients send fields we do not use); known fields are
+    # typed strictly: "10" is not an int, 1 is not a bool, NaN is not a temperature.
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+
+class StreamOptions(_Strict):
+    """`stream_options` of a streaming request."""
+
+    include_usage: bool = False
+
+
+class ContentPart(_Strict):
+    """One part of a message's content list; only text parts are supported."""
+
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Strict):
+    """One chat message; the tokenizer's chat template checks roles and renders it."""
+
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class _SamplingRequest(_Strict):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
+    stop: str | list[str] | None = None
+    n: int = Field(default=1, ge=1)
+    user: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    # radixserve extras (pass them with the openai client's `extra_body`)
+    top_k: int | None = Field(default=None, ge=-1)
+    ignore_eos: bool = False
+    priority: int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_shape(cls, v: Any) -> Any:
+        if v is None or isinstance(v, str):
+            return v
+        if isinstance(v, list) and all(isinstance(s, str) for s in v):
+            return v
+        raise ValueError("stop must be a string or a list of strings")
+
+    def unsupported(self) -> APIError | None:
+        """The first accepted-but-unsupported parameter set to a non-default value, if any."""
+        if self.n != 1:
+            return APIError(400, "only n=1 is supported", param="n")
+        if self.presence_penalty or self.frequency_penalty:
+            param = "presence_penalty" if self.presence_penalty else "frequency_penalty"
+            return APIError(400, f"{param} is not supported; leave it at 0", param=param)
+        if self.logit_bias:
+            return APIError(400, "logit_bias is not supported", param="logit_bias")
+        return None
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a streaming response ends with a usage chunk."""
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    """Body of POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+    def unsupported(self) -> APIError | None:
+        """As the base class, plus logprobs."""
+        if self.logprobs or self.top_logprobs:
+            return APIError(400, "logprobs are not supported", param="logprobs")
+        return super().unsupported()
+
+    def requested_max_tokens(self) -> int | None:
+        """max_completion_tokens wins over the deprecated max_tokens."""
+        return self.max_completion_tokens or self.max_tokens
+
+    def message_dicts(self) -> list[dict[str, Any]]:
+        """Messages as plain dicts for `Tokenizer.apply_chat_template`."""
+        return [m.model_dump(exclude_none=True) for m in self.messages]
+
+
+class CompletionRequest(_SamplingRequest):
+    """Body of POST /v1/completions; `prompt` is text, token ids, or a list of one of those."""
+
+    prompt: str | list[int]
+    echo: bool = False
+    best_of: int | None = None
+    logprobs: int | None = None
+    suffix: str | None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_shape(cls, v: Any) -> Any:
+        if isinstance(v, list) and len(v) == 1 and isinstance(v[0], (str, list)):
+            v = v[0]  # a batch of one prompt
+        elif isinstance(v, list) and v and isinstance(v[0], (str, list)):
+            raise ValueError("only one prompt per request is supported")
+        if isinstance(v, str):
+            if not v:
+                raise ValueError("prompt must not be empty")
+            return v
+        if isinstance(v, list) and v and all(_is_int(t) for t in v):
+            return v
+        if isinstance(v, list) and not v:
+            raise ValueError("prompt must not be empty")
+        raise ValueError("prompt must be a string or a list of token ids")
+
+    def unsupported(self) -> APIError | None:
+        """As the base class, plus echo, best_of, logprobs and suffix."""
+        if self.echo:
+            return APIError(400, "echo is not supported", param="echo")
+        if self.best_of not in (None, 1):
+            return APIError(400, "only best_of=1 is supported", param="best_of")
+        if self.logprobs:
+            return APIError(400, "logprobs are not supported", param="logprobs")
+        if self.suffix:
+            return APIError(400, "suffix is not supported", param="suffix")
+        return super().unsupported()
+
+    def requested_max_tokens(self) -> int | None:
+        """max_tokens as sent (None when absent)."""
+        return self.max_tokens
+
+
+def sse(data: dict[str, Any]) -> bytes:
+    """One server-sent event carrying `data` as JSON."""
+    return b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+async def read_json_body(request: Request, max_bytes: int = MAX_BODY_BYTES) -> Any:
+    """The request body as JSON: 413 over `max_bytes`, 400 for non-UTF-8 or malformed JSON."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise APIError(413, f"request body is larger than {max_bytes} bytes", code="too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise APIError(413, f"request body is larger than {max_bytes} bytes", code="too_large")
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise APIError(400, f"request body is not valid UTF-8 (byte {e.start})") from None
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as e:
+        raise APIError(400, f"request body is not valid JSON: {_short(e)}") from None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _short(e: BaseException) -> str:
+    return str(e)[:200] or type(e).__name__
+
+
+def parse_body(model: type[_SamplingRequest], body: Any) -> Any:
+    """Validate a JSON value against a request model; pydantic errors become one 400."""
+    if not isinstance(body, dict):
+        raise APIError(400, "request body must be a JSON object")
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        raise validation_error(e) from None
+
+
+def validation_error(e: ValidationError) -> APIError:
+    """An APIError naming the first invalid field, in words a client can act on."""
+    err = e.errors(include_url=False)[0]
+    loc = [str(p) for p in err.get("loc", ())]
+    param = loc[0] if loc else None
+    where = ".".join(loc) or "body"
+    msg = str(err.get("msg", "invalid value"))
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    return APIError(400, f"invalid '{where}': {msg}", param=param)
