@@ -38,7 +38,10 @@ def _field(reader: Any, key: str, default: Any = None) -> Any:
 def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     """Undo llama.cpp's RoPE row permutation of q/k projections."""
     rows, cols = w.shape
-    return w.reshape(n_head, rows // n_head // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
+    out: np.ndarray = (
+        w.reshape(n_head, rows // n_head // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
+    )
+    return out
 
 
 def hf_name(gguf_name: str) -> str:

@@ -10,10 +10,14 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from radixserve.errors import ModelNotFoundError
+
+if TYPE_CHECKING:
+    from radixserve.model.llama import LlamaModel
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +140,7 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def load_model(files: ModelFiles, dtype: torch.dtype, device: torch.device):  # noqa: ANN201
+def load_model(files: ModelFiles, dtype: torch.dtype, device: torch.device) -> LlamaModel:
     """Build the LlamaModel for `files` with its weights, on `device` in `dtype`."""
     from radixserve.model.config import ModelConfig
     from radixserve.model.llama import LlamaModel

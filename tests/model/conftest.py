@@ -9,7 +9,7 @@ from radixserve.model.config import ModelConfig
 from radixserve.model.llama import LlamaModel
 
 
-def tiny_hf_config(**overrides: object):  # type: ignore[no-untyped-def]
+def tiny_hf_config(**overrides: object):
     from transformers import LlamaConfig
 
     kw = dict(

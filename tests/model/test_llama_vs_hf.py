@@ -13,7 +13,7 @@ BS = 4
 TOL = 1e-4
 
 
-def hf_logits(hf, ids: list[int]) -> torch.Tensor:  # type: ignore[no-untyped-def]
+def hf_logits(hf, ids: list[int]) -> torch.Tensor:
     with torch.no_grad():
         return hf(torch.tensor([ids])).logits[0].float()
 
@@ -23,7 +23,7 @@ def scattered_table(num_tokens: int, pool_blocks: int, rng: random.Random) -> li
     return rng.sample(range(pool_blocks), n)
 
 
-def run_chunks(model, pool, ids, table, cuts) -> list[torch.Tensor]:  # type: ignore[no-untyped-def]
+def run_chunks(model, pool, ids, table, cuts) -> list[torch.Tensor]:
     """Prefill ids in chunks ending at each cut; returns each chunk's last-token logits."""
     out, start = [], 0
     for end in cuts:
@@ -33,11 +33,11 @@ def run_chunks(model, pool, ids, table, cuts) -> list[torch.Tensor]:  # type: ig
     return out
 
 
-def new_pool(model, blocks: int = 64) -> KVPool:  # type: ignore[no-untyped-def]
+def new_pool(model, blocks: int = 64) -> KVPool:
     return KVPool(model.config, blocks, BS, torch.float32)
 
 
-def test_full_prefill_matches_hf(tiny_pair) -> None:  # type: ignore[no-untyped-def]
+def test_full_prefill_matches_hf(tiny_pair) -> None:
     hf, ours = tiny_pair
     rng = random.Random(1)
     ids = [rng.randrange(101) for _ in range(37)]
@@ -47,7 +47,7 @@ def test_full_prefill_matches_hf(tiny_pair) -> None:  # type: ignore[no-untyped-
     assert (got - hf_logits(hf, ids)[-1]).abs().max() <= TOL
 
 
-def test_chunked_prefill_at_unaligned_boundaries_matches_hf(tiny_pair) -> None:  # type: ignore[no-untyped-def]
+def test_chunked_prefill_at_unaligned_boundaries_matches_hf(tiny_pair) -> None:
     hf, ours = tiny_pair
     rng = random.Random(2)
     ids = [rng.randrange(101) for _ in range(41)]
@@ -59,7 +59,7 @@ def test_chunked_prefill_at_unaligned_boundaries_matches_hf(tiny_pair) -> None: 
         assert (logits - ref[end - 1]).abs().max() <= TOL
 
 
-def test_suffix_after_prefix_in_pool_matches_hf(tiny_pair) -> None:  # type: ignore[no-untyped-def]
+def test_suffix_after_prefix_in_pool_matches_hf(tiny_pair) -> None:
     hf, ours = tiny_pair
     rng = random.Random(3)
     prefix = [rng.randrange(101) for _ in range(24)]
@@ -72,7 +72,7 @@ def test_suffix_after_prefix_in_pool_matches_hf(tiny_pair) -> None:  # type: ign
     assert (got - hf_logits(hf, prefix + suffix)[-1]).abs().max() <= TOL
 
 
-def test_batched_decode_over_scattered_tables_matches_hf(tiny_pair) -> None:  # type: ignore[no-untyped-def]
+def test_batched_decode_over_scattered_tables_matches_hf(tiny_pair) -> None:
     hf, ours = tiny_pair
     rng = random.Random(4)
     pool = new_pool(ours, blocks=96)
@@ -95,7 +95,7 @@ def test_batched_decode_over_scattered_tables_matches_hf(tiny_pair) -> None:  # 
             assert (got[row] - hf_logits(hf, s)[-1]).abs().max() <= TOL
 
 
-def test_mixed_prefill_and_decode_batch_matches_hf(tiny_pair) -> None:  # type: ignore[no-untyped-def]
+def test_mixed_prefill_and_decode_batch_matches_hf(tiny_pair) -> None:
     hf, ours = tiny_pair
     rng = random.Random(5)
     pool = new_pool(ours)

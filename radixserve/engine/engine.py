@@ -1,0 +1,426 @@
+"""The engine: a step loop over the scheduler, the model and the radix cache, in a thread."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+
+import torch
+
+from radixserve.cache import CacheEvent
+from radixserve.engine.kv_manager import KVCacheManager
+from radixserve.engine.outputs import RequestMetrics
+from radixserve.engine.params import SamplingParams
+from radixserve.engine.request import OutputCallback, Request
+from radixserve.engine.sampler import make_generator, sample
+from radixserve.engine.scheduler import ScheduledChunk, Scheduler
+from radixserve.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from radixserve.errors import (
+    EngineDeadError,
+    InvalidRequestError,
+    PromptTooLongError,
+    QueueFullError,
+    RequestTooLargeError,
+)
+from radixserve.model.batch import SeqChunk, build_batch
+from radixserve.model.config import ModelConfig
+from radixserve.model.kv_pool import KVPool
+from radixserve.model.llama import LlamaModel
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineConfig:
+    """Everything that shapes an engine; see docs/INTERFACES.md."""
+
+    model: str | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    kv_cache_memory: str | int | None = "2GiB"
+    num_blocks: int | None = None
+    block_size: int = 16
+    enable_prefix_cache: bool = True
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 64
+    max_model_len: int | None = None
+    max_waiting: int = 256
+    schedule_policy: str = "lpm"
+    num_threads: int | None = None
+    cache_dir: str | None = None
+
+
+@dataclass
+class EngineStats:
+    """Monotonic counters and current gauges of an engine."""
+
+    requests_total: dict[str, int] = field(default_factory=dict)
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    prefix_cache_queries_total: int = 0
+    prefix_cache_hits_total: int = 0
+    evicted_blocks_total: int = 0
+    preemptions_total: int = 0
+    num_waiting: int = 0
+    num_running: int = 0
+    blocks_total: int = 0
+    blocks_free: int = 0
+    blocks_cached: int = 0
+    blocks_locked: int = 0
+
+
+class LLMEngine:
+    """Owns the model, the KV pool and the cache; runs requests to completion in a thread."""
+
+    def __init__(self, config: EngineConfig | None = None, **overrides: object) -> None:
+        from radixserve.model.loader import load_model, resolve_device, resolve_dtype, resolve_model
+
+        config = config or EngineConfig()
+        for k, v in overrides.items():
+            setattr(config, k, v)
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        from pathlib import Path
+
+        files = resolve_model(config.model, Path(config.cache_dir) if config.cache_dir else None)
+        device = resolve_device(config.device)
+        dtype = resolve_dtype(config.dtype, device)
+        model = load_model(files, dtype, device)
+        tokenizer = Tokenizer.from_dir(files.path)
+        self._setup(config, model, tokenizer, files.name, device, dtype)
+
+    @classmethod
+    def from_parts(
+        cls,
+        config: EngineConfig,
+        model: LlamaModel,
+        tokenizer: Tokenizer,
+        model_name: str = "model",
+    ) -> LLMEngine:
+        """An engine over an already-built model (tests, embedding in other programs)."""
+        self = cls.__new__(cls)
+        p = next(model.parameters())
+        self._setup(config, model, tokenizer, model_name, p.device, p.dtype)
+        return self
+
+    def _setup(
+        self,
+        config: EngineConfig,
+        model: LlamaModel,
+        tokenizer: Tokenizer,
+        model_name: str,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        self.config = config
+        self.model = model
+        self.model_config: ModelConfig = model.config
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.device_t, self.dtype_t = device, dtype
+        self.device, self.dtype = str(device), str(dtype).removeprefix("torch.")
+        self.block_size = config.block_size
+        mc = self.model_config
+        if config.num_blocks:
+            num_blocks = config.num_blocks
+        else:
+            num_blocks = KVPool.blocks_for_memory(
+                mc, config.kv_cache_memory or "2GiB", config.block_size, dtype
+            )
+        self.num_blocks = num_blocks
+        self.kv_pool = KVPool(mc, num_blocks, config.block_size, dtype, device)
+        self.max_model_len = min(
+            config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings
+        )
+        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_cache)
+        self.scheduler = Scheduler(
+            self.kv, config.max_num_batched_tokens, config.max_num_seqs, config.schedule_policy
+        )
+        self.eos_ids = set(mc.eos_token_ids)
+        if tokenizer.eos_token_id is not None:
+            self.eos_ids.add(tokenizer.eos_token_id)
+        self._stats = EngineStats(blocks_total=num_blocks)
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._inbox: list[Request] = []
+        self._aborts: list[str] = []
+        self._requests: dict[str, Request] = {}
+        self._ids = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._stop = False
+        self._crashed: BaseException | None = None
+        self.debug_invariants = False
+
+    # ------------------------------------------------------------------ public API
+
+    def start(self) -> None:
+        """Start the step loop thread (idempotent)."""
+        with self._lock:
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(
+                target=self._loop, name="radixserve-engine", daemon=True
+            )
+            self._thread.start()
+
+    def is_alive(self) -> bool:
+        """True while the loop thread runs and has not crashed."""
+        return self._thread is not None and self._thread.is_alive() and self._crashed is None
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Stop the loop; requests still waiting or running finish with reason "abort"."""
+        with self._lock:
+            self._stop = True
+            self._wake.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def add_request(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        request_id: str | None = None,
+        namespace: Hashable = None,
+        priority: int = 0,
+        on_output: OutputCallback | None = None,
+    ) -> str:
+        """Validate and queue a request; returns its id. See docs/INTERFACES.md."""
+        if self._crashed is not None or self._stop:
+            raise EngineDeadError("the engine has stopped")
+        ids = list(prompt_token_ids)
+        if not ids:
+            raise InvalidRequestError("the prompt is empty", "prompt")
+        vocab = self.model_config.vocab_size
+        if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in ids):
+            raise InvalidRequestError(f"token ids must be integers in [0, {vocab})", "prompt")
+        if len(ids) >= self.max_model_len:
+            raise PromptTooLongError(
+                f"the prompt has {len(ids)} tokens; this model's context is "
+                f"{self.max_model_len} tokens, and at least one must be left to generate",
+                "prompt",
+            )
+        total = min(len(ids) + params.max_tokens, self.max_model_len)
+        if -(-total // self.block_size) > self.num_blocks:
+            raise RequestTooLargeError(
+                f"prompt ({len(ids)}) + max_tokens needs {total} tokens of KV cache, more "
+                f"than the whole pool ({self.num_blocks * self.block_size} tokens)",
+                "max_tokens",
+            )
+        rid = request_id or f"req-{uuid.uuid4().hex[:16]}"
+        req = Request(
+            request_id=rid,
+            prompt_token_ids=ids,
+            params=params,
+            on_output=on_output,
+            detokenizer=IncrementalDetokenizer(self.tokenizer, ids),
+            namespace=namespace,
+            priority=priority,
+            generator=make_generator(params),
+            metrics=RequestMetrics(arrival_time=time.monotonic()),
+        )
+        with self._lock:
+            if rid in self._requests or any(r.request_id == rid for r in self._inbox):
+                raise InvalidRequestError(f"request id {rid!r} is already in use")
+            if len(self._inbox) + len(self.scheduler.waiting) >= self.config.max_waiting:
+                raise QueueFullError("too many requests are waiting; retry later")
+            self._inbox.append(req)
+            self._wake.notify_all()
+        return rid
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request at any stage; its blocks and locks are freed (thread-safe)."""
+        with self._lock:
+            self._aborts.append(request_id)
+            self._wake.notify_all()
+
+    def stats(self) -> EngineStats:
+        """A copy of the counters and gauges, safe to call from any thread."""
+        s = self._stats
+        kv = self.kv
+        cache_stats = kv.cache.stats() if kv.cache is not None else None
+        return EngineStats(
+            requests_total=dict(s.requests_total),
+            prompt_tokens_total=s.prompt_tokens_total,
+            generation_tokens_total=s.generation_tokens_total,
+            prefix_cache_queries_total=kv.query_tokens,
+            prefix_cache_hits_total=kv.hit_tokens,
+            evicted_blocks_total=cache_stats.evicted_blocks if cache_stats else 0,
+            preemptions_total=self.scheduler.num_preemptions,
+            num_waiting=len(self.scheduler.waiting) + len(self._inbox),
+            num_running=len(self.scheduler.running),
+            blocks_total=self.num_blocks,
+            blocks_free=kv.pool.num_free,
+            blocks_cached=cache_stats.cached_blocks if cache_stats else 0,
+            blocks_locked=cache_stats.locked_blocks if cache_stats else 0,
+        )
+
+    def cache_stats(self) -> dict[str, object]:
+        """The radix cache's statistics plus pool counts, as JSON-ready values."""
+        out: dict[str, object] = {}
+        if self.kv.cache is not None:
+            out.update(self.kv.cache.stats().as_dict())
+        else:
+            out.update(cached_blocks=0, evictable_blocks=0, locked_blocks=0, num_nodes=0)
+        out.update(
+            enabled=self.kv.cache is not None,
+            block_size=self.block_size,
+            total_blocks=self.num_blocks,
+            free_blocks=self.kv.pool.num_free,
+            private_blocks=self.kv.num_private_blocks,
+        )
+        return out
+
+    def add_cache_listener(self, fn: Callable[[CacheEvent], None]) -> None:
+        """Call `fn(event)` on every insert/evict of the radix tree (on the engine thread)."""
+        self.kv.add_listener(fn)
+
+    def remove_cache_listener(self, fn: Callable[[CacheEvent], None]) -> None:
+        """Stop calling `fn`."""
+        self.kv.remove_listener(fn)
+
+    def cache_snapshot(self) -> list[tuple[Hashable, tuple[int, ...]]]:
+        """Every cached leaf path as (namespace, token ids from the root)."""
+        if self.kv.cache is None:
+            return []
+        return self.kv.cache.leaf_paths()
+
+    # ------------------------------------------------------------------ the loop
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    while not (self._stop or self._inbox or self._aborts) and (
+                        not self.scheduler.has_work()
+                    ):
+                        self._wake.wait()
+                    if self._stop:
+                        break
+                self.step()
+        except BaseException as e:  # keep the server alive enough to report the failure
+            log.exception("engine loop crashed")
+            self._crashed = e
+        finally:
+            self._abort_all("abort" if self._crashed is None else "error")
+
+    def _abort_all(self, reason: str) -> None:
+        with self._lock:
+            inbox, self._inbox = self._inbox, []
+        for req in inbox:
+            self._requests[req.request_id] = req
+        for req in list(self._requests.values()):
+            self._finish(req, reason)
+
+    def _drain_inbox(self) -> None:
+        with self._lock:
+            inbox, self._inbox = self._inbox, []
+            aborts, self._aborts = self._aborts, []
+        for req in inbox:
+            self._requests[req.request_id] = req
+            self._stats.prompt_tokens_total += req.num_prompt_tokens
+            self.scheduler.add(req)
+        for rid in aborts:
+            self._finish_by_id(rid, "abort")
+
+    def step(self) -> None:
+        """Take in new requests and aborts, then run one scheduled step: the model over all
+        chunks, sampling, and outputs. The loop thread calls this; tests may call it directly
+        on an engine that was not started."""
+        self._drain_inbox()
+        out = self.scheduler.schedule()
+        if not out.chunks:
+            if self.scheduler.running or not self.scheduler.waiting:
+                return
+            time.sleep(0.001)  # blocks are pinned by running requests only; wait for them
+            return
+        seq_chunks = [
+            SeqChunk(
+                c.req.token_ids[c.req.num_computed : c.req.num_computed + c.num_tokens],
+                c.req.num_computed,
+                c.req.block_table,
+                need_logits=c.samples,
+            )
+            for c in out.chunks
+        ]
+        batch = build_batch(seq_chunks, self.block_size, self.device_t)
+        logits = self.model(batch, self.kv_pool)
+        rows = dict(zip(batch.logits_chunk_index, logits.cpu(), strict=True))
+        for i, c in enumerate(out.chunks):
+            self._advance(c, rows.get(i))
+        if self.debug_invariants:
+            self.kv.check_invariants()
+
+    def _advance(self, chunk: ScheduledChunk, logits: torch.Tensor | None) -> None:
+        req = chunk.req
+        start = req.num_computed
+        req.num_computed += chunk.num_tokens
+        prompt_len = req.num_prompt_tokens
+        if start < prompt_len:
+            req.metrics.num_computed_prompt_tokens += min(req.num_computed, prompt_len) - start
+            if req.num_computed >= prompt_len:
+                self.kv.publish(req)  # publish early: later requests can hit the prompt now
+        if logits is None:
+            return
+        token = sample(logits, req.params, req.generator)
+        if req.params.return_logits:
+            req.logits.append(logits)
+        req.token_ids.append(token)
+        self._stats.generation_tokens_total += 1
+        now = time.monotonic()
+        if req.metrics.first_token_time is None:
+            req.metrics.first_token_time = now
+        reason = self._check_stop(req, token)
+        if reason is not None:
+            self._finish(req, reason)
+        elif req.on_output is not None:
+            self._emit(req, finished=False)
+
+    def _check_stop(self, req: Request, token: int) -> str | None:
+        p = req.params
+        stop_token = (token in self.eos_ids and not p.ignore_eos) or token in p.stop_token_ids
+        if not stop_token:
+            delta = req.detokenizer.add(token)
+            if delta:
+                start = max(0, len(req.text) - max((len(s) for s in p.stop), default=0))
+                req.text += delta
+                for s in p.stop:
+                    idx = req.text.find(s, start)
+                    if idx != -1:
+                        req.text = req.text[:idx]
+                        return "stop"
+        if stop_token:
+            return "stop"
+        if len(req.output_token_ids) >= p.max_tokens or len(req.token_ids) >= self.max_model_len:
+            return "length"
+        return None
+
+    def _finish_by_id(self, rid: str, reason: str) -> None:
+        req = self._requests.get(rid)
+        if req is not None:
+            self._finish(req, reason)
+
+    def _finish(self, req: Request, reason: str) -> None:
+        if req.is_finished:
+            return
+        req.finish_reason = reason
+        if reason == "error":
+            req.error = "the engine failed while running this request"
+        self.scheduler.remove(req, cache_computed=reason != "error")
+        req.metrics.finish_time = time.monotonic()
+        self._requests.pop(req.request_id, None)
+        self._stats.requests_total[reason] = self._stats.requests_total.get(reason, 0) + 1
+        self._emit(req, finished=True)
+
+    def _emit(self, req: Request, finished: bool) -> None:
+        if req.on_output is None:
+            return
+        try:
+            req.on_output(req.snapshot(finished))
+        except Exception:
+            log.exception("output callback of %s raised", req.request_id)

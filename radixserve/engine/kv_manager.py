@@ -1,0 +1,153 @@
+"""Who owns which KV block: the radix tree, a running request, or the free list."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from radixserve.cache import (
+    BlockPool,
+    CacheEvent,
+    CacheFullError,
+    PriorityLRUPolicy,
+    RadixCache,
+    RadixNode,
+)
+from radixserve.engine.request import Request
+
+
+def _path_blocks(node: RadixNode) -> list[int]:
+    parts: list[list[int]] = []
+    n: RadixNode | None = node
+    while n is not None:
+        parts.append(n.blocks)
+        n = n.parent
+    return [b for part in reversed(parts) for b in part]
+
+
+class KVCacheManager:
+    """Gives requests their block tables, reusing cached prefixes when the cache is on.
+
+    With the cache off every block is private to its request and freed when it ends,
+    with everything else identical: that is the baseline the cache is measured against.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_cache: bool) -> None:
+        self.block_size = block_size
+        self.pool = BlockPool(num_blocks)
+        self.cache: RadixCache | None = (
+            RadixCache(self.pool, block_size, PriorityLRUPolicy()) if enable_prefix_cache else None
+        )
+        self.num_private_blocks = 0
+        self.query_tokens = 0
+        self.hit_tokens = 0
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks in the pool."""
+        return self.pool.num_total
+
+    def num_available(self) -> int:
+        """Blocks obtainable now: free ones plus evictable cached ones."""
+        if self.cache is None:
+            return self.pool.num_free
+        s = self.cache.stats()
+        return self.pool.num_free + s.evictable_blocks
+
+    def peek(self, req: Request) -> int:
+        """Cached-prefix length `admit` would find for `req` now (no side effects)."""
+        if self.cache is None:
+            return 0
+        return self.cache.peek_prefix(self._match_key(req), req.namespace)
+
+    def admit(self, req: Request) -> int:
+        """Match `req`'s longest cached prefix, pin it, and start its block table with it.
+
+        At most len(token_ids) - 1 tokens are matched, so the last one is always computed
+        and yields the next token's logits. Returns the number of cached tokens.
+        """
+        assert not req.block_table and req.lock_node is None
+        key = self._match_key(req)
+        self.query_tokens += len(req.token_ids)
+        if self.cache is None:
+            return 0
+        m = self.cache.match_prefix(key, req.namespace)
+        if m.num_tokens:
+            self.cache.lock(m.node)
+            req.lock_node = m.node
+        req.block_table = list(m.blocks)
+        req.num_shared_blocks = len(m.blocks)
+        req.num_computed = m.num_tokens
+        self.hit_tokens += m.num_tokens
+        return m.num_tokens
+
+    def ensure_blocks(self, req: Request, num_tokens: int) -> bool:
+        """Grow `req`'s block table to cover `num_tokens` tokens, evicting cached blocks if
+        needed. Returns False, changing nothing, when the pool cannot supply them."""
+        need = -(-num_tokens // self.block_size) - len(req.block_table)
+        if need <= 0:
+            return True
+        try:
+            new = self.cache.allocate(need) if self.cache else self.pool.allocate(need)
+        except CacheFullError:
+            return False
+        req.block_table.extend(new)
+        self.num_private_blocks += need
+        return True
+
+    def publish(self, req: Request) -> None:
+        """Put `req`'s computed whole blocks into the tree (still pinned by `req`).
+
+        Blocks another request published first are swapped for the tree's copies and the
+        duplicates freed, so the tree keeps one block per cached token block.
+        """
+        if self.cache is None:
+            return
+        n_full = req.num_computed // self.block_size
+        if n_full <= req.num_shared_blocks:
+            return
+        tokens = req.token_ids[: n_full * self.block_size]
+        res = self.cache.insert(tokens, req.block_table[:n_full], req.namespace, req.priority)
+        self.cache.lock(res.node)
+        if req.lock_node is not None:
+            self.cache.unlock(req.lock_node)
+        req.lock_node = res.node
+        if res.duplicate_blocks:
+            self.pool.free(res.duplicate_blocks)
+            tree = _path_blocks(res.node)
+            req.block_table[req.num_shared_blocks : n_full] = tree[req.num_shared_blocks : n_full]
+        self.num_private_blocks -= n_full - req.num_shared_blocks
+        req.num_shared_blocks = n_full
+
+    def release(self, req: Request, cache_computed: bool = True) -> None:
+        """Give back everything `req` holds; its computed blocks stay cached if asked."""
+        if cache_computed:
+            self.publish(req)
+        if self.cache is not None and req.lock_node is not None:
+            self.cache.unlock(req.lock_node)
+        private = req.block_table[req.num_shared_blocks :]
+        if private:
+            self.pool.free(private)
+            self.num_private_blocks -= len(private)
+        req.lock_node = None
+        req.block_table = []
+        req.num_shared_blocks = 0
+
+    def add_listener(self, fn: Callable[[CacheEvent], None]) -> None:
+        """Forward the tree's insert/evict events to `fn` (no-op with the cache off)."""
+        if self.cache is not None:
+            self.cache.add_listener(fn)
+
+    def remove_listener(self, fn: Callable[[CacheEvent], None]) -> None:
+        """Stop forwarding events to `fn`."""
+        if self.cache is not None:
+            self.cache.remove_listener(fn)
+
+    def check_invariants(self) -> None:
+        """Raise if the tree's invariants or the block accounting are broken."""
+        if self.cache is not None:
+            self.cache.check_invariants(self.num_private_blocks)
+        else:
+            assert self.pool.num_free + self.num_private_blocks == self.pool.num_total
+
+    def _match_key(self, req: Request) -> list[int]:
+        return req.token_ids[: len(req.token_ids) - 1]

