@@ -1,0 +1,96 @@
+"""The executable form of DESIGN.md's cache invariants (tests and debug mode call it)."""
+
+from __future__ import annotations
+
+from radixserve.cache.errors import InvariantError
+from radixserve.cache.eviction import is_evictable
+from radixserve.cache.node import RadixNode
+from radixserve.cache.pool import BlockPool
+from radixserve.cache.tokens import TOKEN_BYTES
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise InvariantError(message)
+
+
+def check_tree(
+    roots: list[RadixNode],
+    heap_nodes: list[RadixNode],
+    pool: BlockPool,
+    block_size: int,
+    counters: dict[str, int],
+    num_private_blocks: int | None,
+) -> None:
+    """Walk every tree and raise InvariantError at the first broken invariant.
+
+    Checks node shapes, keys, parent links, lock counts (a parent holds at least the
+    sum of its children's), monotone access time and priority along paths, block
+    ownership (each block in at most one node, none of them free in the pool), the
+    cache's counters, that every unlocked leaf is queued for eviction, and, when
+    `num_private_blocks` is given, free + cached + private == total.
+    """
+    block_bytes = block_size * TOKEN_BYTES
+    owner: dict[int, RadixNode] = {}
+    queued = {id(node) for node in heap_nodes}
+    _require(len(queued) == len(heap_nodes), "a node is queued for eviction twice")
+    locked_blocks = 0
+    num_nodes = 0
+    for root in roots:
+        _require(root.parent is None and not root.removed, "a root has a parent or is removed")
+        _require(root.tokens == b"" and root.blocks == [], "a root holds tokens or blocks")
+        _require(root.lock_ref == 0, "a root has a lock count")
+        stack = [root]
+        while stack:
+            node = stack.pop()
+            child_locks = 0
+            for key, child in node.children.items():
+                num_nodes += 1
+                stack.append(child)
+                child_locks += child.lock_ref
+                where = f"node {child!r}"
+                _require(child.parent is node, f"{where}: parent link is broken")
+                _require(not child.removed, f"{where}: removed but still in the tree")
+                _require(child.namespace == root.namespace, f"{where}: wrong namespace")
+                _require(
+                    len(child.tokens) > 0 and len(child.tokens) % block_bytes == 0,
+                    f"{where}: run is not a positive whole number of blocks",
+                )
+                _require(
+                    len(child.tokens) // block_bytes == len(child.blocks),
+                    f"{where}: run length != len(blocks) * block_size",
+                )
+                _require(key == child.tokens[:block_bytes], f"{where}: key != first block")
+                _require(child.lock_ref >= 0, f"{where}: negative lock count")
+                if node is not root:
+                    _require(child.last_access <= node.last_access, f"{where}: newer than parent")
+                    _require(child.priority <= node.priority, f"{where}: outranks its parent")
+                if child.lock_ref > 0:
+                    locked_blocks += len(child.blocks)
+                if is_evictable(child):
+                    _require(id(child) in queued, f"{where}: unlocked leaf not queued")
+                for block_id in child.blocks:
+                    _require(
+                        0 <= block_id < pool.num_total, f"{where}: block {block_id} not in pool"
+                    )
+                    _require(not pool.is_free(block_id), f"{where}: block {block_id} is free")
+                    _require(block_id not in owner, f"{where}: block {block_id} is shared")
+                    owner[block_id] = child
+            if node is not root:
+                _require(
+                    child_locks <= node.lock_ref,
+                    f"node {node!r}: locked less than its children (an ancestor is unlocked)",
+                )
+    cached_blocks = len(owner)
+    actual = {"cached_blocks": cached_blocks, "locked_blocks": locked_blocks}
+    actual["num_nodes"] = num_nodes
+    for name, value in actual.items():
+        _require(counters[name] == value, f"counter {name}={counters[name]} but tree has {value}")
+    _require(pool.num_used >= cached_blocks, "the tree holds more blocks than the pool lent")
+    if num_private_blocks is not None:
+        total = pool.num_free + cached_blocks + num_private_blocks
+        _require(
+            total == pool.num_total,
+            f"free {pool.num_free} + cached {cached_blocks} + private {num_private_blocks}"
+            f" != total {pool.num_total}",
+        )

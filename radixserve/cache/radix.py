@@ -1,0 +1,416 @@
+"""The radix prefix cache: token-id prefixes -> KV blocks, at block granularity."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Hashable, Sequence
+
+from radixserve.cache.errors import CacheFullError
+from radixserve.cache.eviction import EvictionPolicy, EvictionQueue, LRUPolicy
+from radixserve.cache.invariants import check_tree
+from radixserve.cache.mirror import apply_event
+from radixserve.cache.node import RadixNode
+from radixserve.cache.pool import BlockPool
+from radixserve.cache.tokens import TOKEN_BYTES, LazyQuery, TokenIds, decode
+from radixserve.cache.trie import path_blocks, post_order, walk
+from radixserve.cache.types import CacheEvent, CacheStats, InsertResult, MatchResult
+
+logger = logging.getLogger(__name__)
+
+Listener = Callable[[CacheEvent], None]
+
+
+class RadixCache:
+    """A compressed trie of token ids whose nodes own the KV blocks of their tokens.
+
+    Only whole blocks of `block_size` tokens are cached. Blocks come from `pool`; the
+    tree owns exactly one block per cached token block and returns blocks to the pool
+    when it evicts. Each namespace has its own root, so entries are never shared across
+    namespaces. Every public method holds one re-entrant lock, so other threads may call
+    `peek_prefix` and `stats` while the engine thread mutates the cache.
+    """
+
+    def __init__(
+        self, pool: BlockPool, block_size: int = 16, policy: EvictionPolicy | None = None
+    ) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.pool = pool
+        self.block_size = block_size
+        self._block_bytes = block_size * TOKEN_BYTES
+        self._queue = EvictionQueue(policy or LRUPolicy())
+        self._roots: dict[Hashable, RadixNode] = {None: RadixNode(b"", [], None, None)}
+        self._listeners: list[Listener] = []
+        self._lock = threading.RLock()
+        self._clock = 0
+        self._cached_blocks = 0
+        self._locked_blocks = 0
+        self._num_nodes = 0
+        self._lookups = 0
+        self._hit_tokens = 0
+        self._missed_tokens = 0
+        self._inserts = 0
+        self._inserted_blocks = 0
+        self._evicted_blocks = 0
+
+    @property
+    def policy(self) -> EvictionPolicy:
+        """The eviction policy ordering unlocked leaves."""
+        return self._queue.policy
+
+    # ----------------------------------------------------------------- lookups
+
+    def match_prefix(self, token_ids: TokenIds, namespace: Hashable = None) -> MatchResult:
+        """Find the longest cached prefix of `token_ids` made of whole blocks.
+
+        Side effects: if the match ends inside a node, that node is split at the block
+        boundary (the returned node is the new upper half); every node on the matched
+        path gets a new last-access time; the hit/miss counters grow. Lock the returned
+        node before the blocks may be evicted (before the next `evict` or `allocate`).
+        """
+        with self._lock:
+            self._lookups += 1
+            root = self._roots.get(namespace)
+            if root is None:
+                self._missed_tokens += len(token_ids)
+                return MatchResult(0, [], RadixNode(b"", [], None, namespace))
+            query = LazyQuery(token_ids, len(token_ids) // self.block_size * self.block_size)
+            path, matched, child, k = walk(root, self._block_bytes, query)
+            if child is not None:
+                path.append(self._split(child, k))
+                matched += k * self._block_bytes
+            self._clock += 1
+            tick = self._clock
+            blocks: list[int] = []
+            for node in path:
+                node.last_access = tick
+                blocks += node.blocks
+            num_tokens = matched // TOKEN_BYTES
+            self._hit_tokens += num_tokens
+            self._missed_tokens += len(token_ids) - num_tokens
+            return MatchResult(num_tokens, blocks, path[-1] if path else root)
+
+    def peek_prefix(self, token_ids: TokenIds, namespace: Hashable = None) -> int:
+        """How many leading tokens of `token_ids` are cached (whole blocks).
+
+        Read-only: no split, no access-time update, no statistics.
+        """
+        with self._lock:
+            root = self._roots.get(namespace)
+            if root is None:
+                return 0
+            query = LazyQuery(token_ids, len(token_ids) // self.block_size * self.block_size)
+            _, matched, _, k = walk(root, self._block_bytes, query)
+            return matched // TOKEN_BYTES + k * self.block_size
+
+    # ----------------------------------------------------------------- mutation
+
+    def insert(
+        self,
+        token_ids: TokenIds,
+        blocks: Sequence[int],
+        namespace: Hashable = None,
+        priority: int = 0,
+    ) -> InsertResult:
+        """Cache `token_ids` (len == len(blocks) * block_size) whose KV lives in `blocks`.
+
+        The tree takes the caller's blocks only for the tokens that were not cached yet;
+        for the already-cached prefix it keeps its own, and `duplicate_blocks` lists the
+        caller's blocks there that the caller must free. Splits a node where the path
+        diverges inside it. Side effects: the whole path gets a new access time and
+        priority max(old, `priority`); listeners get an "insert" event if tokens were added.
+        """
+        bs = self.block_size
+        if len(token_ids) != len(blocks) * bs:
+            raise ValueError(
+                f"len(token_ids)={len(token_ids)} != len(blocks)*block_size={len(blocks) * bs}"
+            )
+        if not self.pool.all_used(blocks):
+            raise ValueError("insert needs blocks allocated from this cache's pool")
+        with self._lock:
+            root = self._roots.get(namespace)
+            if root is None:
+                root = self._roots[namespace] = RadixNode(b"", [], None, namespace)
+            query = LazyQuery(token_ids, len(token_ids))
+            path, matched, child, k = walk(root, self._block_bytes, query)
+            if child is not None:
+                path.append(self._split(child, k))
+                matched += k * self._block_bytes
+            num_cached = matched // self._block_bytes
+            tree_blocks = path_blocks(path)
+            mine = blocks[: len(tree_blocks)]
+            duplicates = [b for b, t in zip(mine, tree_blocks, strict=True) if b != t]
+            self._clock += 1
+            tick = self._clock
+            events: list[CacheEvent] = []
+            if num_cached < len(blocks):
+                data = query.ensure(query.limit_bytes)
+                parent = path[-1] if path else root
+                leaf = RadixNode(data[matched:], list(blocks[num_cached:]), parent, namespace)
+                parent.children[data[matched : matched + self._block_bytes]] = leaf
+                path.append(leaf)
+                self._num_nodes += 1
+                self._cached_blocks += len(leaf.blocks)
+                self._inserted_blocks += len(leaf.blocks)
+                if self._listeners:
+                    events.append(
+                        CacheEvent("insert", namespace, tuple(token_ids), leaf.num_tokens)
+                    )
+            for node in path:
+                node.last_access = tick
+                if node.priority < priority:
+                    node.priority = priority
+            if path and not path[-1].children and path[-1].lock_ref == 0:
+                self._queue.push(path[-1])
+            self._inserts += 1
+            self._emit(events)
+            return InsertResult(num_cached * bs, path[-1] if path else root, duplicates)
+
+    def lock(self, node: RadixNode) -> None:
+        """Pin the path root..`node`: none of it is evicted until a matching `unlock`.
+
+        Locks nest (a count per node). Locking a root is a no-op. Raises ValueError if
+        the node was evicted.
+        """
+        with self._lock:
+            if node.removed:
+                raise ValueError("cannot lock a node that was evicted")
+            while node.parent is not None:
+                if node.lock_ref == 0:
+                    self._locked_blocks += len(node.blocks)
+                node.lock_ref += 1
+                node = node.parent
+
+    def unlock(self, node: RadixNode) -> None:
+        """Undo one `lock(node)`; unpinned leaves become evictable.
+
+        Raises ValueError if `node` is not locked (the count would go below zero).
+        """
+        with self._lock:
+            if node.parent is not None and node.lock_ref <= 0:
+                raise ValueError("unlock of a node that is not locked")
+            while node.parent is not None:
+                node.lock_ref -= 1
+                if node.lock_ref == 0:
+                    self._locked_blocks -= len(node.blocks)
+                    if not node.children:
+                        self._queue.push(node)
+                node = node.parent
+
+    def evict(self, num_blocks: int) -> int:
+        """Free up to `num_blocks` blocks from unlocked leaves, in eviction-policy order.
+
+        Returns how many were freed (fewer only if fewer are evictable). A leaf with more
+        blocks than still needed loses only its tail blocks. A parent left as an unlocked
+        leaf may be evicted in the same call. Freed blocks go back to the pool; listeners
+        get one "evict" event per removed run.
+        """
+        with self._lock:
+            freed: list[int] = []
+            events: list[CacheEvent] = []
+            while len(freed) < num_blocks:
+                node = self._queue.pop()
+                if node is None:
+                    break
+                need = num_blocks - len(freed)
+                if len(node.blocks) > need:
+                    self._trim(node, need, freed, events)
+                    self._queue.push(node)
+                else:
+                    self._detach(node, freed, events)
+            return self._release(freed, events)
+
+    def evict_path(self, token_ids: TokenIds, namespace: Hashable = None) -> int:
+        """Remove the cached subtree rooted at the last block of `token_ids`.
+
+        `token_ids` must be a non-empty whole number of blocks. Every unlocked node whose
+        path starts with all of `token_ids` is removed and its blocks are freed; locked
+        ones stay. Returns the number of blocks freed (0 if the path is not fully cached).
+        """
+        num_bytes = len(token_ids) * TOKEN_BYTES
+        if num_bytes == 0 or num_bytes % self._block_bytes:
+            raise ValueError("evict_path needs a non-empty whole number of blocks")
+        with self._lock:
+            root = self._roots.get(namespace)
+            if root is None:
+                return 0
+            query = LazyQuery(token_ids, len(token_ids))
+            path, matched, child, k = walk(root, self._block_bytes, query)
+            if child is None:
+                if matched < num_bytes:
+                    return 0
+                child, k = path[-1], len(path[-1].blocks)
+            elif matched + k * self._block_bytes < num_bytes:
+                return 0
+            if k > 1:
+                self._split(child, k - 1)  # `child` keeps the last block of the path
+            freed: list[int] = []
+            events: list[CacheEvent] = []
+            stack = [child]
+            while stack:
+                node = stack.pop()
+                if node.lock_ref:
+                    stack.extend(node.children.values())
+                    continue
+                for dead in post_order(node):
+                    self._detach(dead, freed, events)
+            return self._release(freed, events)
+
+    def allocate(self, num_blocks: int) -> list[int]:
+        """Allocate blocks from the pool, evicting first if the pool is short.
+
+        Raises CacheFullError, evicting nothing, if free plus evictable blocks are too few.
+        """
+        with self._lock:
+            short = num_blocks - self.pool.num_free
+            if short > 0:
+                evictable = self._cached_blocks - self._locked_blocks
+                if short > evictable:
+                    raise CacheFullError(num_blocks, self.pool.num_free + evictable)
+                self.evict(short)
+            return self.pool.allocate(num_blocks)
+
+    def apply_event(self, event: CacheEvent) -> None:
+        """Replay another cache's event here, to mirror what it caches (see `mirror.py`)."""
+        apply_event(self, event)
+
+    # ----------------------------------------------------------------- observers
+
+    def add_listener(self, listener: Listener) -> None:
+        """Call `listener(event)` after every change of the cached set, under the cache lock.
+
+        A listener may read this cache (the lock is re-entrant) but must not mutate it or
+        wait on another thread that uses it. Exceptions it raises are logged and
+        swallowed, so one bad listener cannot break the cache or the other listeners.
+        """
+        with self._lock:
+            self._listeners.append(listener)
+
+    def remove_listener(self, listener: Listener) -> None:
+        """Stop calling `listener`; raises ValueError if it was not added."""
+        with self._lock:
+            self._listeners.remove(listener)
+
+    def leaf_paths(self) -> list[tuple[Hashable, tuple[int, ...]]]:
+        """(namespace, token ids from the root) of every leaf: a snapshot of what is cached.
+
+        Walks the whole tree under the lock; for snapshots and tests, not the hot path.
+        """
+        out: list[tuple[Hashable, tuple[int, ...]]] = []
+        with self._lock:
+            for namespace, root in self._roots.items():
+                for node in post_order(root):
+                    if not node.children and node is not root:
+                        out.append((namespace, decode(node.path_tokens())))
+        return out
+
+    def stats(self) -> CacheStats:
+        """A consistent snapshot of sizes and counters."""
+        with self._lock:
+            return CacheStats(
+                cached_blocks=self._cached_blocks,
+                evictable_blocks=self._cached_blocks - self._locked_blocks,
+                locked_blocks=self._locked_blocks,
+                num_nodes=self._num_nodes,
+                lookups=self._lookups,
+                hit_tokens=self._hit_tokens,
+                missed_tokens=self._missed_tokens,
+                inserts=self._inserts,
+                inserted_blocks=self._inserted_blocks,
+                evicted_blocks=self._evicted_blocks,
+                free_blocks=self.pool.num_free,
+                total_blocks=self.pool.num_total,
+            )
+
+    def check_invariants(self, num_private_blocks: int | None = None) -> None:
+        """Raise InvariantError on any broken invariant of DESIGN.md.
+
+        With `num_private_blocks` (blocks held by running requests outside the tree),
+        also check free + cached + private == total. Walks the whole tree: tests only.
+        """
+        with self._lock:
+            check_tree(
+                roots=list(self._roots.values()),
+                heap_nodes=self._queue.nodes(),
+                pool=self.pool,
+                block_size=self.block_size,
+                counters={
+                    "cached_blocks": self._cached_blocks,
+                    "locked_blocks": self._locked_blocks,
+                    "num_nodes": self._num_nodes,
+                },
+                num_private_blocks=num_private_blocks,
+            )
+
+    # ----------------------------------------------------------------- internals
+
+    def _split(self, node: RadixNode, k: int) -> RadixNode:
+        """Split `node` after its first `k` blocks; return the new upper node.
+
+        `node` keeps its identity as the lower half, so handles to it (locks) stay valid;
+        the upper half inherits its lock count, access time and priority.
+        """
+        bb = self._block_bytes
+        parent = node.parent
+        assert parent is not None and 0 < k < len(node.blocks)
+        upper = RadixNode(
+            node.tokens[: k * bb], node.blocks[:k], parent, node.namespace,
+            node.last_access, node.priority,
+        )  # fmt: skip
+        upper.lock_ref = node.lock_ref
+        parent.children[node.tokens[:bb]] = upper
+        node.tokens = node.tokens[k * bb :]
+        node.blocks = node.blocks[k:]
+        node.parent = upper
+        upper.children[node.tokens[:bb]] = node
+        self._num_nodes += 1
+        return upper
+
+    def _trim(self, node: RadixNode, n: int, freed: list[int], events: list[CacheEvent]) -> None:
+        """Drop the last `n` blocks of unlocked leaf `node` (it keeps at least one)."""
+        if self._listeners:
+            path = decode(node.path_tokens())
+            events.append(CacheEvent("evict", node.namespace, path, n * self.block_size))
+        freed += node.blocks[-n:]
+        del node.blocks[-n:]
+        node.tokens = node.tokens[: len(node.tokens) - n * self._block_bytes]
+        self._cached_blocks -= n
+
+    def _detach(self, node: RadixNode, freed: list[int], events: list[CacheEvent]) -> None:
+        """Remove unlocked leaf `node` from the tree; queue its parent if now evictable."""
+        parent = node.parent
+        assert parent is not None and not node.children and node.lock_ref == 0
+        if self._listeners:
+            path = decode(node.path_tokens())
+            events.append(CacheEvent("evict", node.namespace, path, node.num_tokens))
+        del parent.children[node.tokens[: self._block_bytes]]
+        self._queue.discard(node)
+        freed += node.blocks
+        self._cached_blocks -= len(node.blocks)
+        self._num_nodes -= 1
+        node.blocks = []
+        node.parent = None
+        node.removed = True
+        if parent.children:
+            return
+        if parent.parent is not None:
+            if parent.lock_ref == 0:
+                self._queue.push(parent)
+        elif parent.namespace is not None and self._roots.get(parent.namespace) is parent:
+            del self._roots[parent.namespace]  # forget empty namespaces
+
+    def _release(self, freed: list[int], events: list[CacheEvent]) -> int:
+        """Return evicted blocks to the pool, count them and tell the listeners."""
+        self.pool.free(freed)
+        self._evicted_blocks += len(freed)
+        self._emit(events)
+        return len(freed)
+
+    def _emit(self, events: list[CacheEvent]) -> None:
+        for event in events:
+            for listener in list(self._listeners):
+                try:
+                    listener(event)
+                except Exception:
+                    logger.exception("cache listener %r failed on %s", listener, event.kind)

@@ -1,0 +1,86 @@
+"""Values that cross the cache's boundary: lookup and insert results, events, statistics."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, NamedTuple
+
+if TYPE_CHECKING:
+    from radixserve.cache.node import RadixNode
+
+
+class MatchResult(NamedTuple):
+    """The longest block-aligned cached prefix of a query.
+
+    `node` is the deepest node of the matched path (a root when nothing matched);
+    pass it to `RadixCache.lock` to pin `blocks` while a request uses them.
+    """
+
+    num_tokens: int
+    blocks: list[int]
+    node: RadixNode
+
+
+class InsertResult(NamedTuple):
+    """What `RadixCache.insert` did with a sequence.
+
+    `num_cached_tokens`: leading tokens that were already cached before the call.
+    `node`: deepest node of the inserted path (lock it to keep the sequence pinned).
+    `duplicate_blocks`: the caller's blocks in that already-cached range that are not
+    the tree's own blocks; the tree did not take them, so the caller must free them.
+    """
+
+    num_cached_tokens: int
+    node: RadixNode
+    duplicate_blocks: list[int]
+
+
+class CacheEvent(NamedTuple):
+    """A change of which token prefixes are cached, delivered to listeners.
+
+    `token_ids` is the full path from the root of `namespace` to the end of the run
+    that changed; the last `num_tokens` of them are the run that became cached
+    ("insert") or stopped being cached ("evict"). Everything before them stays cached.
+    """
+
+    kind: Literal["insert", "evict"]
+    namespace: Hashable
+    token_ids: tuple[int, ...]
+    num_tokens: int
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """A snapshot of the cache's size and counters.
+
+    `hit_tokens` + `missed_tokens` is the total length of all `match_prefix` queries:
+    a query's tokens beyond its matched prefix count as missed, including a trailing
+    partial block (which can never be cached). `peek_prefix` is not counted.
+    """
+
+    cached_blocks: int
+    evictable_blocks: int
+    locked_blocks: int
+    num_nodes: int
+    lookups: int
+    hit_tokens: int
+    missed_tokens: int
+    inserts: int
+    inserted_blocks: int
+    evicted_blocks: int
+    free_blocks: int
+    total_blocks: int
+
+    @property
+    def hit_rate(self) -> float:
+        """Fraction of queried tokens that were served from the cache (0.0 before any query)."""
+        total = self.hit_tokens + self.missed_tokens
+        return self.hit_tokens / total if total else 0.0
+
+    def as_dict(self) -> dict[str, int | float]:
+        """Every field plus `hit_rate`, as a plain dict (for JSON and metrics)."""
+        out: dict[str, int | float] = dataclasses.asdict(self)
+        out["hit_rate"] = self.hit_rate
+        return out
