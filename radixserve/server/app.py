@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hmac
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi.encoders import jsonable_encoder
@@ -18,8 +19,11 @@ from radixserve.server.metrics import CONTENT_TYPE, ResponseCounter, ServerMetri
 from radixserve.server.protocol import MAX_BODY_BYTES
 from radixserve.server.serving import DEFAULT_MAX_TOKENS, SSE_HEADERS, OpenAIServing
 
+if TYPE_CHECKING:
+    from radixserve.engine.engine import LLMEngine
 
-def _auth_dependency(api_key: str) -> Any:
+
+def _auth_dependency(api_key: str) -> Callable[[Request], Awaitable[None]]:
     expected = f"Bearer {api_key}".encode()
 
     async def require_api_key(request: Request) -> None:
@@ -36,7 +40,7 @@ def _auth_dependency(api_key: str) -> Any:
 
 
 def build_app(
-    engine: Any,
+    engine: LLMEngine,
     api_key: str | None = None,
     served_model_name: str | None = None,
     default_max_tokens: int = DEFAULT_MAX_TOKENS,

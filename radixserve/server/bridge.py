@@ -12,12 +12,15 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from starlette.requests import Request
 
 from radixserve.engine.outputs import RequestOutput
 from radixserve.engine.params import SamplingParams
+
+if TYPE_CHECKING:
+    from radixserve.engine.engine import LLMEngine
 
 
 class OutputObserver(Protocol):
@@ -31,7 +34,7 @@ class RequestStream:
     """Outputs of one engine request as an async iterator; `close()` aborts it if unfinished."""
 
     def __init__(
-        self, engine: Any, loop: asyncio.AbstractEventLoop, observer: OutputObserver | None
+        self, engine: LLMEngine, loop: asyncio.AbstractEventLoop, observer: OutputObserver | None
     ) -> None:
         self._engine = engine
         self._loop = loop
@@ -81,7 +84,7 @@ class RequestStream:
 class EngineBridge:
     """Submits requests to an `LLMEngine` from the event loop."""
 
-    def __init__(self, engine: Any, observer: OutputObserver | None = None) -> None:
+    def __init__(self, engine: LLMEngine, observer: OutputObserver | None = None) -> None:
         self.engine = engine
         self.observer = observer
 

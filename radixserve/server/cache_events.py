@@ -13,10 +13,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from radixserve.cache import CacheEvent
 from radixserve.server.errors import APIError
 from radixserve.server.protocol import sse
+
+if TYPE_CHECKING:
+    from radixserve.engine.engine import LLMEngine
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +30,7 @@ _OVERFLOW = object()  # queue marker: events were dropped, resend a snapshot
 _CLOSE = object()  # queue marker: the server is shutting down
 
 
-def event_dict(event: Any) -> dict[str, Any]:
+def event_dict(event: CacheEvent) -> dict[str, Any]:
     """A CacheEvent as the JSON object of the wire format."""
     return {
         "type": str(event.kind),
@@ -62,7 +66,7 @@ class _Subscriber:
 class CacheEventHub:
     """Fans the engine's cache events out to `/v1/cache/events` subscribers."""
 
-    def __init__(self, engine: Any, max_queue: int = 4096) -> None:
+    def __init__(self, engine: LLMEngine, max_queue: int = 4096) -> None:
         self.engine = engine
         self.max_queue = max_queue
         self._subscribers: set[_Subscriber] = set()
@@ -75,13 +79,13 @@ class CacheEventHub:
         """How many clients are connected now."""
         return len(self._subscribers)
 
-    def _on_engine_event(self, event: Any) -> None:
+    def _on_engine_event(self, event: CacheEvent) -> None:
         # Engine thread: do nothing costly, never raise.
         if self._subscribers and self._loop is not None:
             with contextlib.suppress(RuntimeError):  # loop closed
                 self._loop.call_soon_threadsafe(self._dispatch, event)
 
-    def _dispatch(self, event: Any) -> None:
+    def _dispatch(self, event: CacheEvent) -> None:
         if not self._subscribers:
             return
         data = event_dict(event)

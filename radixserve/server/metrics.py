@@ -8,7 +8,7 @@ observed by the server from each request's outputs. Each app has its own registr
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -16,6 +16,9 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from radixserve.engine.outputs import RequestOutput
+
+if TYPE_CHECKING:
+    from radixserve.engine.engine import LLMEngine
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -27,7 +30,7 @@ E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320
 class EngineCollector(Collector):
     """Engine counters and gauges, read from `engine.stats()` at every scrape."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
 
     def collect(self) -> Iterator[Metric]:
@@ -80,7 +83,7 @@ class EngineCollector(Collector):
 class ServerMetrics:
     """The app's registry: the engine collector plus latency histograms and HTTP responses."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: LLMEngine) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(EngineCollector(engine))
         self.ttft = Histogram(

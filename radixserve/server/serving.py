@@ -6,14 +6,14 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from radixserve.engine.outputs import RequestOutput
 from radixserve.engine.params import SamplingParams
-from radixserve.errors import InvalidRequestError, ModelNotFoundError, PromptTooLongError
+from radixserve.errors import ModelNotFoundError, PromptTooLongError
 from radixserve.server.bridge import EngineBridge, RequestStream, abort_on_disconnect
 from radixserve.server.errors import APIError
 from radixserve.server.protocol import (
@@ -24,6 +24,9 @@ from radixserve.server.protocol import (
     read_json_body,
     sse,
 )
+
+if TYPE_CHECKING:
+    from radixserve.engine.engine import LLMEngine
 
 # When a request sets no max_tokens it gets what fits in the context, at most this many.
 DEFAULT_MAX_TOKENS = 256
@@ -58,7 +61,7 @@ class OpenAIServing:
 
     def __init__(
         self,
-        engine: Any,
+        engine: LLMEngine,
         bridge: EngineBridge,
         model_names: list[str],
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
@@ -80,7 +83,7 @@ class OpenAIServing:
                 self.engine.tokenizer.encode, req.prompt, len(req.prompt)
             )
         else:
-            prompt_ids = self._check_token_ids(req.prompt)
+            prompt_ids = req.prompt  # the engine checks the ids against the vocabulary
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         stream = self._submit(req, prompt_ids, rid, "prompt")
         base = {"id": rid, "object": "text_completion", "created": created, "model": self.name}
@@ -135,13 +138,6 @@ class OpenAIServing:
         if err is not None:
             raise err
 
-    def _check_token_ids(self, ids: list[int]) -> list[int]:
-        vocab = self.engine.tokenizer.vocab_size
-        for t in ids:
-            if not 0 <= t < vocab:
-                raise InvalidRequestError(f"token id {t} is outside the vocabulary", "prompt")
-        return ids
-
     def _submit(
         self,
         req: ChatCompletionRequest | CompletionRequest,
@@ -163,7 +159,7 @@ class OpenAIServing:
         )
 
     def _max_tokens(self, requested: int | None, num_prompt: int, prompt_param: str) -> int:
-        limit = self.engine.max_model_len
+        limit: int = self.engine.max_model_len
         if num_prompt >= limit:
             raise PromptTooLongError(
                 f"this model's maximum context length is {limit} tokens, "

@@ -104,3 +104,10 @@ def launch() -> object:
 def block_size() -> int:
     """The KV block size the test servers use (the default)."""
     return BLOCK_SIZE
+
+
+@pytest.fixture(scope="session")
+def default_server() -> Iterator[ServerProcess]:
+    """A server with the default options, shared by the modules that need nothing else."""
+    with running_server() as server:
+        yield server

@@ -6,7 +6,6 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -25,9 +24,8 @@ LONG_PREFIX = (
 
 
 @pytest.fixture(scope="module")
-def server(launch: Any) -> Iterator[Any]:
-    with launch() as s:
-        yield s
+def server(default_server: Any) -> Any:
+    return default_server
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +96,7 @@ def test_streamed_chat_equals_non_streamed(client: openai.OpenAI, model: str) ->
     kwargs = dict(
         model=model,
         messages=[{"role": "user", "content": "Write a haiku about the sea."}],
-        max_tokens=24,
+        max_tokens=16,
         temperature=0,
     )
     whole = client.chat.completions.create(**kwargs)
@@ -118,7 +116,7 @@ def test_streamed_chat_equals_non_streamed(client: openai.OpenAI, model: str) ->
 
 
 def test_streamed_completion_equals_non_streamed(client: openai.OpenAI, model: str) -> None:
-    kwargs = dict(model=model, prompt="Once upon a time", max_tokens=24, temperature=0)
+    kwargs = dict(model=model, prompt="Once upon a time", max_tokens=16, temperature=0)
     whole = client.completions.create(**kwargs)
     chunks = list(client.completions.create(**kwargs, stream=True))
     assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text

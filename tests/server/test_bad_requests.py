@@ -90,9 +90,8 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def server(launch: Any) -> Iterator[Any]:
-    with launch() as s:
-        yield s
+def server(default_server: Any) -> Any:
+    return default_server
 
 
 @pytest.fixture(scope="module")
