@@ -34,13 +34,18 @@ from radixserve.bench.workloads import MultiTurn
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--conversations", type=int, default=8)
-    p.add_argument("--turns", type=int, default=5)
-    p.add_argument("--system-tokens", type=int, default=64, help="shared system prompt")
-    p.add_argument("--user-tokens", type=int, default=96, help="each user message")
+    # An odd number of conversations, so that round-robin cannot pin a conversation to a
+    # worker by accident of arithmetic (with N even and concurrency 1, turn k of conversation
+    # c is request k*N + c, always on worker c % 2).
+    p.add_argument("--conversations", type=int, default=9)
+    p.add_argument("--turns", type=int, default=6)
+    p.add_argument("--system-tokens", type=int, default=32, help="shared system prompt")
+    p.add_argument("--user-tokens", type=int, default=64, help="each user message")
     p.add_argument("--max-tokens", type=int, default=16, help="each answer")
     p.add_argument("--concurrency", type=int, default=4)
-    p.add_argument("--kv-cache-mib", type=int, default=256, help="KV pool of each of 2 workers")
+    # Sized so that half the conversations (plus the running requests) fit one worker's pool
+    # but all of them do not: what cache-aware routing saves, round-robin has to evict.
+    p.add_argument("--kv-cache-mib", type=int, default=184, help="KV pool of each of 2 workers")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", default="auto")
     p.add_argument("--num-threads", type=int, default=1, help="torch threads per worker")

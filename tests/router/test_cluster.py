@@ -148,6 +148,7 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self.log_path.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
@@ -176,12 +177,12 @@ def test_turns_stay_on_one_worker_and_conversations_spread(cluster: Cluster) -> 
     where: list[set[int]] = [set() for _ in convs]
     for turn in range(3):
         for i, msgs in enumerate(convs):
-            w, body = cluster.chat(msgs)
+            w, answer = cluster.chat(msgs)
             where[i].add(w)
             if turn:
-                assert body["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+                assert answer.usage.prompt_tokens_details.cached_tokens > 0
             msgs += [
-                {"role": "assistant", "content": body["choices"][0]["message"]["content"]},
+                {"role": "assistant", "content": answer.choices[0].message.content},
                 {"role": "user", "content": f"Tell me more, part {turn}."},
             ]
     assert all(len(s) == 1 for s in where), where
