@@ -71,7 +71,15 @@ def test_stream_is_passed_through_chunk_by_chunk(cluster: Cluster) -> None:
     assert sum(w.in_flight for w in cluster.balancer.workers) == 0
 
 
-def test_turns_of_a_conversation_stay_on_one_worker(cluster: Cluster) -> None:
+def test_turns_of_a_conversation_stay_on_one_worker() -> None:
+    cluster = Cluster(num_blocks=1024)  # room for every conversation: no evictions
+    try:
+        _converse(cluster)
+    finally:
+        cluster.close()
+
+
+def _converse(cluster: Cluster) -> None:
     convs = [
         [{"role": "user", "content": f"conversation {c} is about topic {c}. " * 3}]
         for c in range(4)
