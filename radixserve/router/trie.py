@@ -11,30 +11,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Hashable, Iterable, Sequence
 
-from radixserve.cache import BlockPool, CacheEvent, CacheFullError, RadixCache, RadixNode
-from radixserve.cache.tokens import decode
+from radixserve.cache import BlockPool, CacheEvent, CacheFullError, RadixCache
 
 log = logging.getLogger(__name__)
 
 Path = tuple[Hashable, tuple[int, ...]]
-
-
-class MirrorCache(RadixCache):
-    """A RadixCache that can also list its cached leaf paths (for snapshots and tests)."""
-
-    def leaf_paths(self) -> list[Path]:
-        """(namespace, token ids) of every root-to-leaf path, i.e. everything cached."""
-        out: list[Path] = []
-        with self._lock:
-            for ns, root in self._roots.items():
-                stack: list[RadixNode] = list(root.children.values())
-                while stack:
-                    node = stack.pop()
-                    if node.children:
-                        stack.extend(node.children.values())
-                    else:
-                        out.append((ns, decode(node.path_tokens())))
-        return out
 
 
 class WorkerTrie:
@@ -43,7 +24,7 @@ class WorkerTrie:
     def __init__(self, block_size: int, capacity_blocks: int) -> None:
         self.block_size = block_size
         self.capacity = capacity_blocks
-        self.cache = MirrorCache(BlockPool(capacity_blocks), block_size)
+        self.cache = RadixCache(BlockPool(capacity_blocks), block_size)
 
     @property
     def num_blocks(self) -> int:
@@ -93,8 +74,8 @@ class WorkerTrie:
 
     def clear(self) -> None:
         """Forget everything."""
-        self.cache = MirrorCache(BlockPool(self.capacity), self.block_size)
+        self.cache = RadixCache(BlockPool(self.capacity), self.block_size)
 
     def paths(self) -> list[Path]:
         """Every cached root-to-leaf path as (namespace, token ids)."""
-        return self.cache.leaf_paths()
+        return list(self.cache.leaf_paths())
