@@ -92,6 +92,26 @@ def test_completion_accepts_text_token_ids_and_a_list_of_one_prompt(
     assert ids.usage.prompt_tokens == 3 and ids.usage.completion_tokens > 0
 
 
+def test_concurrent_requests_each_get_their_own_answer(client: openai.OpenAI, model: str) -> None:
+    prompts = [f"List {n} fruits:" for n in range(2, 8)]
+    results: dict[str, openai.types.Completion] = {}
+
+    def ask(prompt: str) -> None:
+        results[prompt] = client.completions.create(
+            model=model, prompt=prompt, max_tokens=6, temperature=0
+        )
+
+    threads = [threading.Thread(target=ask, args=(p,)) for p in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert sorted(results) == sorted(prompts)
+    assert len({r.id for r in results.values()}) == len(prompts)
+    for r in results.values():
+        assert 0 < r.usage.completion_tokens <= 6 and r.choices[0].text
+
+
 def test_streamed_chat_equals_non_streamed(client: openai.OpenAI, model: str) -> None:
     kwargs = dict(
         model=model,

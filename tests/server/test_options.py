@@ -1,4 +1,4 @@
-"""Serve options: --api-key, --no-prefix-cache, and the waiting-queue limit (503)."""
+"""Serve options: --api-key, --no-prefix-cache, --served-model-name, --max-waiting (503)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 KEY = "test-key-123"
-MODEL = "SmolLM2-135M-Instruct"
+MODEL = "smol"  # --served-model-name
 PROMPT = (
     "A long shared preamble that would normally be cached by the radix tree, repeated so "
     "that it spans several KV blocks of sixteen tokens each. " * 3
@@ -22,7 +22,15 @@ PROMPT = (
 @pytest.fixture(scope="module")
 def server(launch: Any) -> Iterator[Any]:
     with launch(
-        "--api-key", KEY, "--no-prefix-cache", "--max-num-seqs", "1", "--max-waiting", "1"
+        "--api-key",
+        KEY,
+        "--no-prefix-cache",
+        "--max-num-seqs",
+        "1",
+        "--max-waiting",
+        "1",
+        "--served-model-name",
+        MODEL,
     ) as s:
         yield s
 
@@ -55,6 +63,19 @@ def test_v1_routes_accept_the_right_key(server: Any) -> None:
 def test_health_and_metrics_stay_open(server: Any) -> None:
     assert httpx.get(f"{server.url}/health").status_code == 200
     assert httpx.get(f"{server.url}/metrics").status_code == 200
+
+
+def test_served_model_name_replaces_the_model_name(server: Any) -> None:
+    c = client(server, KEY)
+    assert [m.id for m in c.models.list().data] == [MODEL]
+    assert (
+        c.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+        ).model
+        == MODEL
+    )
+    with pytest.raises(openai.NotFoundError):
+        c.completions.create(model="SmolLM2-135M-Instruct", prompt="Hi", max_tokens=2)
 
 
 def test_no_prefix_cache_reports_zero_cached_tokens(server: Any) -> None:
