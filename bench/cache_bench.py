@@ -4,7 +4,9 @@ Run: `python bench/cache_bench.py [--quick]`. Prints Markdown tables:
 - match_prefix latency (median / p99, microseconds) for 1k / 8k / 32k-token prompts that
   hit fully, hit half, or miss, against trees of 10, 1,000 and 100,000 nodes, with the
   prompt passed as a list of ints and as an `array("I")`;
-- the cost of converting the prompt list to packed uint32 (the floor for list input);
+- match latency against the number of nodes on the matched path (the per-node cost);
+- the cost of packing a prompt list into uint32 bytes (the floor for list input; pass an
+  `array("I")` to skip it);
 - insert latency, eviction throughput, and memory per cached block (tracemalloc).
 Numbers depend on the machine and its load; compare rows of one run, not across runs.
 """
@@ -22,6 +24,7 @@ from array import array
 from collections.abc import Callable
 
 from radixserve.cache import BlockPool, RadixCache
+from radixserve.cache.tokens import encode
 
 BS = 16
 VOCAB = 49152
@@ -127,11 +130,11 @@ def bench_depth(quick: bool) -> list[str]:
 
 
 def bench_conversion() -> list[str]:
-    rows = ["| prompt tokens | array('I', list) median µs |", "| ---: | ---: |"]
+    rows = ["| prompt tokens | tokens.encode(list) median µs |", "| ---: | ---: |"]
     rng = random.Random(1)
     for n in PROMPT_LENGTHS:
         query = tokens(rng, n)
-        med, _ = timed(lambda q=query: array("I", q), 300)
+        med, _ = timed(lambda q=query: encode(q), 300)
         rows.append(f"| {n:,} | {med:.1f} |")
     return rows
 

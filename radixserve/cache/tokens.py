@@ -49,9 +49,10 @@ class LazyQuery:
     `data` holds the first `len(data) // 4` tokens of the query: at least what walks
     asked for, at most the whole query (one partial block beyond `limit` at worst;
     walks never match it, since node runs are whole blocks). `ensure` grows `data`
-    geometrically but at most 1024 tokens beyond the request, so a walk that stops
-    early pays little for what it did not read, and a walk through many small nodes
-    does not convert the query in tiny pieces.
+    geometrically, at most 1024 tokens beyond the request, until a quarter of the
+    query is needed; then it converts the whole query. So a miss converts one block,
+    a short match (a system prompt before a long unique document) little more, and a
+    long match about what one conversion of the whole query costs.
     """
 
     __slots__ = ("token_ids", "limit_bytes", "data")
@@ -67,6 +68,10 @@ class LazyQuery:
         want = min(self.limit_bytes, max(num_bytes, min(2 * have, num_bytes + _MAX_AHEAD)))
         if want <= have:
             return self.data
+        if 4 * want >= self.limit_bytes:
+            # A long match is likely to go on (a cached chat history): one conversion of
+            # the whole query beats several sliced appends.
+            want = self.limit_bytes
         stop = None if want == self.limit_bytes else want // TOKEN_BYTES
         if 4 * have <= want:
             # Re-converting a short head is cheaper than slicing and concatenating.
