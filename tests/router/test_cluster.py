@@ -246,11 +246,14 @@ def test_killed_worker_loses_no_request_and_comes_back(cluster: Cluster) -> None
     msgs = [conversation(f"question {i}") for i in range(10)]
 
     with ThreadPoolExecutor(10) as pool:
-        futures = [pool.submit(cluster.chat, m, 8) for m in msgs]
-        time.sleep(1.0)  # requests are in flight on both workers
+        futures = [pool.submit(cluster.chat, m, 16) for m in msgs]
+        wait_for(lambda: cluster.workers()[0]["in_flight"] > 0, what="requests on worker 0")
         os.kill(victim, signal.SIGKILL)
         served = [f.result()[0] for f in futures]  # raises if any request failed
     assert len(served) == 10
+    metrics = cluster.http.get("/metrics").text.splitlines()
+    retries = next(ln for ln in metrics if ln.startswith("radixserve_router_retries_total "))
+    assert float(retries.split()[1]) >= 1  # what was in flight there was answered elsewhere
     wait_for(lambda: not cluster.workers()[0]["healthy"], what="worker 0 reported down")
     text = cluster.http.get("/metrics").text
     assert 'radixserve_router_worker_up{worker="' + cluster.workers()[0]["url"] + '"} 0.0' in text
