@@ -1,0 +1,157 @@
+"""The engine with the prefix cache on vs off, side by side in one run (default model).
+
+Run: python bench/engine_bench.py [--dtype bfloat16] [--quick]
+Cases: (a) 16 requests sharing a 4,096-token prefix, distinct 64-token suffixes, 32 output
+tokens each; (b) an exact repeat of a 2,048-token prompt, and the same plus 50 new tokens;
+(c) 8 interleaved chats x 6 turns over a 1,000-token system prompt; (d) decode speed of 1
+and 8 concurrent streams. Prints a Markdown table with the on/off ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import time
+from collections.abc import Callable
+
+from radixserve.engine.engine import EngineConfig, LLMEngine
+from radixserve.engine.llm import LLM
+from radixserve.engine.outputs import RequestOutput
+from radixserve.engine.params import SamplingParams
+
+
+@functools.cache
+def _corpus_ids(llm: LLM) -> list[int]:
+    import json
+    import pydoc
+    import threading
+    import typing
+
+    mods = (json, threading, typing)
+    return llm.tokenizer.encode(
+        "".join(pydoc.render_doc(m, renderer=pydoc.plaintext) for m in mods)
+    )
+
+
+def text_tokens(llm: LLM, n: int, seed: int) -> list[int]:
+    """About n tokens of real English text (Python's own docs), varied by seed."""
+    ids = _corpus_ids(llm)
+    start = (seed * 7919) % max(1, len(ids) - n)
+    return ids[start : start + n]
+
+
+def ttft(out: RequestOutput) -> float:
+    m = out.metrics
+    assert m.first_token_time is not None
+    return m.first_token_time - m.arrival_time
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+
+
+def case_shared_prefix(llm: LLM, n_prefix: int, n_req: int) -> dict[str, float]:
+    prefix = text_tokens(llm, n_prefix, 1)
+    t0 = time.perf_counter()
+    first = llm.generate([prefix + text_tokens(llm, 64, 100)], greedy(32))[0]
+    rest = [
+        llm.generate([prefix + text_tokens(llm, 64, 101 + i)], greedy(32))[0]
+        for i in range(n_req - 1)
+    ]
+    total = time.perf_counter() - t0
+    return {
+        "cold TTFT (s)": ttft(first),
+        "hit TTFT p50 (s)": statistics.median(ttft(o) for o in rest),
+        "total (s)": total,
+    }
+
+
+def case_repeat(llm: LLM, n: int) -> dict[str, float]:
+    prompt = text_tokens(llm, n, 2)
+    cold = llm.generate([prompt], greedy(1))[0]
+    rep = llm.generate([prompt], greedy(1))[0]
+    more = llm.generate([prompt + text_tokens(llm, 50, 3)], greedy(1))[0]
+    return {
+        "cold TTFT (s)": ttft(cold),
+        "exact repeat TTFT (s)": ttft(rep),
+        "+50 tokens TTFT (s)": ttft(more),
+    }
+
+
+def case_multi_turn(llm: LLM, convs: int, turns: int, n_system: int) -> dict[str, float]:
+    system = llm.tokenizer.decode(text_tokens(llm, n_system, 4))
+    histories = [[{"role": "system", "content": system}] for _ in range(convs)]
+    ttfts: list[float] = []
+    out_tokens = 0
+    t0 = time.perf_counter()
+    for turn in range(turns):
+        for c, h in enumerate(histories):
+            h.append(
+                {"role": "user", "content": f"Question {turn} of chat {c}: summarise part {turn}."}
+            )
+            out = llm.chat(h, greedy(24))[0]
+            h.append({"role": "assistant", "content": out.text})
+            out_tokens += len(out.token_ids)
+            if turn > 0:
+                ttfts.append(ttft(out))
+    total = time.perf_counter() - t0
+    return {
+        "later-turn TTFT p50 (s)": statistics.median(ttfts),
+        "throughput (req/s)": convs * turns / total,
+        "output tok/s": out_tokens / total,
+    }
+
+
+def case_decode(llm: LLM, streams: int, n_out: int) -> dict[str, float]:
+    prompts = [text_tokens(llm, 256, 10 + i) for i in range(streams)]
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, greedy(n_out))
+    total = time.perf_counter() - t0
+    first = max(o.metrics.first_token_time for o in outs)  # type: ignore[type-var]
+    last = max(o.metrics.finish_time for o in outs)  # type: ignore[type-var]
+    decode_tokens = sum(len(o.token_ids) - 1 for o in outs)
+    return {f"{streams}-stream decode tok/s": decode_tokens / (last - first), "total (s)": total}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
+    args = ap.parse_args()
+    q = args.quick
+    cases: list[tuple[str, Callable[[LLM], dict[str, float]]]] = [
+        (
+            "(a) shared 4k prefix",
+            lambda llm: case_shared_prefix(llm, 1024 if q else 4096, 4 if q else 16),
+        ),
+        ("(b) 2k repeat", lambda llm: case_repeat(llm, 512 if q else 2048)),
+        (
+            "(c) multi-turn chat",
+            lambda llm: case_multi_turn(llm, 2 if q else 8, 3 if q else 6, 1000),
+        ),
+        ("(d) decode x1", lambda llm: case_decode(llm, 1, 16 if q else 64)),
+        ("(d) decode x8", lambda llm: case_decode(llm, 8, 16 if q else 64)),
+    ]
+    llms = {
+        on: LLM.from_engine(
+            LLMEngine(
+                EngineConfig(dtype=args.dtype, kv_cache_memory="1GiB", enable_prefix_cache=on)
+            )
+        )
+        for on in (True, False)
+    }
+    print(f"dtype {llms[True].engine.dtype}\n")
+    print("| case | metric | cache on | cache off | off / on |")
+    print("|---|---|---|---|---|")
+    for name, fn in cases:
+        res = {on: fn(llms[on]) for on in (False, True)}  # off first: on cannot help off
+        for metric in res[True]:
+            a, b = res[True][metric], res[False][metric]
+            print(f"| {name} | {metric} | {a:.3f} | {b:.3f} | {b / a:.2f}x |", flush=True)
+    for llm in llms.values():
+        llm.shutdown()
+
+
+if __name__ == "__main__":
+    main()
