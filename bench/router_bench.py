@@ -37,11 +37,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # An odd number of conversations, so that round-robin cannot pin a conversation to a
     # worker by accident of arithmetic (with N even and concurrency 1, turn k of conversation
     # c is request k*N + c, always on worker c % 2).
-    p.add_argument("--conversations", type=int, default=9)
+    p.add_argument("--conversations", type=int, default=15)
     p.add_argument("--turns", type=int, default=6)
     p.add_argument("--system-tokens", type=int, default=32, help="shared system prompt")
-    p.add_argument("--user-tokens", type=int, default=64, help="each user message")
-    p.add_argument("--max-tokens", type=int, default=16, help="each answer")
+    p.add_argument("--user-tokens", type=int, default=48, help="each user message")
+    p.add_argument("--max-tokens", type=int, default=8, help="each answer")
     p.add_argument("--concurrency", type=int, default=4)
     # Sized so that half the conversations (plus the running requests) fit one worker's pool
     # but all of them do not: what cache-aware routing saves, round-robin has to evict.

@@ -18,7 +18,6 @@ from starlette.types import Receive, Scope, Send
 from radixserve.router.balancer import Balancer, Prompt, Route
 from radixserve.router.metrics import RouterMetrics
 from radixserve.router.prompt import normalize_body
-from radixserve.router.worker import CONNECTION_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -181,8 +180,7 @@ class Proxy:
         kind = type(e).__name__
         self.metrics.requests.labels(w.name, "error").inc()
         self.metrics.upstream_errors.labels(w.name, kind).inc()
-        if isinstance(e, CONNECTION_ERRORS):
-            w.mark_down(f"request failed: {kind}: {e}")
+        w.connection_failed(e)
         if isinstance(e, httpx.TimeoutException):  # slow, not broken: retrying doubles the wait
             return Failure(504, f"worker {w.url} timed out ({kind})", retry=False)
         return Failure(502, f"worker {w.url} failed: {kind}: {e}")
@@ -282,8 +280,7 @@ class Proxy:
                 log.warning("stream from %s broke: %s: %s", w.name, kind, e)
                 self.metrics.requests.labels(w.name, "error").inc()
                 self.metrics.upstream_errors.labels(w.name, kind).inc()
-                if isinstance(e, CONNECTION_ERRORS):
-                    w.mark_down(f"stream broke: {kind}")
+                w.connection_failed(e)
                 err = {
                     "error": {
                         "message": f"worker {w.url} failed mid-stream: {kind}: {e}",

@@ -121,7 +121,8 @@ def build_router_app(args: argparse.Namespace, tokenizer: Any = None) -> Any:
         headers={"authorization": f"Bearer {worker_key}"} if worker_key else {},
     )
     timeout = httpx.Timeout(args.request_timeout, connect=5.0)
-    limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
+    # Idle connections expire before uvicorn's 5 s keep-alive closes them under us.
+    limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256, keepalive_expiry=2.0)
     client = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
     metrics = RouterMetrics()
     workers = [Worker(i, url, client, cfg, metrics) for i, url in enumerate(args.worker)]

@@ -94,6 +94,7 @@ class Worker:
         self._drift: tuple[int, int] | None = None
         self._health_task: asyncio.Task[None] | None = None
         self._events_task: asyncio.Task[None] | None = None
+        self._probe: asyncio.Task[bool] | None = None
         metrics.add_worker(self.name)
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -147,6 +148,7 @@ class Worker:
     async def mark_up(self) -> None:
         """Put the worker in rotation: learn its cache geometry, start mirroring its cache."""
         await self._read_cache_stats()
+        self.events_supported = self.cfg.cache_events  # a restarted worker may have them now
         self.trie = WorkerTrie(self.block_size, self._mirror_capacity())
         self.healthy = True
         self.last_error = None
@@ -154,6 +156,18 @@ class Worker:
         log.info("worker %s is up (block_size %d)", self.name, self.block_size)
         if self.events_supported and self._events_task is None:
             self._events_task = asyncio.create_task(self._events_loop())
+
+    def connection_failed(self, e: Exception) -> None:
+        """A request to the worker failed in transport: down if refused, else probe it now.
+
+        A dropped connection alone may be a keep-alive race with a healthy worker, so only a
+        probe (refused, or failing repeatedly) takes it out of rotation.
+        """
+        if isinstance(e, httpx.ConnectError):
+            self._failures = self.cfg.health_failures
+            self.mark_down(f"unreachable: {e!r}")
+        elif isinstance(e, CONNECTION_ERRORS) and self.healthy:
+            self._probe = asyncio.create_task(self.check_health())
 
     def mark_down(self, why: str) -> None:
         """Take the worker out of rotation and drop its mirror (its cache is unknown now)."""
