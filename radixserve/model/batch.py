@@ -29,7 +29,7 @@ class PrefillMeta:
     token_start: int  # first row of this chunk in the flattened batch
     num_tokens: int
     context_len: int  # tokens attended to, the new ones included
-    kv_slots: torch.Tensor  # [context_len] pool slots of positions 0..context_len-1
+    block_ids: torch.Tensor  # [ceil(context_len / block_size)] blocks holding that context
     causal_mask: torch.Tensor | None  # [num_tokens, context_len] bool; None when square causal
 
 
@@ -38,8 +38,8 @@ class DecodeMeta:
     """Attention inputs of the single-token sequences, batched and padded."""
 
     num_seqs: int
-    kv_slots: torch.Tensor  # [num_seqs, max_len] pool slots (padding points at slot 0)
-    mask: torch.Tensor  # [num_seqs, 1, 1, max_len] bool, True where attended
+    block_ids: torch.Tensor  # [num_seqs, max_blocks] (padding points at block 0)
+    mask: torch.Tensor  # [num_seqs, 1, 1, max_blocks * block_size] bool, True where attended
 
 
 @dataclass
@@ -99,11 +99,11 @@ def build_batch(
             logits_rows.append(row0 + n - 1)
             logits_chunk.append(i)
         if n > 1:
-            ctx = torch.arange(end, dtype=torch.long)
             mask = None
             if c.start_pos > 0:
-                mask = ctx[None, :] <= pos[:, None]
-            prefills.append(PrefillMeta(row0, n, end, _slots(bt, ctx, block_size), mask))
+                mask = torch.arange(end, dtype=torch.long)[None, :] <= pos[:, None]
+            used = bt[: -(-end // block_size)]
+            prefills.append(PrefillMeta(row0, n, end, used, mask))
     decode = None
     if decode_idx:
         lens = [chunks[i].start_pos + 1 for i in decode_idx]
@@ -113,13 +113,11 @@ def build_batch(
         for r, i in enumerate(decode_idx):
             bt = tables[i][:max_blocks]
             bt_pad[r, : bt.shape[0]] = bt
-        offs = torch.arange(block_size, dtype=torch.long)
-        slots = (bt_pad[:, :, None] * block_size + offs).reshape(len(decode_idx), -1)[:, :max_len]
-        valid = torch.arange(max_len)[None, :] < torch.tensor(lens)[:, None]
-        slots = torch.where(valid, slots, torch.zeros_like(slots))
-        decode = DecodeMeta(len(decode_idx), slots.to(device), valid[:, None, None, :].to(device))
+        span = max_blocks * block_size
+        valid = torch.arange(span)[None, :] < torch.tensor(lens)[:, None]
+        decode = DecodeMeta(len(decode_idx), bt_pad.to(device), valid[:, None, None, :].to(device))
     for p in prefills:
-        p.kv_slots = p.kv_slots.to(device)
+        p.block_ids = p.block_ids.to(device)
         if p.causal_mask is not None:
             p.causal_mask = p.causal_mask.to(device)
     return ForwardBatch(

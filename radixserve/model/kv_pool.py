@@ -57,7 +57,6 @@ class KVPool:
         per_block = bytes_per_token(config, dtype) * block_size
         return max(1, parse_memory(memory) // per_block)
 
-    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer i's K and V flattened to [num_blocks * block_size, num_kv_heads, head_dim]."""
-        k, v = self.k[i], self.v[i]
-        return k.view(-1, *k.shape[2:]), v.view(-1, *v.shape[2:])
+    def blocks(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer i's K and V as [num_blocks, block_size, num_kv_heads, head_dim]."""
+        return self.k[i], self.v[i]

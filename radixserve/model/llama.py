@@ -102,16 +102,31 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
+def gather_blocks(layer_blocks: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    """Copy the blocks `block_ids` [...] of one layer's K or V out of the pool.
+
+    Returns [..., block_size, num_kv_heads, head_dim]. Whole blocks are copied as raw
+    rows; 16-bit types go through an int16 view because indexing bfloat16 tensors
+    directly takes a slow path on CPU (hundreds of times slower in torch 2.13).
+    """
+    nb = layer_blocks.shape[0]
+    rows = layer_blocks.view(nb, -1)
+    if rows.element_size() == 2:
+        rows = rows.view(torch.int16)
+    out = rows.index_select(0, block_ids.reshape(-1)).view(layer_blocks.dtype)
+    return out.view(*block_ids.shape, *layer_blocks.shape[1:])
+
+
 def paged_attention(
-    q: torch.Tensor, batch: ForwardBatch, k_cache: torch.Tensor, v_cache: torch.Tensor
+    q: torch.Tensor, batch: ForwardBatch, k_blocks: torch.Tensor, v_blocks: torch.Tensor
 ) -> torch.Tensor:
     """Attention of q [T, H, D] over each sequence's cached K/V; returns [T, H * D].
 
-    k_cache / v_cache are one layer's pool, flattened to [slots, KVH, D], with this step's
-    new K/V already written.
+    k_blocks / v_blocks are one layer's pool, [num_blocks, block_size, KVH, D], with this
+    step's new K/V already written.
     """
     num_tokens, num_heads, head_dim = q.shape
-    num_kv = k_cache.shape[1]
+    num_kv = k_blocks.shape[2]
     group = num_heads // num_kv
     out = torch.empty(num_tokens, num_heads * head_dim, dtype=q.dtype, device=q.device)
     if batch.decode is not None:
@@ -120,15 +135,17 @@ def paged_attention(
         # One query token per sequence: fold the query heads sharing a KV head into the
         # query-length axis, so no K/V repeat is needed.
         qd = q[:b].view(b, num_kv, group, head_dim)
-        kd = k_cache[d.kv_slots].transpose(1, 2)
-        vd = v_cache[d.kv_slots].transpose(1, 2)
+        kd = gather_blocks(k_blocks, d.block_ids).view(b, -1, num_kv, head_dim).transpose(1, 2)
+        vd = gather_blocks(v_blocks, d.block_ids).view(b, -1, num_kv, head_dim).transpose(1, 2)
         od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=d.mask)
         out[:b] = od.reshape(b, num_heads * head_dim)
     for p in batch.prefills:
         rows = slice(p.token_start, p.token_start + p.num_tokens)
         qp = q[rows].transpose(0, 1).unsqueeze(0)
-        kp = k_cache[p.kv_slots].transpose(0, 1).unsqueeze(0)
-        vp = v_cache[p.kv_slots].transpose(0, 1).unsqueeze(0)
+        kp = gather_blocks(k_blocks, p.block_ids).view(-1, num_kv, head_dim)[: p.context_len]
+        vp = gather_blocks(v_blocks, p.block_ids).view(-1, num_kv, head_dim)[: p.context_len]
+        kp = kp.transpose(0, 1).unsqueeze(0)
+        vp = vp.transpose(0, 1).unsqueeze(0)
         if p.causal_mask is None:
             op = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, enable_gqa=True)
         else:
@@ -186,8 +203,8 @@ class DecoderLayer(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         batch: ForwardBatch,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
+        k_blocks: torch.Tensor,
+        v_blocks: torch.Tensor,
     ) -> torch.Tensor:
         t = h.shape[0]
         x = rms_norm(h, self.input_norm, self.eps)
@@ -198,9 +215,11 @@ class DecoderLayer(nn.Module):
         v = qkv[:, nq + nkv :].view(t, self.num_kv, self.head_dim)
         q = apply_rope(q, cos, sin)
         k = apply_rope(k, cos, sin)
-        k_cache.index_copy_(0, batch.slot_mapping, k)
-        v_cache.index_copy_(0, batch.slot_mapping, v)
-        h = h + self.o_lin(paged_attention(q, batch, k_cache, v_cache))
+        k_slots = k_blocks.view(-1, self.num_kv, self.head_dim)
+        v_slots = v_blocks.view(-1, self.num_kv, self.head_dim)
+        k_slots.index_copy_(0, batch.slot_mapping, k)
+        v_slots.index_copy_(0, batch.slot_mapping, v)
+        h = h + self.o_lin(paged_attention(q, batch, k_blocks, v_blocks))
         x = rms_norm(h, self.post_norm, self.eps)
         gate, up = self.gate_up_lin(x).chunk(2, dim=-1)
         return h + self.down_lin(F.silu(gate) * up)
@@ -235,8 +254,8 @@ class LlamaModel(nn.Module):
         h = self.embed[batch.input_ids]
         cos, sin = self.rotary(batch.positions)
         for i, layer in enumerate(self.decoder_layers()):
-            k_cache, v_cache = kv.layer(i)
-            h = layer(h, cos, sin, batch, k_cache, v_cache)
+            k_blocks, v_blocks = kv.blocks(i)
+            h = layer(h, cos, sin, batch, k_blocks, v_blocks)
         if batch.logits_rows.numel() == 0:
             return torch.empty(0, self.config.vocab_size)
         h = rms_norm(h[batch.logits_rows], self.norm, self.config.rms_norm_eps)
