@@ -209,12 +209,11 @@ class DecoderLayer(nn.Module):
         t = h.shape[0]
         x = rms_norm(h, self.input_norm, self.eps)
         qkv = self.qkv_lin(x)
-        nq, nkv = self.num_heads * self.head_dim, self.num_kv * self.head_dim
-        q = qkv[:, :nq].view(t, self.num_heads, self.head_dim)
-        k = qkv[:, nq : nq + nkv].view(t, self.num_kv, self.head_dim)
-        v = qkv[:, nq + nkv :].view(t, self.num_kv, self.head_dim)
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
+        nh, nkv = self.num_heads, self.num_kv
+        # Rotate q and k in one pass: they are adjacent heads of the fused projection.
+        qk = apply_rope(qkv[:, : (nh + nkv) * self.head_dim].view(t, nh + nkv, -1), cos, sin)
+        q, k = qk[:, :nh], qk[:, nh:]
+        v = qkv[:, (nh + nkv) * self.head_dim :].view(t, nkv, self.head_dim)
         k_slots = k_blocks.view(-1, self.num_kv, self.head_dim)
         v_slots = v_blocks.view(-1, self.num_kv, self.head_dim)
         k_slots.index_copy_(0, batch.slot_mapping, k)
