@@ -24,12 +24,12 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from radixserve.bench.client import make_client
-from radixserve.bench.corpus import TokenCounter
-from radixserve.bench.load import BenchPlan, LoadConfig
+from radixserve.bench.client import fetch_model, make_client
+from radixserve.bench.corpus import Corpus, TokenCounter
+from radixserve.bench.load import LoadConfig, run_load
 from radixserve.bench.report import Summary, markdown_table, summarize
 from radixserve.bench.servers import ServerProcess, radixserve_command
-from radixserve.bench.workloads import MultiTurn
+from radixserve.bench.workloads import MultiTurn, Session, build_sessions
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -42,6 +42,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--system-tokens", type=int, default=32, help="shared system prompt")
     p.add_argument("--user-tokens", type=int, default=48, help="each user message")
     p.add_argument("--max-tokens", type=int, default=8, help="each answer")
+    p.add_argument(
+        "--doc-tokens",
+        type=int,
+        default=0,
+        help="a document of this many tokens opens each conversation's first "
+        "message (chat about a document); 0: plain multi-turn chat",
+    )
     p.add_argument("--concurrency", type=int, default=4)
     # Sized so that half the conversations (plus the running requests) fit one worker's pool
     # but all of them do not: what cache-aware routing saves, round-robin has to evict.
@@ -70,7 +77,22 @@ def route_command(policy: str, urls: list[str]) -> list[str]:
             "--log-level", "warning"]  # fmt: skip
 
 
-def run_one(name: str, args: argparse.Namespace, plan: BenchPlan) -> tuple[Summary, Any]:
+def make_sessions(args: argparse.Namespace, counter: TokenCounter) -> list[Session]:
+    """The bench's multi-turn sessions, each opening with its own document if asked."""
+    workload = MultiTurn(
+        conversations=args.conversations, turns=args.turns, system_tokens=args.system_tokens,
+        user_tokens=args.user_tokens, max_tokens=args.max_tokens,
+    )  # fmt: skip
+    sessions = build_sessions(workload, args.seed, counter)
+    if args.doc_tokens:
+        corpus = Corpus(f"router-docs:{args.seed}", counter)
+        for s in sessions:
+            doc = corpus.passage(args.doc_tokens)
+            s.inputs[0] = f"Here is a document:\n\n{doc}\n\n{s.inputs[0]}"
+    return sessions
+
+
+def run_one(name: str, args: argparse.Namespace, counter: TokenCounter) -> tuple[Summary, Any]:
     """Start the servers of run `name`, drive the workload through them, stop them."""
     with ExitStack() as stack:
         if name == "single":
@@ -80,11 +102,14 @@ def run_one(name: str, args: argparse.Namespace, plan: BenchPlan) -> tuple[Summa
             cmd = worker_command(args, args.kv_cache_mib)
             urls = [stack.enter_context(ServerProcess(cmd)).url for _ in range(2)]
             url = stack.enter_context(ServerProcess(route_command(name, urls))).url
-        print(f"[{name}] servers up; running {plan.workload.params()}", file=sys.stderr)
+        print(f"[{name}] servers up", file=sys.stderr)
+        sessions = make_sessions(args, counter)  # fresh: sessions record their answers
+        load = LoadConfig(concurrency=args.concurrency)
 
         async def drive() -> Any:
             async with make_client() as client:
-                result = await plan.run(client, url, progress=False, desc=name)
+                model = await fetch_model(client, url)
+                result = await run_load(client, url, sessions, "chat", model, load, progress=False)
                 if name == "single":
                     return result, None
                 r = await client.get(url + "/metrics")
@@ -111,15 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from radixserve.router.main import load_tokenizer
 
-    workload = MultiTurn(
-        conversations=args.conversations, turns=args.turns, system_tokens=args.system_tokens,
-        user_tokens=args.user_tokens, max_tokens=args.max_tokens,
-    )  # fmt: skip
-    plan = BenchPlan(workload, LoadConfig(concurrency=args.concurrency), seed=args.seed,
-                     counter=TokenCounter(load_tokenizer(None)))  # fmt: skip
+    counter = TokenCounter(load_tokenizer(None))
     results: dict[str, tuple[Summary, Any]] = {}
     for name in args.runs.split(","):
-        results[name] = run_one(name, args, plan)
+        results[name] = run_one(name, args, counter)
 
     rows = []
     for name, (s, routing) in results.items():
@@ -144,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
-        "args": vars(args), "workload": workload.params(), "checks": checks,
+        "args": vars(args), "checks": checks,
         "runs": {n: {"summary": s.to_json(), "routing": r} for n, (s, r) in results.items()},
     }, indent=2))  # fmt: skip
     print(f"\nwritten to {out}", file=sys.stderr)

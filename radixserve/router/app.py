@@ -37,10 +37,14 @@ class Failure:
     status: int
     message: str
     retry: bool = True
+    retry_after: str | None = None  # the worker's Retry-After (e.g. its queue was full)
 
     def response(self) -> Response:
         """What the client gets when no attempt succeeded."""
-        return error_response(self.status, self.message)
+        resp = error_response(self.status, self.message)
+        if self.retry_after:
+            resp.headers["retry-after"] = self.retry_after
+        return resp
 
 
 def _upstream_message(content: bytes) -> str:
@@ -185,13 +189,15 @@ class Proxy:
             return Failure(504, f"worker {w.url} timed out ({kind})", retry=False)
         return Failure(502, f"worker {w.url} failed: {kind}: {e}")
 
-    def _bad_status(self, route: Route, status: int, content: bytes) -> Failure:
+    def _bad_status(self, route: Route, r: httpx.Response, content: bytes) -> Failure:
+        status = r.status_code
         w = route.worker
         self.metrics.requests.labels(w.name, "error").inc()
         self.metrics.upstream_errors.labels(w.name, f"http_{status}").inc()
         return Failure(
             status if status in (502, 503, 504) else 502,
             f"worker {w.url} answered HTTP {status}: {_upstream_message(content)}",
+            retry_after=r.headers.get("retry-after"),
         )
 
     async def _once(
@@ -206,7 +212,7 @@ class Proxy:
         finally:
             w.end()
         if r.status_code >= 500:
-            return self._bad_status(route, r.status_code, r.content)
+            return self._bad_status(route, r, r.content)
         if r.status_code == 200:
             try:
                 obj = json.loads(r.content)
@@ -225,7 +231,7 @@ class Proxy:
         except httpx.HTTPError as e:
             return self._failed(route, e)
         if r.status_code >= 500:
-            return self._bad_status(route, r.status_code, r.content)
+            return self._bad_status(route, r, r.content)
         media = r.headers.get("content-type", "application/json")
         return Response(r.content, r.status_code, media_type=media)
 
@@ -243,7 +249,7 @@ class Proxy:
                 await upstream.aclose()
                 w.end()
                 if upstream.status_code >= 500:
-                    return self._bad_status(route, upstream.status_code, content)
+                    return self._bad_status(route, upstream, content)
                 media = upstream.headers.get("content-type", "application/json")
                 return Response(content, upstream.status_code, media_type=media)
             chunks = upstream.aiter_raw()

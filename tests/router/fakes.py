@@ -123,7 +123,9 @@ def fake_worker_app(state: FakeState) -> FastAPI:
             return JSONResponse({"error": {"message": "bad key"}}, status_code=401)
         if state.fail_next:
             status = state.fail_next.pop(0)
-            return JSONResponse({"error": {"message": f"{state.name} says {status}"}}, status)
+            headers = {"retry-after": "1"} if status == 503 else None
+            body = {"error": {"message": f"{state.name} says {status}"}}
+            return JSONResponse(body, status, headers=headers)
         if state.bad_json:
             return Response(b"<html>oops", media_type="application/json")
         body = await request.json()

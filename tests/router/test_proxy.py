@@ -122,6 +122,7 @@ def test_worker_busy_status_and_message_are_reported(cluster: Cluster) -> None:
     r = cluster.chat("busy")
     assert r.status_code == 503
     assert "answered HTTP 503: w1 says 503" in r.json()["error"]["message"]
+    assert r.headers["retry-after"] == "1"
 
 
 def test_client_errors_are_not_retried(cluster: Cluster) -> None:
