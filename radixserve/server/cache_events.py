@@ -36,6 +36,7 @@ def event_dict(event: CacheEvent) -> dict[str, Any]:
         "type": str(event.kind),
         "namespace": _namespace(event.namespace),
         "token_ids": [int(t) for t in event.token_ids],
+        "num_tokens": int(event.num_tokens),  # the run at the end of the path that changed
     }
 
 
