@@ -39,7 +39,9 @@ class DecodeMeta:
 
     num_seqs: int
     block_ids: torch.Tensor  # [num_seqs, max_blocks] (padding points at block 0)
-    mask: torch.Tensor  # [num_seqs, 1, 1, max_blocks * block_size] bool, True where attended
+    mask: torch.Tensor | None  # [num_seqs, 1, 1, max_blocks * block_size] bool (True: attend);
+    # None for a single sequence, whose K/V is cut to `max_len` instead
+    max_len: int  # longest context among the sequences
 
 
 @dataclass
@@ -113,9 +115,12 @@ def build_batch(
         for r, i in enumerate(decode_idx):
             bt = tables[i][:max_blocks]
             bt_pad[r, : bt.shape[0]] = bt
-        span = max_blocks * block_size
-        valid = torch.arange(span)[None, :] < torch.tensor(lens)[:, None]
-        decode = DecodeMeta(len(decode_idx), bt_pad.to(device), valid[:, None, None, :].to(device))
+        mask = None
+        if len(decode_idx) > 1:
+            span = max_blocks * block_size
+            valid = torch.arange(span)[None, :] < torch.tensor(lens)[:, None]
+            mask = valid[:, None, None, :].to(device)
+        decode = DecodeMeta(len(decode_idx), bt_pad.to(device), mask, max_len)
     for p in prefills:
         p.block_ids = p.block_ids.to(device)
         if p.causal_mask is not None:

@@ -135,8 +135,11 @@ def paged_attention(
         # One query token per sequence: fold the query heads sharing a KV head into the
         # query-length axis, so no K/V repeat is needed.
         qd = q[:b].view(b, num_kv, group, head_dim)
-        kd = gather_blocks(k_blocks, d.block_ids).view(b, -1, num_kv, head_dim).transpose(1, 2)
-        vd = gather_blocks(v_blocks, d.block_ids).view(b, -1, num_kv, head_dim).transpose(1, 2)
+        kd = gather_blocks(k_blocks, d.block_ids).view(b, -1, num_kv, head_dim)
+        vd = gather_blocks(v_blocks, d.block_ids).view(b, -1, num_kv, head_dim)
+        if d.mask is None:  # one sequence: cut the block padding instead of masking it
+            kd, vd = kd[:, : d.max_len], vd[:, : d.max_len]
+        kd, vd = kd.transpose(1, 2), vd.transpose(1, 2)
         od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=d.mask)
         out[:b] = od.reshape(b, num_heads * head_dim)
     for p in batch.prefills:
