@@ -204,6 +204,19 @@ def test_stream_passes_through_with_usage(cluster: Cluster) -> None:
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
 
 
+def test_completions_with_a_shared_prefix_land_together(cluster: Cluster) -> None:
+    prompt = "Once upon a time, in a land of tall mountains and deep valleys, " * 6
+    first = cluster.client.completions.with_raw_response.create(
+        model=cluster.model, prompt=prompt + "there lived", max_tokens=2, temperature=0
+    )
+    second = cluster.client.completions.with_raw_response.create(
+        model=cluster.model, prompt=prompt + "a dragon", max_tokens=2, temperature=0
+    )
+    assert first.headers["x-radixserve-worker"] == second.headers["x-radixserve-worker"]
+    usage = second.parse().usage
+    assert usage.prompt_tokens_details.cached_tokens >= usage.prompt_tokens // 2
+
+
 def snapshot(url: str) -> list[tuple[Any, tuple[int, ...]]]:
     """The worker's cache contents: the first event of its /v1/cache/events stream."""
     with httpx.stream("GET", url + "/v1/cache/events", timeout=10) as r:

@@ -264,3 +264,23 @@ def test_malformed_body_is_a_400(cluster: Cluster) -> None:
     r = cluster.http.post("/v1/chat/completions", content=b"[1, 2")
     assert r.status_code == 400
     assert r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_without_cache_events_routed_prompts_are_recorded() -> None:
+    c = Cluster(route_flags=("--no-cache-events",))
+    try:
+        long = "a conversation that is long enough to matter " * 3
+        w = int(c.chat(long).headers["x-radixserve-worker"])
+        worker = c.balancer.workers[w]
+        assert not worker.events_live
+        ids = CharTokenizer().apply_chat_template([{"role": "user", "content": long}])
+        assert worker.trie.match(ids) == len(ids) // 4 * 4
+        msgs = [
+            {"role": "user", "content": long},
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": "go on"},
+        ]
+        r = c.http.post("/v1/chat/completions", json={"model": "f", "messages": msgs})
+        assert int(r.headers["x-radixserve-worker"]) == w
+    finally:
+        c.close()
