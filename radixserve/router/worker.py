@@ -251,7 +251,7 @@ class Worker:
                 backoff = 0.5
             except asyncio.CancelledError:
                 raise
-            except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
+            except Exception as e:  # a broken stream or a malformed event: reconnect
                 log.info("cache events of %s interrupted: %r", self.name, e)
             finally:
                 self.events_live = False

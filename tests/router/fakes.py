@@ -48,6 +48,7 @@ class FakeState:
     bodies: list[dict[str, Any]] = field(default_factory=list)
     auth_seen: list[str | None] = field(default_factory=list)
     delay: float = 0.0
+    bad_events: int = 0  # event streams that start with a malformed event
 
 
 def fake_worker_app(state: FakeState) -> FastAPI:
@@ -104,6 +105,9 @@ def fake_worker_app(state: FakeState) -> FastAPI:
 
         async def gen() -> AsyncIterator[bytes]:
             try:
+                if state.bad_events:
+                    state.bad_events -= 1
+                    yield b'data: {"type": "insert"}\n\n'
                 paths = [{"namespace": ns, "token_ids": list(t)} for ns, t in trie.paths()]
                 yield (
                     b"data: " + json.dumps({"type": "snapshot", "paths": paths}).encode() + b"\n\n"

@@ -284,3 +284,15 @@ def test_without_cache_events_routed_prompts_are_recorded() -> None:
         assert int(r.headers["x-radixserve-worker"]) == w
     finally:
         c.close()
+
+
+def test_malformed_cache_event_makes_the_router_resubscribe() -> None:
+    c = Cluster(bad_events=1)
+    try:
+        c.chat("something to cache " * 3)
+        for w, app in zip(c.balancer.workers, c.apps, strict=True):
+            wait_for(lambda w=w: w.events_live, what=f"{w.name} resubscribed")
+            assert sorted(w.trie.paths(), key=repr) == sorted(app.state.trie.paths(), key=repr)
+        assert all(s.bad_events == 0 for s in c.states)
+    finally:
+        c.close()
