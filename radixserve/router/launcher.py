@@ -18,7 +18,7 @@ import httpx
 log = logging.getLogger(__name__)
 
 # Serve flags the launcher sets itself for each worker (or that only mean something to it).
-OWN_FLAGS = {"host", "port", "workers", "num_threads", "help"}
+OWN_FLAGS = {"host", "port", "workers", "num_threads", "help", "log_level"}
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -34,6 +34,8 @@ def _flag(action: argparse.Action) -> str:
 
 def worker_argv(args: argparse.Namespace, port: int) -> list[str]:
     """The command line of one worker: the user's serve flags, its own port, 1 thread by default.
+
+    The workers log at the user's --log-level, but at warning when it is left at info.
 
     Flags are rebuilt from the serve parser's own actions, so any serve flag the user set is
     passed on without this function knowing it.
@@ -73,6 +75,9 @@ def worker_argv(args: argparse.Namespace, port: int) -> list[str]:
             argv += [flag, str(value)]
     threads = getattr(args, "num_threads", None)
     argv += ["--num-threads", str(threads if threads else 1)]
+    level = getattr(args, "log_level", None)
+    if level:  # info is the default: spare the terminal the workers' access log of every probe
+        argv += ["--log-level", "warning" if level == "info" else level]
     return argv
 
 

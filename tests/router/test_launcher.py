@@ -36,18 +36,23 @@ def test_worker_gets_user_flags_its_port_and_one_thread() -> None:
     assert tail[tail.index("--kv-cache-memory") + 1] == "64MiB"
     assert tail[tail.index("--dtype") + 1] == "float32"
     assert "--no-prefix-cache" in tail
-    assert tail[-2:] == ["--num-threads", "1"]
+    assert tail[-4:] == ["--num-threads", "1", "--log-level", "warning"]
+
+
+def test_worker_log_level_is_the_users_unless_default() -> None:
+    argv = worker_argv(serve_args("--workers", "2", "--log-level", "debug"), 8123)
+    assert argv[-2:] == ["--log-level", "debug"]
 
 
 def test_worker_keeps_the_users_thread_count() -> None:
     argv = worker_argv(serve_args("--workers", "2", "--num-threads", "3"), 8123)
-    assert argv[-2:] == ["--num-threads", "3"]
+    assert argv[argv.index("--num-threads") + 1] == "3"
 
 
 def test_worker_omits_flags_left_at_their_defaults() -> None:
     argv = worker_argv(serve_args("--workers", "2"), 8123)
     assert argv[argv.index("serve") + 1 :] == [
-        "--host", "127.0.0.1", "--port", "8123", "--num-threads", "1",
+        "--host", "127.0.0.1", "--port", "8123", "--num-threads", "1", "--log-level", "warning",
     ]  # fmt: skip
 
 
