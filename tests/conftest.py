@@ -2,10 +2,51 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
+import torch
 
 from radixserve.engine.tokenizer import Tokenizer
+from radixserve.model.config import ModelConfig
+from radixserve.model.llama import LlamaModel
 from radixserve.model.loader import ModelFiles, resolve_model
+
+TinyPair = tuple[Any, LlamaModel]
+
+
+def build_tiny_pair(seed: int = 0, **overrides: Any) -> TinyPair:
+    """A random transformers LlamaForCausalLM and a radixserve LlamaModel with its weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    kw: dict[str, Any] = dict(
+        vocab_size=101,
+        hidden_size=64,
+        intermediate_size=112,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        attn_implementation="eager",
+    )
+    kw.update(overrides)
+    torch.manual_seed(seed)
+    hf_cfg = LlamaConfig(**kw)
+    hf = LlamaForCausalLM(hf_cfg).eval()
+    cfg = ModelConfig.from_hf_dict(hf_cfg.to_dict() | {"architectures": ["LlamaForCausalLM"]})
+    ours = LlamaModel(cfg, torch.float32)
+    ours.load_hf_state_dict(hf.state_dict())
+    return hf, ours.eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_pair_factory() -> Callable[..., TinyPair]:
+    """`build_tiny_pair`: tests build the tiny random Llama they need."""
+    return build_tiny_pair
 
 
 @pytest.fixture(scope="session")
