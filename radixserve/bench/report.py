@@ -135,6 +135,8 @@ COMPARE_ROWS: list[tuple[str, str, str, bool]] = [
     ("TTFT p90", "ttft.p90", "ms", False),
     ("TTFT p99", "ttft.p99", "ms", False),
     ("ITL p50", "itl.p50", "ms", False),
+    ("ITL p99", "itl.p99", "ms", False),
+    ("TPOT p50", "tpot.p50", "ms", False),
     ("E2E p50", "e2e.p50", "ms", False),
     ("E2E p99", "e2e.p99", "ms", False),
     ("requests/s", "requests_per_s", "", True),

@@ -263,7 +263,10 @@ def run_suite(
         for n, r in results.items()
     ]
     plot_suite_ratios(bars, out / "suite_ratios.png")
-    servers = [shlex.join(s.argv).replace(str(s.port), "P") for s in (on, off)]
+    shown = ["radixserve", "serve"] if server_cmd is None else base
+    servers = [
+        shlex.join([*shown, *s.argv[len(base) :]]).replace(str(s.port), "P") for s in (on, off)
+    ]
     (out / "report.md").write_text(suite_markdown(results, extras, command, servers))
     summary = {
         n: {lab: s.to_json() for lab, s in zip(r.labels, r.summaries, strict=True)}
