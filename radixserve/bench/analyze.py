@@ -183,7 +183,7 @@ def replay(seqs: Sequence[Sequence[int]], capacity_blocks: int, block_size: int)
 def kv_bytes_per_token(model_config: Any, dtype: str = "bfloat16") -> int:
     """2 (K and V) * layers * kv_heads * head_dim * bytes per element."""
     c = model_config
-    return 2 * c.num_layers * c.num_kv_heads * c.head_dim * DTYPE_BYTES[dtype]
+    return int(2 * c.num_layers * c.num_kv_heads * c.head_dim * DTYPE_BYTES[dtype])
 
 
 def default_capacities(working_set_blocks: int) -> list[int]:

@@ -94,7 +94,7 @@ def docstrings(source: str) -> list[str]:
     ]
     out = []
     for n in nodes:
-        doc = ast.get_docstring(n, clean=False)  # type: ignore[arg-type]
+        doc = ast.get_docstring(n, clean=False)
         if doc:
             out.append(inspect.cleandoc(doc))
     return out

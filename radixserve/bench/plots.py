@@ -3,7 +3,7 @@ analyzer's shared-prefix histogram and miss-ratio curve."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +27,7 @@ def _ttfts_ms(records: Sequence[RequestRecord]) -> list[float]:
 
 
 def plot_ttft_cdf(
-    runs: dict[str, Sequence[RequestRecord]], path: str | Path, title: str = "TTFT"
+    runs: Mapping[str, Sequence[RequestRecord]], path: str | Path, title: str = "TTFT"
 ) -> Path:
     """Empirical CDF of TTFT, one line per labelled run."""
     plt = _plt()
@@ -50,7 +50,7 @@ def plot_ttft_cdf(
 
 
 def plot_ttft_vs_prompt(
-    runs: dict[str, Sequence[RequestRecord]],
+    runs: Mapping[str, Sequence[RequestRecord]],
     path: str | Path,
     title: str = "TTFT vs prompt length",
 ) -> Path:
