@@ -156,12 +156,13 @@ class Scheduler:
         end = cached + self.kv.block_size
         if self.kv.cache is None or end > len(req.token_ids) - 1:
             return False
-        head = req.token_ids[:end]
+        block = req.token_ids[cached:end]
         for other in self.running:
             if (
                 other.namespace == req.namespace
                 and other.num_computed < other.num_prompt_tokens
-                and other.token_ids[:end] == head
+                and other.token_ids[cached:end] == block  # cheap test first
+                and other.token_ids[:cached] == req.token_ids[:cached]
             ):
                 return True
         return False
