@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
 import uuid
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -85,8 +85,6 @@ class LLMEngine:
             setattr(config, k, v)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        from pathlib import Path
-
         files = resolve_model(config.model, Path(config.cache_dir) if config.cache_dir else None)
         device = resolve_device(config.device)
         dtype = resolve_dtype(config.dtype, device)
@@ -150,7 +148,6 @@ class LLMEngine:
         self._inbox: list[Request] = []
         self._aborts: list[str] = []
         self._requests: dict[str, Request] = {}
-        self._ids = itertools.count()
         self._thread: threading.Thread | None = None
         self._stop = False
         self._crashed: BaseException | None = None
