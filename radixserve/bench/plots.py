@@ -22,6 +22,14 @@ def _plt() -> Any:
     return plt
 
 
+def _save(plt: Any, fig: Any, path: str | Path) -> Path:
+    """Lay out, write the PNG, and free the figure."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
 def _ttfts_ms(records: Sequence[RequestRecord]) -> list[float]:
     return sorted(r.ttft * 1000 for r in records if r.ok and r.ttft is not None)
 
@@ -43,10 +51,7 @@ def plot_ttft_cdf(
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return _save(plt, fig, path)
 
 
 def plot_ttft_vs_prompt(
@@ -85,10 +90,7 @@ def plot_ttft_vs_prompt(
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return _save(plt, fig, path)
 
 
 def plot_shared_prefix_hist(a: Analysis, path: str | Path) -> Path:
@@ -100,10 +102,7 @@ def plot_shared_prefix_hist(a: Analysis, path: str | Path) -> Path:
     ax.set_ylabel("requests")
     ax.set_title(f"shared prefixes: {a.redundant_fraction:.0%} of prompt tokens repeated")
     ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return _save(plt, fig, path)
 
 
 def plot_miss_ratio_curve(a: Analysis, path: str | Path) -> Path:
@@ -120,10 +119,7 @@ def plot_miss_ratio_curve(a: Analysis, path: str | Path) -> Path:
     ax.set_title("projected hit ratio vs cache size")
     ax.grid(True, alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return _save(plt, fig, path)
 
 
 def plot_suite_ratios(rows: list[tuple[str, float, float]], path: str | Path) -> Path:
@@ -140,7 +136,4 @@ def plot_suite_ratios(rows: list[tuple[str, float, float]], path: str | Path) ->
     ax.set_title("prefix cache on vs off")
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return _save(plt, fig, path)
