@@ -151,7 +151,6 @@ class LLMEngine:
         self._thread: threading.Thread | None = None
         self._stop = False
         self._crashed: BaseException | None = None
-        self.debug_invariants = False
 
     # ------------------------------------------------------------------ public API
 
@@ -350,8 +349,6 @@ class LLMEngine:
         rows = dict(zip(batch.logits_chunk_index, logits.cpu(), strict=True))
         for i, c in enumerate(out.chunks):
             self._advance(c, rows.get(i))
-        if self.debug_invariants:
-            self.kv.check_invariants()
 
     def _advance(self, chunk: ScheduledChunk, logits: torch.Tensor | None) -> None:
         req = chunk.req

@@ -33,11 +33,6 @@ class SchedulerOutput:
     chunks: list[ScheduledChunk] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
 
-    @property
-    def num_tokens(self) -> int:
-        """Tokens computed in the step."""
-        return sum(c.num_tokens for c in self.chunks)
-
 
 class Scheduler:
     """Decides, each step, which tokens of which requests the model computes.

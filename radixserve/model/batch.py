@@ -54,13 +54,7 @@ class ForwardBatch:
     decode: DecodeMeta | None
     prefills: list[PrefillMeta]
     logits_rows: torch.Tensor  # rows of T whose logits are returned, in chunk order
-    chunk_order: list[int]  # chunk_order[j] = index (in the caller's list) of the j-th chunk
     logits_chunk_index: list[int]  # caller's chunk index of each returned logits row
-
-    @property
-    def num_tokens(self) -> int:
-        """T, the number of new tokens in the step."""
-        return int(self.input_ids.shape[0])
 
 
 def _slots(block_table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -132,6 +126,5 @@ def build_batch(
         decode=decode,
         prefills=prefills,
         logits_rows=torch.tensor(logits_rows, dtype=torch.long, device=device),
-        chunk_order=order,
         logits_chunk_index=logits_chunk,
     )
