@@ -7,13 +7,10 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    """The default model's tokenizer; tests that need it skip if the model is not installed."""
-    try:
-        from radixserve.bench.cli import load_tokenizer
+    """The default model's tokenizer (the setup script installs the model; a missing one fails)."""
+    from radixserve.bench.cli import load_tokenizer
 
-        return load_tokenizer(None)
-    except Exception as e:  # ModelNotFoundError, missing transformers, ...
-        pytest.skip(f"default model tokenizer unavailable: {e}")
+    return load_tokenizer(None)
 
 
 @pytest.fixture(scope="session")

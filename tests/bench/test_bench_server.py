@@ -15,8 +15,7 @@ from radixserve.bench.load import BenchPlan, LoadConfig
 from radixserve.bench.servers import ServerProcess
 from radixserve.bench.workloads import make_workload
 
-pytest.importorskip("radixserve.engine.engine", reason="the engine has not landed")
-pytest.importorskip("radixserve.server.main", reason="the server has not landed")
+pytestmark = pytest.mark.slow
 
 SERVER = [sys.executable, "-m", "radixserve.server", "--port", "{port}"]
 SMALL = ["--dtype", "float32", "--max-model-len", "1024", "--kv-cache-memory", "64MiB"]

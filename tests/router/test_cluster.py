@@ -5,7 +5,6 @@ One cluster for the module (two model loads); tests run in file order and share 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -26,22 +25,7 @@ from radixserve.router.launcher import free_port
 
 from .fakes import wait_for
 
-
-def _cli_ready() -> bool:
-    """Whether `radixserve serve` can start here (every command module and the engine exist)."""
-    try:
-        from radixserve.cli import build_parser
-
-        build_parser()
-    except ImportError:
-        return False
-    return importlib.util.find_spec("radixserve.engine.engine") is not None
-
-
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not _cli_ready(), reason="the server/engine are not all there yet"),
-]
+pytestmark = pytest.mark.slow
 
 # Small and fast: float32, one thread per worker, a short context, a KV pool of ~40 blocks
 # so that a handful of conversations already forces evictions.

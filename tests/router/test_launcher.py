@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-import pytest
-
 from radixserve.router.launcher import route_args, worker_argv
-
-server_main = pytest.importorskip("radixserve.server.main")
+from radixserve.server import main as server_main
 
 
 def serve_args(*argv: str) -> argparse.Namespace:
