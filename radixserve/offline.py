@@ -12,6 +12,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--kv-cache-memory", default="256MiB")
+    p.add_argument("--quantization", "-q", default=None, choices=["none", "int8", "int4"])
+    p.add_argument("--attention-backend", default="auto", choices=["auto", "sdpa", "cpu"])
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -49,22 +51,23 @@ def _run(args: argparse.Namespace, chat: bool) -> int:
             stop=args.stop,
         )
         t0 = time.perf_counter()
-        llm = LLM(
+        with LLM(
             model=args.model,
             dtype=args.dtype,
             device=args.device,
             kv_cache_memory=args.kv_cache_memory,
-        )
-        t1 = time.perf_counter()
-        if chat:
-            messages = [{"role": "user", "content": args.message}]
-            if args.system:
-                messages.insert(0, {"role": "system", "content": args.system})
-            out = llm.chat(messages, params)[0]
-        else:
-            out = llm.generate([args.prompt], params)[0]
-        t2 = time.perf_counter()
-        llm.shutdown()
+            quantization=args.quantization,
+            attention_backend=args.attention_backend,
+        ) as llm:
+            t1 = time.perf_counter()
+            if chat:
+                messages = [{"role": "user", "content": args.message}]
+                if args.system:
+                    messages.insert(0, {"role": "system", "content": args.system})
+                out = llm.chat(messages, params)[0]
+            else:
+                out = llm.generate([args.prompt], params)[0]
+            t2 = time.perf_counter()
     except (RadixServeError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -73,7 +76,7 @@ def _run(args: argparse.Namespace, chat: bool) -> int:
         print(
             f"[load {t1 - t0:.1f}s, {len(out.prompt_token_ids)} prompt + "
             f"{len(out.token_ids)} output tokens in {t2 - t1:.2f}s, {out.finish_reason}; "
-            f"{llm.engine.dtype} on {llm.engine.device}]",
+            f"{llm.engine.dtype} on {llm.engine.device}, weights {llm.engine.quantization}]",
             file=sys.stderr,
         )
     return 0

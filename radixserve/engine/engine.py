@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,9 +17,10 @@ from radixserve.cache import CacheEvent
 from radixserve.engine.kv_manager import KVCacheManager
 from radixserve.engine.outputs import RequestMetrics
 from radixserve.engine.params import SamplingParams
+from radixserve.engine.postprocess import check_stop
 from radixserve.engine.request import OutputCallback, Request
-from radixserve.engine.sampler import make_generator, sample
-from radixserve.engine.scheduler import ScheduledChunk, Scheduler
+from radixserve.engine.sampler import make_generator, sampling_row
+from radixserve.engine.scheduler import Scheduler
 from radixserve.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from radixserve.errors import (
     EngineDeadError,
@@ -27,12 +29,27 @@ from radixserve.errors import (
     QueueFullError,
     RequestTooLargeError,
 )
-from radixserve.model.batch import SeqChunk, build_batch
+from radixserve.model.batch import SeqChunk
 from radixserve.model.config import ModelConfig
 from radixserve.model.kv_pool import KVPool
 from radixserve.model.llama import LlamaModel
+from radixserve.model.runner import ModelRunner
 
 log = logging.getLogger(__name__)
+
+# Engines whose loop thread runs. The interpreter stops and joins them before it waits for
+# other threads and finalises (threading's own exit hook, which runs before `atexit`), so a
+# script that never calls shutdown() exits cleanly instead of tearing torch down under a
+# loop thread still inside native code.
+_running_engines: weakref.WeakSet[LLMEngine] = weakref.WeakSet()
+
+
+def _shutdown_running_engines() -> None:
+    for engine in list(_running_engines):
+        engine.shutdown(timeout=None)
+
+
+threading._register_atexit(_shutdown_running_engines)  # type: ignore[attr-defined]
 
 
 @dataclass
@@ -53,6 +70,9 @@ class EngineConfig:
     schedule_policy: str = "lpm"
     num_threads: int | None = None
     cache_dir: str | None = None
+    # none | int8 | int4; None keeps a GGUF's own 4-bit weights on CPU (see loader).
+    quantization: str | None = None
+    attention_backend: str = "auto"  # auto | sdpa | cpu
 
 
 @dataclass
@@ -88,7 +108,7 @@ class LLMEngine:
         files = resolve_model(config.model, Path(config.cache_dir) if config.cache_dir else None)
         device = resolve_device(config.device)
         dtype = resolve_dtype(config.dtype, device)
-        model = load_model(files, dtype, device)
+        model = load_model(files, dtype, device, config.quantization)
         tokenizer = Tokenizer.from_dir(files.path)
         self._setup(config, model, tokenizer, files.name, device, dtype)
 
@@ -131,10 +151,20 @@ class LLMEngine:
                 mc, config.kv_cache_memory or "2GiB", config.block_size, dtype
             )
         self.num_blocks = num_blocks
-        self.kv_pool = KVPool(mc, num_blocks, config.block_size, dtype, device)
         self.max_model_len = min(
             config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings
         )
+        self.runner = ModelRunner(
+            model,
+            num_blocks,
+            config.block_size,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            attention_backend=config.attention_backend,
+        )
+        self.kv_pool: KVPool = self.runner.kv_pool
+        self.quantization = getattr(model, "quantization", "none")
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_cache)
         self.scheduler = Scheduler(
             self.kv, config.max_num_batched_tokens, config.max_num_seqs, config.schedule_policy
@@ -159,22 +189,29 @@ class LLMEngine:
         with self._lock:
             if self._thread is not None:
                 return
-            self._thread = threading.Thread(
-                target=self._loop, name="radixserve-engine", daemon=True
-            )
+            if self._stop:
+                raise EngineDeadError("the engine has been shut down")
+            # Not a daemon: nothing may kill the loop mid-step; exit hooks stop it instead.
+            self._thread = threading.Thread(target=self._loop, name="radixserve-engine")
             self._thread.start()
+            _running_engines.add(self)
 
     def is_alive(self) -> bool:
         """True while the loop thread runs and has not crashed."""
         return self._thread is not None and self._thread.is_alive() and self._crashed is None
 
-    def shutdown(self, timeout: float = 5.0) -> None:
-        """Stop the loop; requests still waiting or running finish with reason "abort"."""
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Stop the loop after its current step and wait for it (at most `timeout` seconds;
+        None waits for the step to end). Requests still waiting or running finish with
+        reason "abort". Idempotent; safe from any thread but the loop's own."""
         with self._lock:
             self._stop = True
             self._wake.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        if thread is None or not thread.is_alive():
+            _running_engines.discard(self)
 
     def add_request(
         self,
@@ -185,8 +222,11 @@ class LLMEngine:
         namespace: Hashable = None,
         priority: int = 0,
         on_output: OutputCallback | None = None,
+        bounded: bool = False,
     ) -> str:
-        """Validate and queue a request; returns its id. See docs/INTERFACES.md."""
+        """Validate and queue a request; returns its id. With `bounded` (the HTTP bridge), a
+        full waiting queue (`max_waiting`) raises QueueFullError; the offline API queues
+        everything it is given. See docs/INTERFACES.md."""
         if self._crashed is not None or self._stop:
             raise EngineDeadError("the engine has stopped")
         ids = list(prompt_token_ids)
@@ -223,7 +263,8 @@ class LLMEngine:
         with self._lock:
             if rid in self._requests or any(r.request_id == rid for r in self._inbox):
                 raise InvalidRequestError(f"request id {rid!r} is already in use")
-            if len(self._inbox) + len(self.scheduler.waiting) >= self.config.max_waiting:
+            waiting = len(self._inbox) + len(self.scheduler.waiting)
+            if bounded and waiting >= self.config.max_waiting:
                 raise QueueFullError("too many requests are waiting; retry later")
             self._inbox.append(req)
             self._wake.notify_all()
@@ -335,64 +376,41 @@ class LLMEngine:
                 return
             time.sleep(0.001)  # blocks are pinned by running requests only; wait for them
             return
-        seq_chunks = [
-            SeqChunk(
-                c.req.token_ids[c.req.num_computed : c.req.num_computed + c.num_tokens],
-                c.req.num_computed,
-                c.req.block_table,
-                need_logits=c.samples,
-            )
-            for c in out.chunks
-        ]
-        batch = build_batch(seq_chunks, self.block_size, self.device_t)
-        logits = self.model(batch, self.kv_pool)
-        rows = dict(zip(batch.logits_chunk_index, logits.cpu(), strict=True))
-        for i, c in enumerate(out.chunks):
-            self._advance(c, rows.get(i))
+        chunks = out.chunks
+        result = self.runner.run(
+            [
+                SeqChunk(
+                    c.req.token_ids[c.req.num_computed : c.req.num_computed + c.num_tokens],
+                    c.req.num_computed,
+                    c.req.block_table,
+                    need_logits=c.samples,
+                )
+                for c in chunks
+            ],
+            [sampling_row(c.req) if c.samples else None for c in chunks],
+            [c.req.params.return_logits for c in chunks],
+        )
+        now = time.monotonic()
+        for i, c in enumerate(chunks):
+            self.kv.commit(c.req, c.num_tokens)
+            token = result.token_ids.get(i)
+            if token is not None:
+                self._append_token(c.req, token, result.logits.get(i), now)
 
-    def _advance(self, chunk: ScheduledChunk, logits: torch.Tensor | None) -> None:
-        req = chunk.req
-        start = req.num_computed
-        req.num_computed += chunk.num_tokens
-        prompt_len = req.num_prompt_tokens
-        if start < prompt_len:
-            req.metrics.num_computed_prompt_tokens += min(req.num_computed, prompt_len) - start
-            if req.num_computed >= prompt_len:
-                self.kv.publish(req)  # publish early: later requests can hit the prompt now
-        if logits is None:
-            return
-        token = sample(logits, req.params, req.generator)
-        if req.params.return_logits:
+    def _append_token(
+        self, req: Request, token: int, logits: torch.Tensor | None, now: float
+    ) -> None:
+        if logits is not None:
             req.logits.append(logits)
         req.token_ids.append(token)
         self._stats.generation_tokens_total += 1
-        now = time.monotonic()
         if req.metrics.first_token_time is None:
             req.metrics.first_token_time = now
-        reason = self._check_stop(req, token)
+        reason = check_stop(req, token, self.eos_ids, self.max_model_len)
         if reason is not None:
             self._finish(req, reason)
         elif req.on_output is not None:
             self._emit(req, finished=False)
-
-    def _check_stop(self, req: Request, token: int) -> str | None:
-        p = req.params
-        stop_token = (token in self.eos_ids and not p.ignore_eos) or token in p.stop_token_ids
-        if not stop_token:
-            delta = req.detokenizer.add(token)
-            if delta:
-                start = max(0, len(req.text) - max((len(s) for s in p.stop), default=0))
-                req.text += delta
-                for s in p.stop:
-                    idx = req.text.find(s, start)
-                    if idx != -1:
-                        req.text = req.text[:idx]
-                        return "stop"
-        if stop_token:
-            return "stop"
-        if len(req.output_token_ids) >= p.max_tokens or len(req.token_ids) >= self.max_model_len:
-            return "length"
-        return None
 
     def _finish_by_id(self, rid: str, reason: str) -> None:
         req = self._requests.get(rid)

@@ -94,6 +94,17 @@ class KVCacheManager:
         self.num_private_blocks += need
         return True
 
+    def commit(self, req: Request, num_tokens: int) -> None:
+        """Record that a step computed `num_tokens` more of `req`'s tokens; once the prompt
+        is complete its blocks are published, so later requests hit it while it decodes."""
+        start = req.num_computed
+        req.num_computed += num_tokens
+        prompt_len = req.num_prompt_tokens
+        if start < prompt_len:
+            req.metrics.num_computed_prompt_tokens += min(req.num_computed, prompt_len) - start
+            if req.num_computed >= prompt_len:
+                self.publish(req)
+
     def publish(self, req: Request) -> None:
         """Put `req`'s computed whole blocks into the tree (still pinned by `req`).
 
@@ -119,7 +130,8 @@ class KVCacheManager:
         req.num_shared_blocks = n_full
 
     def release(self, req: Request, cache_computed: bool = True) -> None:
-        """Give back everything `req` holds; its computed blocks stay cached if asked."""
+        """Give back everything `req` holds (blocks, lock); its computed whole blocks stay
+        cached if asked. `req` is left with nothing computed."""
         if cache_computed:
             self.publish(req)
         if self.cache is not None and req.lock_node is not None:
@@ -131,6 +143,7 @@ class KVCacheManager:
         req.lock_node = None
         req.block_table = []
         req.num_shared_blocks = 0
+        req.num_computed = 0
 
     def add_listener(self, fn: Callable[[CacheEvent], None]) -> None:
         """Forward the tree's insert/evict events to `fn` (no-op with the cache off)."""

@@ -105,5 +105,12 @@ class LLM:
         return [r for r in results if r is not None]
 
     def shutdown(self) -> None:
-        """Stop the engine thread."""
+        """Stop the engine's loop and wait for it (idempotent). The interpreter also does this
+        at exit for engines still running, so scripts may skip it."""
         self.engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

@@ -106,6 +106,14 @@ class Scheduler:
 
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
         bs = self.kv.block_size
+        reserve = len(self.running)  # one block of decode growth per running request
+        if (
+            not self.waiting
+            or budget <= 0
+            or len(self.running) >= self.max_num_seqs
+            or self.kv.num_available() <= reserve  # no request needs fewer than one block
+        ):
+            return  # nothing can be admitted: skip ordering (and peeking) the queue
         for req in self._admission_order():
             if budget <= 0 or len(self.running) >= self.max_num_seqs:
                 break
@@ -113,7 +121,7 @@ class Scheduler:
             if self._shares_uncached_prefix(req, peek):
                 continue  # let the other request compute it once, then hit the cache
             need = -(-len(req.token_ids) // bs) - peek // bs
-            reserve = len(self.running)  # one block of decode growth per running request
+            reserve = len(self.running)
             if need + reserve + peek // bs > self.kv.num_available():
                 break
             cached = self.kv.admit(req)
@@ -124,7 +132,6 @@ class Scheduler:
             n = min(req.num_remaining, budget)
             if not self.kv.ensure_blocks(req, req.num_computed + n):
                 self.kv.release(req, cache_computed=False)
-                req.num_computed = 0
                 break
             self.waiting.remove(req)
             self._admitted += 1
@@ -173,7 +180,6 @@ class Scheduler:
         requeue it at the front; it recomputes what the cache no longer holds."""
         self.running.remove(req)
         self.kv.release(req, cache_computed=True)
-        req.num_computed = 0
         req.state = RequestState.WAITING
         req.metrics.num_preemptions += 1
         self.num_preemptions += 1

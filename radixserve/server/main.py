@@ -38,6 +38,21 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     a("--kv-cache-memory", default="2GiB", help="size of the KV-cache pool (default: 2GiB)")
     a("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
     a("--no-prefix-cache", action="store_true", help="disable the radix prefix cache")
+    a(
+        "--quantization",
+        "-q",
+        default=None,
+        choices=("none", "int8", "int4"),
+        help="weight-only quantization of the projections (default: a GGUF's own 4-bit "
+        "weights on CPU, none elsewhere)",
+    )
+    a(
+        "--attention-backend",
+        default="auto",
+        choices=("auto", "sdpa", "cpu"),
+        help="attention kernels (default auto: radixserve's paged CPU kernel for float32 on "
+        "CPU, torch SDPA elsewhere)",
+    )
     a("--max-num-batched-tokens", type=int, default=None, help="tokens per engine step")
     a("--max-num-seqs", type=int, default=None, help="requests running at once")
     a("--max-model-len", type=int, default=None, help="context length (default: the model's)")
@@ -76,6 +91,8 @@ def engine_config(args: argparse.Namespace) -> Any:
         "kv_cache_memory": args.kv_cache_memory,
         "block_size": args.block_size,
         "enable_prefix_cache": not args.no_prefix_cache,
+        "quantization": args.quantization,
+        "attention_backend": args.attention_backend,
     }
     optional = {
         "max_num_batched_tokens": args.max_num_batched_tokens,
@@ -94,7 +111,8 @@ def startup_line(engine: Any, model_name: str, host: str, port: int, prefix_cach
     tokens = engine.num_blocks * engine.block_size
     host_part = f"[{host}]" if ":" in host else host
     return (
-        f"radixserve serving {model_name} ({engine.dtype}, {engine.device}); KV pool "
+        f"radixserve serving {model_name} ({engine.dtype}, {engine.device}, weights "
+        f"{engine.quantization}, attention {engine.runner.attn.name}); KV pool "
         f"{engine.num_blocks} blocks x {engine.block_size} = {tokens} tokens; prefix cache "
         f"{'on' if prefix_cache else 'off'}; max_model_len {engine.max_model_len}; "
         f"listening on http://{host_part}:{port}"

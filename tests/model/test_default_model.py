@@ -22,9 +22,12 @@ def test_default_model_config_is_smollm2(default_model_files) -> None:
     assert default_model_files.name == "SmolLM2-135M-Instruct"
 
 
+@pytest.mark.parametrize("quantization", [None, "none"])
 def test_greedy_chat_matches_transformers_for_32_tokens(
-    default_model_files, default_tokenizer
+    default_model_files, default_tokenizer, quantization: str | None
 ) -> None:
+    """The default (the GGUF's own 4-bit weights through our kernels) and dense weights both
+    reproduce transformers on the dequantized checkpoint."""
     from transformers import LlamaForCausalLM
 
     messages = [{"role": "user", "content": "Write a paragraph about the moon."}]
@@ -38,7 +41,11 @@ def test_greedy_chat_matches_transformers_for_32_tokens(
             do_sample=False,
         )[0, len(ids) :].tolist()
     del hf
-    llm = LLM.from_engine(LLMEngine(EngineConfig(dtype="float32", kv_cache_memory="64MiB")))
+    engine = LLMEngine(
+        EngineConfig(dtype="float32", kv_cache_memory="64MiB", quantization=quantization)
+    )
+    assert engine.quantization == ("int4" if quantization is None else "none")
+    llm = LLM.from_engine(engine)
     try:
         out = llm.generate([ids], SamplingParams(max_tokens=32, temperature=0.0))
     finally:

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
+from radixserve.model.attention import AttentionBackend, select_backend
 from radixserve.model.batch import SeqChunk, build_batch
 from radixserve.model.kv_pool import KVPool
 
 BS = 4
 TOL = 1e-4
+
+
+@pytest.fixture(params=["sdpa", "cpu"])
+def attn(request: pytest.FixtureRequest) -> AttentionBackend:
+    """Every test runs with torch SDPA and with radixserve's paged CPU kernel."""
+    return select_backend(request.param, torch.device("cpu"), torch.float32)
 
 
 def hf_logits(hf, ids: list[int]) -> torch.Tensor:
@@ -23,12 +31,12 @@ def scattered_table(num_tokens: int, pool_blocks: int, rng: random.Random) -> li
     return rng.sample(range(pool_blocks), n)
 
 
-def run_chunks(model, pool, ids, table, cuts) -> list[torch.Tensor]:
+def run_chunks(model, pool, ids, table, cuts, attn) -> list[torch.Tensor]:
     """Prefill ids in chunks ending at each cut; returns each chunk's last-token logits."""
     out, start = [], 0
     for end in cuts:
         batch = build_batch([SeqChunk(ids[start:end], start, table)], BS)
-        out.append(model(batch, pool)[0])
+        out.append(model(batch, pool, attn)[0])
         start = end
     return out
 
@@ -37,42 +45,42 @@ def new_pool(model, blocks: int = 64) -> KVPool:
     return KVPool(model.config, blocks, BS, torch.float32)
 
 
-def test_full_prefill_matches_hf(tiny_pair) -> None:
+def test_full_prefill_matches_hf(tiny_pair, attn) -> None:
     hf, ours = tiny_pair
     rng = random.Random(1)
     ids = [rng.randrange(101) for _ in range(37)]
     pool = new_pool(ours)
     table = scattered_table(len(ids), 64, rng)
-    (got,) = run_chunks(ours, pool, ids, table, [len(ids)])
+    (got,) = run_chunks(ours, pool, ids, table, [len(ids)], attn)
     assert (got - hf_logits(hf, ids)[-1]).abs().max() <= TOL
 
 
-def test_chunked_prefill_at_unaligned_boundaries_matches_hf(tiny_pair) -> None:
+def test_chunked_prefill_at_unaligned_boundaries_matches_hf(tiny_pair, attn) -> None:
     hf, ours = tiny_pair
     rng = random.Random(2)
     ids = [rng.randrange(101) for _ in range(41)]
     cuts = [3, 10, 11, 29, 41]
     pool = new_pool(ours)
-    got = run_chunks(ours, pool, ids, scattered_table(len(ids), 64, rng), cuts)
+    got = run_chunks(ours, pool, ids, scattered_table(len(ids), 64, rng), cuts, attn)
     ref = hf_logits(hf, ids)
     for logits, end in zip(got, cuts, strict=True):
         assert (logits - ref[end - 1]).abs().max() <= TOL
 
 
-def test_suffix_after_prefix_in_pool_matches_hf(tiny_pair) -> None:
+def test_suffix_after_prefix_in_pool_matches_hf(tiny_pair, attn) -> None:
     hf, ours = tiny_pair
     rng = random.Random(3)
     prefix = [rng.randrange(101) for _ in range(24)]
     suffix = [rng.randrange(101) for _ in range(9)]
     pool = new_pool(ours)
     table = scattered_table(len(prefix) + len(suffix), 64, rng)
-    run_chunks(ours, pool, prefix, table, [len(prefix)])
+    run_chunks(ours, pool, prefix, table, [len(prefix)], attn)
     batch = build_batch([SeqChunk(suffix, len(prefix), table)], BS)
-    got = ours(batch, pool)[0]
+    got = ours(batch, pool, attn)[0]
     assert (got - hf_logits(hf, prefix + suffix)[-1]).abs().max() <= TOL
 
 
-def test_batched_decode_over_scattered_tables_matches_hf(tiny_pair) -> None:
+def test_batched_decode_over_scattered_tables_matches_hf(tiny_pair, attn) -> None:
     hf, ours = tiny_pair
     rng = random.Random(4)
     pool = new_pool(ours, blocks=96)
@@ -85,28 +93,28 @@ def test_batched_decode_over_scattered_tables_matches_hf(tiny_pair) -> None:
         nb = (n + 6 + BS - 1) // BS
         tables.append([free.pop() for _ in range(nb)])
     for s, t in zip(seqs, tables, strict=True):
-        run_chunks(ours, pool, s, t, [len(s)])
+        run_chunks(ours, pool, s, t, [len(s)], attn)
     for _ in range(5):  # five decode steps of the whole batch
         nxt = [rng.randrange(101) for _ in seqs]
         chunks = [SeqChunk([tok], len(s), t) for s, t, tok in zip(seqs, tables, nxt, strict=True)]
-        got = ours(build_batch(chunks, BS), pool)
+        got = ours(build_batch(chunks, BS), pool, attn)
         for row, (s, tok) in enumerate(zip(seqs, nxt, strict=True)):
             s.append(tok)
             assert (got[row] - hf_logits(hf, s)[-1]).abs().max() <= TOL
 
 
-def test_mixed_prefill_and_decode_batch_matches_hf(tiny_pair) -> None:
+def test_mixed_prefill_and_decode_batch_matches_hf(tiny_pair, attn) -> None:
     hf, ours = tiny_pair
     rng = random.Random(5)
     pool = new_pool(ours)
     a = [rng.randrange(101) for _ in range(13)]
     b = [rng.randrange(101) for _ in range(22)]
     ta, tb = scattered_table(14, 32, rng), [b_ + 32 for b_ in scattered_table(22, 32, rng)]
-    run_chunks(ours, pool, a, ta, [13])
-    run_chunks(ours, pool, b, tb, [8])  # b's first 8 tokens are in the pool
+    run_chunks(ours, pool, a, ta, [13], attn)
+    run_chunks(ours, pool, b, tb, [8], attn)  # b's first 8 tokens are in the pool
     tok = rng.randrange(101)
     chunks = [SeqChunk(b[8:], 8, tb), SeqChunk([tok], 13, ta)]
-    got = ours(build_batch(chunks, BS), pool)
+    got = ours(build_batch(chunks, BS), pool, attn)
     batch = build_batch(chunks, BS)
     by_chunk = dict(zip(batch.logits_chunk_index, got, strict=True))
     assert (by_chunk[0] - hf_logits(hf, b)[-1]).abs().max() <= TOL

@@ -142,8 +142,15 @@ def test_more_than_one_worker_delegates_to_the_router(monkeypatch: pytest.Monkey
 
 def test_startup_line_names_model_pool_and_url() -> None:
     engine = SimpleNamespace(
-        num_blocks=100, block_size=16, dtype="float32", device="cpu", max_model_len=2048
+        num_blocks=100,
+        block_size=16,
+        dtype="float32",
+        device="cpu",
+        max_model_len=2048,
+        quantization="int4",
+        runner=SimpleNamespace(attn=SimpleNamespace(name="sdpa")),
     )
     line = startup_line(engine, "M", "127.0.0.1", 8000, True)
-    for part in ("M", "float32", "cpu", "100 blocks", "1600 tokens", "http://127.0.0.1:8000"):
+    parts = ("M", "float32", "cpu", "weights int4", "attention sdpa", "100 blocks", "1600 tokens")
+    for part in (*parts, "http://127.0.0.1:8000"):
         assert part in line

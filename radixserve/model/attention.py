@@ -1,0 +1,184 @@
+"""Attention backends over the paged KV pool: plan a step's metadata once, then attend per
+layer. `sdpa` (torch's scaled_dot_product_attention over gathered blocks) runs anywhere;
+`cpu` reads decode K/V from the pool in place with our kernel. `select_backend` picks one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from radixserve.model import kernels
+from radixserve.model.batch import ForwardBatch
+
+ATTENTION_BACKENDS = ("auto", "sdpa", "cpu")
+
+
+@dataclass
+class AttentionPlan:
+    """Per-step tensors a backend derives once from the batch and reuses in every layer."""
+
+    decode_block_ids: torch.Tensor | None = None  # long [num_seqs, max_blocks]
+    decode_mask: torch.Tensor | None = None  # bool [num_seqs, 1, 1, span] (batch > 1)
+
+
+class AttentionBackend(Protocol):
+    """Attention of a step's queries over the paged pool (this step's K/V already written)."""
+
+    name: str
+
+    def plan(self, batch: ForwardBatch) -> AttentionPlan:
+        """Derive the step's attention metadata (once per step, before the layers)."""
+        ...
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        batch: ForwardBatch,
+        plan: AttentionPlan,
+        k_blocks: torch.Tensor,
+        v_blocks: torch.Tensor,
+    ) -> torch.Tensor:
+        """q [T, H, D] -> [T, H * D]; k/v_blocks are one layer's pool [NB, BS, KVH, D]."""
+        ...
+
+
+def gather_blocks(layer_blocks: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    """Copy the blocks `block_ids` [...] of one layer's K or V out of the pool.
+
+    Returns [..., block_size, num_kv_heads, head_dim]. Whole blocks are copied as raw
+    rows; 16-bit types go through an int16 view because indexing bfloat16 tensors
+    directly takes a slow path on CPU (hundreds of times slower in torch 2.13).
+    """
+    nb = layer_blocks.shape[0]
+    rows = layer_blocks.view(nb, -1)
+    if rows.element_size() == 2:
+        rows = rows.view(torch.int16)
+    out = rows.index_select(0, block_ids.reshape(-1)).view(layer_blocks.dtype)
+    return out.view(*block_ids.shape, *layer_blocks.shape[1:])
+
+
+def prefill_attention(
+    q: torch.Tensor,
+    batch: ForwardBatch,
+    k_blocks: torch.Tensor,
+    v_blocks: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
+    """Each multi-token chunk's queries over its gathered context, causal (torch SDPA)."""
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv = k_blocks.shape[2]
+    for p in batch.prefills:
+        rows = slice(p.token_start, p.token_start + p.num_tokens)
+        qp = q[rows].transpose(0, 1).unsqueeze(0)
+        kp = gather_blocks(k_blocks, p.block_ids).view(-1, num_kv, head_dim)[: p.context_len]
+        vp = gather_blocks(v_blocks, p.block_ids).view(-1, num_kv, head_dim)[: p.context_len]
+        kp = kp.transpose(0, 1).unsqueeze(0)
+        vp = vp.transpose(0, 1).unsqueeze(0)
+        if p.causal_mask is None:
+            op = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, enable_gqa=True)
+        else:
+            op = F.scaled_dot_product_attention(
+                qp, kp, vp, attn_mask=p.causal_mask, enable_gqa=True
+            )
+        out[rows] = op.squeeze(0).transpose(0, 1).reshape(p.num_tokens, num_heads * head_dim)
+
+
+class SdpaBackend:
+    """Gathers each sequence's blocks and runs torch SDPA; any device, any dtype."""
+
+    name = "sdpa"
+
+    def plan(self, batch: ForwardBatch) -> AttentionPlan:
+        d = batch.decode
+        if d is None:
+            return AttentionPlan()
+        block_ids = d.block_table.long()
+        mask = None
+        if d.num_seqs > 1:  # one sequence: its K/V is cut to max_len instead of masked
+            span = torch.arange(block_ids.shape[1] * batch.block_size, device=block_ids.device)
+            mask = (span[None, :] < d.context_lens.long()[:, None])[:, None, None, :]
+        return AttentionPlan(block_ids, mask)
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        batch: ForwardBatch,
+        plan: AttentionPlan,
+        k_blocks: torch.Tensor,
+        v_blocks: torch.Tensor,
+    ) -> torch.Tensor:
+        out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype, device=q.device)
+        d = batch.decode
+        if d is not None:
+            assert plan.decode_block_ids is not None
+            b, num_heads, head_dim = d.num_seqs, q.shape[1], q.shape[2]
+            num_kv = k_blocks.shape[2]
+            # One query token per sequence: fold the query heads sharing a KV head into the
+            # query-length axis, so no K/V repeat is needed.
+            qd = q[:b].view(b, num_kv, num_heads // num_kv, head_dim)
+            kd = gather_blocks(k_blocks, plan.decode_block_ids).view(b, -1, num_kv, head_dim)
+            vd = gather_blocks(v_blocks, plan.decode_block_ids).view(b, -1, num_kv, head_dim)
+            if plan.decode_mask is None:
+                kd, vd = kd[:, : d.max_len], vd[:, : d.max_len]
+            kd, vd = kd.transpose(1, 2), vd.transpose(1, 2)
+            od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=plan.decode_mask)
+            out[:b] = od.reshape(b, num_heads * head_dim)
+        prefill_attention(q, batch, k_blocks, v_blocks, out)
+        return out
+
+
+class CpuPagedBackend:
+    """Decode attention by our kernel, straight from the pool's blocks (no per-layer copy of
+    each sequence's context); prefill chunks as in `sdpa`. float32 pools on CPU."""
+
+    name = "cpu"
+
+    def plan(self, batch: ForwardBatch) -> AttentionPlan:
+        return AttentionPlan()
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        batch: ForwardBatch,
+        plan: AttentionPlan,
+        k_blocks: torch.Tensor,
+        v_blocks: torch.Tensor,
+    ) -> torch.Tensor:
+        num_tokens, num_heads, head_dim = q.shape
+        out = torch.empty(num_tokens, num_heads * head_dim, dtype=q.dtype)
+        d = batch.decode
+        if d is not None:
+            b = d.num_seqs
+            torch.ops.radixserve.paged_decode_attention(
+                q[:b].contiguous(),
+                k_blocks,
+                v_blocks,
+                d.block_table,
+                d.context_lens,
+                1.0 / math.sqrt(head_dim),
+                out[:b].view(b, num_heads, head_dim),
+            )
+        prefill_attention(q, batch, k_blocks, v_blocks, out)
+        return out
+
+
+def select_backend(name: str, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
+    """The backend `name` asks for; `auto` takes `cpu` where our kernel runs (float32 on CPU,
+    kernels built), `sdpa` elsewhere. Raises ValueError for a backend this setup cannot run."""
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; use one of {ATTENTION_BACKENDS}")
+    cpu_ok = device.type == "cpu" and dtype == torch.float32
+    if name == "cpu":
+        if not cpu_ok:
+            raise ValueError("--attention-backend cpu runs float32 models on the CPU only")
+        if not kernels.load():
+            raise ValueError("--attention-backend cpu needs radixserve's CPU kernels")
+        return CpuPagedBackend()
+    if name == "auto" and cpu_ok and kernels.load():
+        return CpuPagedBackend()
+    return SdpaBackend()

@@ -1,0 +1,87 @@
+"""radixserve's own CPU kernels (C++): weight-only quantized GEMM for decode-sized inputs and
+paged decode attention that reads K/V from the block pool in place.
+
+Built on first use with torch's extension builder (a C++ compiler and ninja) into
+`<cache root>/kernels/`, then loaded from there in later processes (about a second). Where
+they cannot be built, callers fall back to plain torch code that computes the same thing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+_SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
+_loaded: bool | None = None
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def kernel_cache_dir() -> Path:
+    """Where built kernels live: $RADIXSERVE_KERNEL_CACHE_DIR or ~/.cache/radixserve/kernels
+    (apart from the model cache, so a fresh model cache does not rebuild them)."""
+    env = os.environ.get("RADIXSERVE_KERNEL_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "radixserve" / "kernels"
+
+
+def compile_flags() -> list[str]:
+    """Compiler flags for this CPU: AVX2 + FMA code where the CPU has them."""
+    flags = ["-O3", "-ffast-math", "-fno-finite-math-only"]
+    if platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma"} <= _cpu_flags():
+        flags += ["-mavx2", "-mfma"]
+    return flags
+
+
+def load() -> bool:
+    """Build (once) and load the kernels; False, with a warning, where that is impossible.
+
+    RADIXSERVE_CPU_KERNELS=0 turns them off (the torch fallbacks are then used).
+    """
+    global _loaded
+    if _loaded is not None:
+        return _loaded
+    _loaded = False
+    if os.environ.get("RADIXSERVE_CPU_KERNELS", "1") == "0":
+        return False
+    flags = compile_flags()
+    digest = hashlib.sha1(_SOURCE.read_bytes() + f"{torch.__version__}{flags}".encode())
+    key = digest.hexdigest()[:12]
+    build_dir = kernel_cache_dir() / f"cpu-{key}"
+    try:
+        from torch.utils.cpp_extension import load as build
+
+        build_dir.mkdir(parents=True, exist_ok=True)
+        log.info("loading radixserve CPU kernels from %s (built on first use)", build_dir)
+        build(
+            name=f"radixserve_cpu_{key}",
+            sources=[str(_SOURCE)],
+            extra_cflags=flags,
+            is_python_module=False,
+            build_directory=str(build_dir),
+        )
+    except Exception as e:  # no compiler, no ninja, an unusual platform: run without them
+        log.warning("radixserve's CPU kernels are unavailable (%s); using torch fallbacks", e)
+        return False
+    _loaded = True
+    return True
+
+
+def loaded() -> bool:
+    """Whether load() succeeded (without trying to build)."""
+    return bool(_loaded)

@@ -1,0 +1,126 @@
+"""Weight-only quantized linears: int4 and int8 in groups of 32 (llama.cpp's Q4_1 and Q8_0).
+
+A GGUF checkpoint's own Q4_1 / Q8_0 blocks load as they are, so `--quantization int4` on the
+default model computes with exactly the file's weights; other weights are quantized here.
+Inputs and outputs stay in the model dtype; accumulation is float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from radixserve.model import kernels
+
+GROUP = 32
+QUANTIZATIONS = ("none", "int8", "int4")
+MAX_KERNEL_ROWS = 16  # larger inputs (prefill) dequantize the weight and use a dense GEMM
+
+
+@dataclass
+class QuantizedWeight:
+    """W [out, in] as codes plus per-group float32 scale (and min for int4).
+
+    int4: qs [out, in/2] uint8, byte j of a group = element j | element j+16 << 4; w = s*q + m.
+    int8: qs [out, in] int8; w = s*q.
+    """
+
+    kind: str
+    qs: torch.Tensor
+    scale: torch.Tensor  # [out, in/32]
+    minv: torch.Tensor | None  # [out, in/32], int4 only
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(out_features, in_features)."""
+        return self.scale.shape[0], self.scale.shape[1] * GROUP
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 weight these codes stand for."""
+        out = torch.empty(self.shape, dtype=torch.float32, device=self.qs.device)
+        if self.qs.device.type == "cpu" and kernels.loaded():
+            if self.kind == "int4":
+                torch.ops.radixserve.q4_dequant(self.qs, self.scale, self.minv, out)
+            else:
+                torch.ops.radixserve.q8_dequant(self.qs, self.scale, out)
+            return out
+        n, k = self.shape
+        if self.kind == "int4":
+            assert self.minv is not None
+            q = self.qs.view(n, k // GROUP, GROUP // 2)
+            codes = torch.cat([q & 0x0F, q >> 4], dim=-1).float()
+            w = codes * self.scale[..., None] + self.minv[..., None]
+        else:
+            w = self.qs.view(n, k // GROUP, GROUP).float() * self.scale[..., None]
+        return out.copy_(w.view(n, k))
+
+    def concat(self, other: QuantizedWeight) -> QuantizedWeight:
+        """Rows of self then rows of other (fusing q/k/v or gate/up)."""
+        assert self.kind == other.kind
+        minv = None
+        if self.minv is not None and other.minv is not None:
+            minv = torch.cat([self.minv, other.minv])
+        return QuantizedWeight(
+            self.kind,
+            torch.cat([self.qs, other.qs]),
+            torch.cat([self.scale, other.scale]),
+            minv,
+        )
+
+    def to(self, device: torch.device) -> QuantizedWeight:
+        """The same codes on `device`."""
+        minv = self.minv.to(device) if self.minv is not None else None
+        return QuantizedWeight(self.kind, self.qs.to(device), self.scale.to(device), minv)
+
+
+def quantize(w: torch.Tensor, kind: str) -> QuantizedWeight:
+    """Round a float weight [out, in] (in divisible by 32) to `kind` codes, per group of 32."""
+    n, k = w.shape
+    if k % GROUP:
+        raise ValueError(f"in_features {k} is not a multiple of {GROUP}")
+    g = w.detach().float().reshape(n, k // GROUP, GROUP)
+    tiny = torch.finfo(torch.float32).tiny
+    if kind == "int8":
+        scale = g.abs().amax(-1) / 127.0
+        q = torch.round(g / scale.clamp_min(tiny)[..., None]).clamp(-128, 127).to(torch.int8)
+        return QuantizedWeight("int8", q.reshape(n, k).contiguous(), scale.contiguous(), None)
+    if kind == "int4":
+        lo, hi = g.amin(-1), g.amax(-1)
+        scale = (hi - lo) / 15.0
+        q = torch.round((g - lo[..., None]) / scale.clamp_min(tiny)[..., None]).clamp(0, 15)
+        q = q.to(torch.uint8)
+        packed = q[..., : GROUP // 2] | (q[..., GROUP // 2 :] << 4)
+        return QuantizedWeight(
+            "int4", packed.reshape(n, k // 2).contiguous(), scale.contiguous(), lo.contiguous()
+        )
+    raise ValueError(f"unknown quantization {kind!r}; use one of {QUANTIZATIONS}")
+
+
+class QuantLinear:
+    """y = x W^T (+ b) over a QuantizedWeight: our kernel for decode-sized inputs on CPU, a
+    dequantized dense GEMM otherwise."""
+
+    def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None = None) -> None:
+        self.weight, self.bias = weight, bias
+        self.out_features, self.in_features = weight.shape
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        rows = x2.shape[0]
+        w = self.weight
+        if rows <= MAX_KERNEL_ROWS and x2.device.type == "cpu" and kernels.loaded():
+            xf = x2.float().contiguous()
+            out = torch.empty(rows, self.out_features, dtype=torch.float32)
+            if w.kind == "int4":
+                torch.ops.radixserve.q4_gemm(xf, w.qs, w.scale, w.minv, out)
+            else:
+                torch.ops.radixserve.q8_gemm(xf, w.qs, w.scale, out)
+            y = out.to(x.dtype)
+            if self.bias is not None:
+                y = y + self.bias
+        else:
+            y = F.linear(x2, w.dequantize().to(x.dtype), self.bias)
+        return y.view(*lead, self.out_features)

@@ -1,0 +1,120 @@
+"""Weight-only int4/int8 linears: codes, our kernel and the dense fallback agree."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from radixserve.model import kernels
+from radixserve.model.attention import select_backend
+from radixserve.model.batch import SeqChunk, build_batch
+from radixserve.model.kv_pool import KVPool
+from radixserve.model.quant import MAX_KERNEL_ROWS, QuantizedWeight, QuantLinear, quantize
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built_kernels() -> None:
+    assert kernels.load(), "the CPU kernels must build on this machine (a compiler and ninja)"
+
+
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+def test_quantize_error_is_at_most_half_a_step(kind: str) -> None:
+    torch.manual_seed(0)
+    w = torch.randn(48, 96)
+    q = quantize(w, kind)
+    err = (q.dequantize() - w).abs().view(48, 3, 32)
+    step = q.scale[..., None]
+    assert bool((err <= step / 2 + 1e-6).all())
+
+
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+@pytest.mark.parametrize("rows", [1, 3, MAX_KERNEL_ROWS, MAX_KERNEL_ROWS + 9])
+def test_quant_linear_equals_dense_gemm_of_dequantized_weight(kind: str, rows: int) -> None:
+    torch.manual_seed(rows)
+    q = quantize(torch.randn(80, 160), kind)
+    x = torch.randn(rows, 160)
+    want = F.linear(x, q.dequantize())
+    got = QuantLinear(q)(x)
+    assert got.shape == (rows, 80)
+    assert (got - want).abs().max() <= 1e-4 * max(1.0, want.abs().max().item())
+
+
+def test_kernel_dequantize_equals_torch_unpacking() -> None:
+    torch.manual_seed(1)
+    for kind in ("int4", "int8"):
+        q = quantize(torch.randn(16, 64), kind)
+        n, k = q.shape
+        if kind == "int4":
+            assert q.minv is not None
+            b = q.qs.view(n, k // 32, 16)
+            codes = torch.cat([b & 0x0F, b >> 4], dim=-1).float()
+            ref = (codes * q.scale[..., None] + q.minv[..., None]).view(n, k)
+        else:
+            ref = (q.qs.view(n, k // 32, 32).float() * q.scale[..., None]).view(n, k)
+        # The kernel may fuse scale * q + min into one FMA: equal up to one rounding.
+        torch.testing.assert_close(q.dequantize(), ref, rtol=1e-6, atol=1e-6)
+
+
+def test_concat_stacks_rows() -> None:
+    a, b = quantize(torch.randn(8, 64), "int4"), quantize(torch.randn(4, 64), "int4")
+    both: QuantizedWeight = a.concat(b)
+    assert both.shape == (12, 64)
+    assert torch.equal(both.dequantize(), torch.cat([a.dequantize(), b.dequantize()]))
+
+
+def test_quantized_model_computes_what_its_dequantized_weights_compute(
+    tiny_pair_factory,
+) -> None:
+    """A model whose dense weights equal its codes (as a GGUF's do) gives the same logits
+    quantized, in decode (our kernel) and prefill (dense GEMM) steps alike."""
+    _, dense = tiny_pair_factory(intermediate_size=128)
+    _, quant = tiny_pair_factory(intermediate_size=128)
+    quant.quantize("int4")
+    for layer_d, layer_q in zip(dense.decoder_layers(), quant.decoder_layers(), strict=True):
+        for name in ("qkv_lin", "o_lin", "gate_up_lin", "down_lin"):
+            lin = getattr(layer_q, name)
+            getattr(layer_d, name).weight.copy_(lin.weight.dequantize())
+    assert dense.lm_head is not None and isinstance(quant.head_lin, QuantLinear)
+    dense.lm_head.copy_(quant.head_lin.weight.dequantize())
+    dense.prepare()
+    attn = select_backend("cpu", torch.device("cpu"), torch.float32)
+    rng = random.Random(0)
+    ids = [rng.randrange(101) for _ in range(30)]
+    table = list(range(10))
+    pools = [KVPool(m.config, 10, 4, torch.float32) for m in (dense, quant)]
+    outs = []
+    for m, pool in zip((dense, quant), pools, strict=True):
+        prefill = m(build_batch([SeqChunk(ids, 0, table)], 4), pool, attn)
+        decode = m(build_batch([SeqChunk([7], 30, table)], 4), pool, attn)
+        outs.append((prefill, decode))
+    for a, b in zip(outs[0], outs[1], strict=True):
+        assert (a - b).abs().max() <= 1e-4
+
+
+def test_matrices_whose_width_is_not_a_multiple_of_32_stay_dense(tiny_pair_factory) -> None:
+    _, model = tiny_pair_factory(intermediate_size=112)  # down_proj's in_features: 112
+    model.quantize("int8")
+    layer = model.decoder_layers()[0]
+    assert isinstance(layer.qkv_lin, QuantLinear)
+    assert not isinstance(layer.down_lin, QuantLinear)
+
+
+@pytest.mark.slow
+def test_gguf_blocks_equal_the_converted_weights(default_model_files) -> None:
+    from radixserve.model.gguf_quant import read_quantized
+    from radixserve.model.loader import load_state_dict
+
+    assert default_model_files.gguf is not None
+    stored = read_quantized(default_model_files.gguf, 9, 3)
+    dense = load_state_dict(default_model_files.path, torch.float32)
+    assert stored["model.embed_tokens.weight"].kind == "int8"
+    for name in (
+        "model.embed_tokens.weight",
+        "model.layers.0.self_attn.q_proj.weight",  # rows permuted in the file
+        "model.layers.7.self_attn.k_proj.weight",
+        "model.layers.29.mlp.down_proj.weight",
+    ):
+        assert torch.equal(stored[name].dequantize(), dense[name]), name
