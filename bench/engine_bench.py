@@ -15,10 +15,14 @@ import statistics
 import time
 from collections.abc import Callable
 
+import torch
+
 from radixserve.engine.engine import EngineConfig, LLMEngine
 from radixserve.engine.llm import LLM
 from radixserve.engine.outputs import RequestOutput
 from radixserve.engine.params import SamplingParams
+from radixserve.model.batch import SeqChunk
+from radixserve.model.sampling import SamplingRow
 
 
 @functools.cache
@@ -114,10 +118,51 @@ def case_decode(llm: LLM, streams: int, n_out: int) -> dict[str, float]:
     return {f"{streams}-stream decode tok/s": decode_tokens / (last - first), "total (s)": total}
 
 
+def case_step_vs_weights(llm: LLM, ctx: int = 2048, steps: int = 16) -> dict[str, float]:
+    """One stream's decode step at `ctx` tokens of context against one read of the model's
+    weights in bf16 (2 bytes per parameter), both timed here (medians)."""
+    engine = llm.engine
+    c = engine.model_config
+    per_layer = c.hidden_size * (
+        (c.num_heads + 2 * c.num_kv_heads) * c.head_dim  # q, k, v
+        + c.num_heads * c.head_dim  # o
+        + 3 * c.intermediate_size  # gate, up, down
+    )
+    n_params = c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)
+    n_params += c.num_layers * per_layer
+    blob = torch.empty(n_params // 2, dtype=torch.float32)  # the bytes of bf16 weights
+    reads = []
+    for _ in range(7):
+        t = time.perf_counter()
+        blob.sum()
+        reads.append(time.perf_counter() - t)
+    n_blocks = (ctx + steps) // engine.block_size + 1
+    kv = engine.kv
+    table = kv.cache.allocate(n_blocks) if kv.cache is not None else kv.pool.allocate(n_blocks)
+    try:
+        ids = text_tokens(llm, ctx, 99)
+        engine.runner.run([SeqChunk(ids, 0, table)], [SamplingRow(0.0)])
+        times = []
+        for i in range(steps):
+            t = time.perf_counter()
+            engine.runner.run([SeqChunk([ids[i]], ctx + i, table)], [SamplingRow(0.0)])
+            times.append(time.perf_counter() - t)
+    finally:
+        kv.pool.free(table)
+    step, read = statistics.median(times), statistics.median(reads)
+    return {
+        "decode step at 2k (s)": step,
+        "bf16 weights read once (s)": read,
+        "step / weights read (x)": step / read,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
+    ap.add_argument("--quantization", default=None, choices=["none", "int8", "int4"])
+    ap.add_argument("--attention-backend", default="auto", choices=["auto", "sdpa", "cpu"])
     args = ap.parse_args()
     q = args.quick
     cases: list[tuple[str, Callable[[LLM], dict[str, float]]]] = [
@@ -136,12 +181,19 @@ def main() -> None:
     llms = {
         on: LLM.from_engine(
             LLMEngine(
-                EngineConfig(dtype=args.dtype, kv_cache_memory="1GiB", enable_prefix_cache=on)
+                EngineConfig(
+                    dtype=args.dtype,
+                    kv_cache_memory="1GiB",
+                    enable_prefix_cache=on,
+                    quantization=args.quantization,
+                    attention_backend=args.attention_backend,
+                )
             )
         )
         for on in (True, False)
     }
-    print(f"dtype {llms[True].engine.dtype}\n")
+    e = llms[True].engine
+    print(f"dtype {e.dtype}, weights {e.quantization}, attention {e.runner.attn.name}\n")
     print("| case | metric | cache on | cache off | gain from the cache |")
     print("|---|---|---|---|---|")
     for name, fn in cases:
@@ -150,6 +202,8 @@ def main() -> None:
             a, b = res[True][metric], res[False][metric]
             gain = b / a if metric.endswith("(s)") else a / b  # times shrink, rates grow
             print(f"| {name} | {metric} | {a:.3f} | {b:.3f} | {gain:.2f}x |", flush=True)
+    for metric, value in case_step_vs_weights(llms[True]).items():
+        print(f"| (e) step vs weights | {metric} | {value:.4f} | | |", flush=True)
     for llm in llms.values():
         llm.shutdown()
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
+from radixserve.engine.llm import LLM
 from radixserve.engine.outputs import RequestOutput
 from radixserve.engine.params import SamplingParams
 from radixserve.errors import InvalidRequestError, PromptTooLongError, RequestTooLargeError
@@ -201,3 +203,26 @@ def test_shared_uncached_prefix_is_computed_once(make_tiny_engine) -> None:
     run_until_idle(engine)
     assert col.final(a).num_cached_tokens == 0
     assert col.final(b).num_cached_tokens == 40
+
+
+def test_offline_generate_takes_more_prompts_than_the_http_queue_limit(make_tiny_engine) -> None:
+    engine = make_tiny_engine(num_blocks=256, max_waiting=8)
+    with LLM.from_engine(engine) as llm:
+        prompts = [[100 + i % 50, 200 + i] for i in range(300)]
+        outs = llm.generate(prompts, SamplingParams(max_tokens=2, temperature=0.0))
+    assert [o.prompt_token_ids for o in outs] == prompts
+    assert all(o.finish_reason == "length" for o in outs)
+
+
+def test_an_error_inside_generate_leaves_the_engine_usable(make_tiny_engine) -> None:
+    engine = make_tiny_engine()
+    with LLM.from_engine(engine) as llm:
+        with pytest.raises(InvalidRequestError):
+            llm.generate([[5, 6, 7], [10**9]], SamplingParams(max_tokens=4, temperature=0.0))
+        out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, temperature=0.0))
+        assert out[0].finish_reason == "length"
+        deadline = time.monotonic() + 30
+        while engine.stats().num_running and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert engine.stats().blocks_locked == 0
+    assert not engine.is_alive()
