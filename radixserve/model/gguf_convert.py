@@ -92,6 +92,7 @@ def convert_gguf_once(gguf_path: Path, out_dir: Path) -> bool:
         for stale in out_dir.parent.glob(_temp_prefix(out_dir) + "*"):  # a killed conversion's
             shutil.rmtree(stale, ignore_errors=True)
         t0 = time.perf_counter()
+        log.info("converting %s into %s (once)", gguf_path, out_dir)
         convert_gguf(gguf_path, out_dir)
         log.info("converted %s in %.1fs", gguf_path.name, time.perf_counter() - t0)
         return True
@@ -137,7 +138,6 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     for key in (f"llama.{k}" for k in required):
         if _field(reader, key) is None:
             raise ModelNotFoundError(f"{gguf_path.name} lacks the GGUF metadata field {key}")
-    log.info("converting %s into %s (once)", gguf_path, out_dir)
     n_head = int(_field(reader, "llama.attention.head_count"))
     n_kv = int(_field(reader, "llama.attention.head_count_kv", n_head))
     hidden = int(_field(reader, "llama.embedding_length"))
