@@ -33,3 +33,15 @@ class QueueFullError(RadixServeError):
 
 class EngineDeadError(RadixServeError):
     """The engine loop has stopped and cannot take requests (HTTP 503)."""
+
+
+class ConfigError(RadixServeError, ValueError):
+    """A start-up option is malformed, out of range, or contradicts another (exit status 2)."""
+
+
+class DeviceError(ConfigError):
+    """The asked-for device does not exist here, or cannot compute in the asked-for dtype."""
+
+
+class KVPoolSizeError(ConfigError):
+    """The KV pool does not fit in the free memory, or cannot hold one request."""

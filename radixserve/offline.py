@@ -6,12 +6,14 @@ import argparse
 import sys
 import time
 
+from radixserve import options
+
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="HF directory or .gguf (default: SmolLM2)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    p.add_argument("--kv-cache-memory", default="256MiB")
+    p.add_argument("--device", type=options.device, default="auto", help="auto | cpu | cuda")
+    p.add_argument("--kv-cache-memory", type=options.memory_size, default="256MiB")
     p.add_argument("--quantization", "-q", default=None, choices=["none", "int8", "int4"])
     p.add_argument("--attention-backend", default="auto", choices=["auto", "sdpa", "cpu"])
     p.add_argument("--max-tokens", type=int, default=128)

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from radixserve import options
 from radixserve.bench.client import NotLoopbackError, check_loopback, make_client
 from radixserve.bench.corpus import TokenCounter
 from radixserve.bench.load import BenchPlan, LoadConfig
@@ -37,7 +38,7 @@ def load_tokenizer(model: str | None, tokenizer_dir: str | None = None) -> Any:
         return Tokenizer.from_dir(tokenizer_dir)
     from radixserve.model.loader import resolve_model
 
-    return Tokenizer.from_dir(resolve_model(model).path)
+    return Tokenizer.from_dir(resolve_model(model, weights=False).path)
 
 
 def add_bench_args(parser: argparse.ArgumentParser) -> None:
@@ -61,11 +62,25 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--api-key", help="sent as a Bearer token")
     g = p.add_argument_group("load")
-    g.add_argument("--concurrency", type=int, default=4, help="requests in flight (default 4)")
-    g.add_argument("--rate", type=float, help="Poisson arrivals at this many requests/s instead")
-    g.add_argument("--max-requests", type=int, help="stop after this many requests")
-    g.add_argument("--duration", type=float, help="send no new request after this many seconds")
-    g.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
+    g.add_argument(
+        "--concurrency", type=options.positive_int, default=4, help="requests in flight (default 4)"
+    )
+    g.add_argument(
+        "--rate",
+        type=options.positive_float,
+        help="Poisson arrivals at this many requests/s instead",
+    )
+    g.add_argument(
+        "--max-requests", type=options.positive_int, help="stop after this many requests"
+    )
+    g.add_argument(
+        "--duration",
+        type=options.positive_float,
+        help="send no new request after this many seconds",
+    )
+    g.add_argument(
+        "--timeout", type=options.positive_float, default=600.0, help="per-request timeout (s)"
+    )
     o = p.add_argument_group("output")
     o.add_argument("--output-dir", help="write results.json and PNG plots here")
     o.add_argument("--trace-out", help="write the requests sent as a JSONL trace (for analyze)")
@@ -89,14 +104,18 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
         "command to start ('{port}' is replaced by a free port, else --port P is appended)",
     )
     c.add_argument("--labels", nargs=2, default=["A", "B"], metavar=("LABEL_A", "LABEL_B"))
-    c.add_argument("--rounds", type=int, default=1, help="alternations (each with seed+round)")
+    c.add_argument(
+        "--rounds", type=options.positive_int, default=1, help="alternations (each with seed+round)"
+    )
     c.add_argument(
         "--suite",
         action="store_true",
         help="every workload, cache on vs off, against two `radixserve serve` it starts; "
         "writes report.md + plots into --output-dir (default bench-results)",
     )
-    c.add_argument("--scale", type=float, default=1.0, help="suite: scale request counts")
+    c.add_argument(
+        "--scale", type=options.positive_float, default=1.0, help="suite: scale request counts"
+    )
     c.add_argument("--workloads", help="suite: comma-separated subset of workloads")
     c.add_argument(
         "--server-args",
@@ -272,7 +291,9 @@ def add_analyze_args(parser: argparse.ArgumentParser) -> None:
     p.add_argument("trace", help="JSONL trace: one OpenAI request body per line (docs/bench.md)")
     p.add_argument("--model", help="model whose tokenizer and KV shape to use (default model)")
     p.add_argument("--tokenizer", help="tokenizer directory, if not the model's")
-    p.add_argument("--block-size", type=int, default=16, help="cache block size in tokens")
+    p.add_argument(
+        "--block-size", type=options.block_size, default=16, help="cache block size in tokens"
+    )
     p.add_argument(
         "--kv-dtype", default="bfloat16", choices=["float32", "bfloat16", "float16", "fp8"]
     )
@@ -306,7 +327,7 @@ def run_analyze(args: argparse.Namespace) -> int:
     from radixserve.model.loader import resolve_model
 
     try:
-        model_dir = resolve_model(args.model).path
+        model_dir = resolve_model(args.model, weights=False).path
         tok = load_tokenizer(args.model, args.tokenizer or str(model_dir))
         kv = kv_bytes_per_token(ModelConfig.from_dir(model_dir), args.kv_dtype)
         requests = read_trace(args.trace)

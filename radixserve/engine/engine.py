@@ -31,7 +31,7 @@ from radixserve.errors import (
 )
 from radixserve.model.batch import SeqChunk
 from radixserve.model.config import ModelConfig
-from radixserve.model.kv_pool import KVPool
+from radixserve.model.kv_pool import KVPool, bytes_per_token, check_pool_holds_request
 from radixserve.model.llama import LlamaModel
 from radixserve.model.runner import ModelRunner
 
@@ -151,6 +151,10 @@ class LLMEngine:
                 mc, config.kv_cache_memory or "2GiB", config.block_size, dtype
             )
         self.num_blocks = num_blocks
+        if config.max_model_len:  # a pool that cannot hold one request is a start-up error
+            per_block = bytes_per_token(mc, dtype) * config.block_size
+            mml = min(config.max_model_len, mc.max_position_embeddings)
+            check_pool_holds_request(num_blocks, config.block_size, mml, per_block)
         self.max_model_len = min(
             config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings
         )

@@ -37,7 +37,10 @@ class ModelConfig:
         """Build from the fields of a transformers config.json."""
         archs = d.get("architectures") or ["LlamaForCausalLM"]
         if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
-            raise ModelNotFoundError(f"unsupported architecture {archs}; radixserve runs Llama")
+            raise ModelNotFoundError(
+                f"architecture {', '.join(map(str, archs))} is not supported; radixserve serves "
+                f"{', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
         heads = int(d["num_attention_heads"])
         hidden = int(d["hidden_size"])
         eos = d.get("eos_token_id")
@@ -71,4 +74,15 @@ class ModelConfig:
         f = Path(path) / "config.json"
         if not f.is_file():
             raise ModelNotFoundError(f"{path} has no config.json")
-        return cls.from_hf_dict(json.loads(f.read_text()))
+        try:
+            d = json.loads(f.read_text())
+        except ValueError as e:
+            raise ModelNotFoundError(f"{f} is not valid JSON: {e}") from None
+        if not isinstance(d, dict):
+            raise ModelNotFoundError(f"{f} is not a JSON object")
+        try:
+            return cls.from_hf_dict(d)
+        except KeyError as e:
+            raise ModelNotFoundError(f"{f} lacks the field {e.args[0]!r}") from None
+        except (TypeError, ValueError) as e:
+            raise ModelNotFoundError(f"{f} has a field of the wrong type: {e}") from None

@@ -2,23 +2,79 @@
 
 from __future__ import annotations
 
-import re
+import math
+from pathlib import Path
 
 import torch
 
+from radixserve.errors import KVPoolSizeError
 from radixserve.model.config import ModelConfig
+from radixserve.options import format_size, parse_size
 
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+# Share of the free memory a suggested --kv-cache-memory leaves the pool (the rest: activations).
+FIT_FRACTION = 0.9
 
 
 def parse_memory(size: str | int) -> int:
-    """Bytes of a size such as 2GiB, 512MiB, 1.5G or a plain integer."""
-    if isinstance(size, int):
-        return size
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgtKMGT]?)(i?[bB])?\s*", size)
-    if not m:
-        raise ValueError(f"cannot parse memory size {size!r} (e.g. 2GiB, 512MiB)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    """Bytes of a size such as 2GiB, 512MiB, 1.5G or a plain integer; ValueError otherwise."""
+    return parse_size(size)
+
+
+def free_memory(device: torch.device) -> int | None:
+    """Bytes that can be allocated on `device` now (None where that is unknown).
+
+    CUDA: the driver's free memory. CPU: /proc/meminfo's MemAvailable, capped by the cgroup's
+    memory limit when the process runs under one.
+    """
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    if device.type != "cpu":
+        return None
+    found = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = Path("/sys/fs/cgroup/memory.current").read_text().strip()
+        if limit != "max":
+            found.append(max(0, int(limit) - int(used)))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
+
+
+def check_pool_fits_memory(nbytes: int, device: torch.device, copies: int = 1) -> None:
+    """Raise KVPoolSizeError, saying what is free and what would fit, unless `copies` pools of
+    `nbytes` each fit in the memory free on `device`."""
+    free = free_memory(device)
+    if free is None or nbytes * copies <= free:
+        return
+    one, fits = format_size(nbytes, up=True), format_size(free * FIT_FRACTION / copies)
+    need = f"{copies} workers x {one}" if copies > 1 else one
+    raise KVPoolSizeError(
+        f"the KV pool (--kv-cache-memory) needs {need} but only {format_size(free)} of "
+        f"{device.type} memory is free; lower --kv-cache-memory to {fits} or less"
+    )
+
+
+def check_pool_holds_request(
+    num_blocks: int, block_size: int, max_model_len: int, bytes_per_block: int
+) -> None:
+    """Raise KVPoolSizeError if `num_blocks` cannot hold one request of `max_model_len` tokens."""
+    need = math.ceil(max_model_len / block_size)
+    if num_blocks >= need:
+        return
+    raise KVPoolSizeError(
+        f"the KV pool holds {num_blocks * block_size} tokens ({num_blocks} blocks x "
+        f"{block_size}), fewer than one request of --max-model-len {max_model_len} needs; "
+        f"raise --kv-cache-memory to {format_size(need * bytes_per_block, up=True)} or lower "
+        f"--max-model-len to {num_blocks * block_size}"
+    )
 
 
 def bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
@@ -46,8 +102,16 @@ class KVPool:
         self.num_blocks = num_blocks
         self.block_size = block_size
         shape = (config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        nbytes = 2 * math.prod(shape) * torch.tensor([], dtype=dtype).element_size()
+        check_pool_fits_memory(nbytes, torch.device(device))
+        try:
+            self.k = torch.zeros(shape, dtype=dtype, device=device)
+            self.v = torch.zeros(shape, dtype=dtype, device=device)
+        except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
+            raise KVPoolSizeError(
+                f"cannot allocate the KV pool ({format_size(nbytes)}): {str(e).splitlines()[0]}; "
+                "lower --kv-cache-memory"
+            ) from e
 
     @staticmethod
     def blocks_for_memory(

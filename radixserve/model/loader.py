@@ -5,18 +5,18 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import importlib.util
+import json
 import logging
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
+from radixserve.errors import DeviceError, ModelNotFoundError
 
-from radixserve.errors import ModelNotFoundError
+if TYPE_CHECKING:  # torch loads lazily: resolving a model's files must not wait for it
+    import torch
 
-if TYPE_CHECKING:
     from radixserve.model.llama import LlamaModel
 
 log = logging.getLogger(__name__)
@@ -61,19 +61,26 @@ def default_gguf() -> Path:
     )
 
 
-def resolve_model(model: str | None, cache_dir: Path | None = None) -> ModelFiles:
+def resolve_model(
+    model: str | None, cache_dir: Path | None = None, weights: bool = True
+) -> ModelFiles:
     """Map None / a HF directory / a .gguf file to a loadable HF-format directory.
 
-    A GGUF file is converted once into `cache_dir` (default `cache_root()`) and reused.
+    A GGUF file is converted once into `cache_dir` (default `cache_root()`) and reused; a
+    second process converting the same file at the same time waits for the first. A
+    directory missing files raises ModelNotFoundError naming them (weights only when
+    `weights`, so a tokenizer-only directory serves the router and bench).
     """
     if model is None or model in (DEFAULT_MODEL, "default"):
         gguf_path, name = default_gguf(), DEFAULT_MODEL
     else:
         p = Path(model).expanduser()
         if p.is_dir():
-            if not (p / "config.json").is_file():
+            missing = missing_model_files(p, weights)
+            if missing:
                 raise ModelNotFoundError(
-                    f"{p} is not a Hugging Face model directory (no config.json)"
+                    f"{p} is not a complete Hugging Face model directory: it lacks "
+                    + ", ".join(missing)
                 )
             return ModelFiles(p, p.name)
         if not p.is_file():
@@ -88,13 +95,34 @@ def resolve_model(model: str | None, cache_dir: Path | None = None) -> ModelFile
     key = hashlib.sha1(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
     out = (cache_dir or cache_root()) / "models" / f"{gguf_path.stem}-{key.hexdigest()[:10]}"
     if not (out / "config.json").is_file():
-        from radixserve.model.gguf_convert import convert_gguf
+        from radixserve.model.gguf_convert import convert_gguf_once
 
-        t0 = time.perf_counter()
-        log.info("converting %s into %s (once)", gguf_path, out)
-        convert_gguf(gguf_path, out)
-        log.info("converted in %.1fs", time.perf_counter() - t0)
+        convert_gguf_once(gguf_path, out)
     return ModelFiles(out, name, gguf_path)
+
+
+def missing_model_files(path: Path, weights: bool = True) -> list[str]:
+    """The files a HF model directory lacks: config.json, a tokenizer, and (when `weights`)
+    *.safetensors, including every shard a model.safetensors.index.json names."""
+    missing = []
+    if not (path / "config.json").is_file():
+        missing.append("config.json")
+    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model")):
+        missing.append("tokenizer.json (or tokenizer.model)")
+    if not weights:
+        return missing
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, AttributeError):
+            return [*missing, f"a readable {index.name}"]
+        missing += [s for s in shards if not (path / s).is_file()]
+    elif not any(path.glob("*.safetensors")):
+        found = [f.name for f in path.glob("*.bin")] + [f.name for f in path.glob("*.pt*")]
+        hint = f" ({', '.join(sorted(found))} found: radixserve loads safetensors only)"
+        missing.append("*.safetensors weights" + (hint if found else ""))
+    return missing
 
 
 def load_state_dict(path: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -112,15 +140,34 @@ def load_state_dict(path: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """float32 | bfloat16 | float16 | auto (bfloat16 where the hardware computes it fast)."""
+    """float32 | bfloat16 | float16 | auto (bfloat16 where the hardware computes it fast).
+
+    Raises DeviceError for a dtype the device cannot compute in.
+    """
+    import torch
+
     table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if dtype in table:
-        return table[dtype]
-    if dtype != "auto":
-        raise ValueError(f"unknown dtype {dtype!r}; use float32, bfloat16, float16 or auto")
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.bfloat16 if _cpu_has_fast_bf16() else torch.float32
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if _cpu_has_fast_bf16() else torch.float32
+    if dtype not in table:
+        raise DeviceError(f"unknown dtype {dtype!r}; use float32, bfloat16, float16 or auto")
+    bf16_ok = device.type != "cuda" or torch.cuda.is_bf16_supported()
+    problem = dtype_problem(dtype, device, bf16_ok)
+    if problem:
+        raise DeviceError(problem)
+    return table[dtype]
+
+
+def dtype_problem(dtype: str, device: torch.device, bf16_supported: bool) -> str | None:
+    """Why `device` cannot run `dtype`, or None when it can (CPUs run all three)."""
+    if dtype == "bfloat16" and device.type == "cuda" and not bf16_supported:
+        return (
+            f"--dtype bfloat16: {device} has no bfloat16 support (it needs compute capability "
+            "8.0+); use --dtype float16 or float32"
+        )
+    return None
 
 
 def _cpu_has_fast_bf16() -> bool:
@@ -132,13 +179,26 @@ def _cpu_has_fast_bf16() -> bool:
 
 
 def resolve_device(device: str) -> torch.device:
-    """auto | cpu | cuda[:N]; auto picks CUDA when available."""
+    """auto | cpu | cuda[:N]; auto picks CUDA when available. DeviceError if it is not here."""
+    import torch
+
+    device = device.strip().lower()
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for but CUDA is not available")
-    if device != "cpu" and not device.startswith("cuda"):
-        raise ValueError(f"unknown device {device!r}; use auto, cpu or cuda")
+    if device == "cpu":
+        return torch.device("cpu")
+    if device != "cuda" and not (device.startswith("cuda:") and device[5:].isdigit()):
+        raise DeviceError(f"unknown device {device!r}; use auto, cpu, cuda or cuda:N")
+    if not torch.cuda.is_available():
+        why = (
+            f"this torch {torch.__version__} is built without CUDA"
+            if torch.version.cuda is None
+            else "no CUDA device is visible"
+        )
+        raise DeviceError(f"CUDA is not available for device {device!r} ({why}); use cpu")
+    count = torch.cuda.device_count()
+    if device != "cuda" and int(device[5:]) >= count:
+        raise DeviceError(f"no CUDA device {device!r} ({count} visible: cuda:0..cuda:{count - 1})")
     return torch.device(device)
 
 

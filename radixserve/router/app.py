@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from radixserve import __version__
 from radixserve.router.balancer import Balancer, Prompt, Route
 from radixserve.router.metrics import RouterMetrics
 from radixserve.router.prompt import normalize_body
@@ -363,6 +364,10 @@ def build_app(
     @app.get("/metrics")
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/version")
+    async def version() -> Response:  # as vLLM: the radixserve version, no key needed
+        return JSONResponse({"version": __version__})
 
     @app.get("/v1/router/workers")
     async def workers() -> Response:

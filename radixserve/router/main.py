@@ -8,6 +8,8 @@ from typing import Any
 
 import httpx
 
+from radixserve import options
+from radixserve.errors import ConfigError
 from radixserve.router.policy import POLICIES, PolicyConfig
 
 log = logging.getLogger(__name__)
@@ -24,7 +26,7 @@ def add_route_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--policy", choices=POLICIES, default="cache_aware")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=options.port, default=8000)
     parser.add_argument(
         "--model",
         default=None,
@@ -40,32 +42,32 @@ def add_route_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--block-size",
-        type=int,
+        type=options.block_size,
         default=None,
         help="the workers' block size (default: read from /v1/cache/stats)",
     )
     parser.add_argument(
         "--cache-threshold",
-        type=float,
+        type=options.fraction,
         default=PolicyConfig.cache_threshold,
         help="route by cache when the best match beats the least-loaded "
         "worker's by this fraction of the prompt",
     )
     parser.add_argument(
         "--balance-abs-threshold",
-        type=int,
+        type=options.non_negative_int,
         default=PolicyConfig.balance_abs_threshold,
         help="loads are uneven when max-min in-flight exceeds this ...",
     )
     parser.add_argument(
         "--balance-rel-threshold",
-        type=float,
+        type=options.float_in(1.0),
         default=PolicyConfig.balance_rel_threshold,
         help="... and max exceeds this times min",
     )
     parser.add_argument(
         "--health-interval",
-        type=float,
+        type=options.positive_float,
         default=2.0,
         help="seconds between /health probes of each worker",
     )
@@ -76,7 +78,7 @@ def add_route_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--mirror-blocks",
-        type=int,
+        type=options.positive_int,
         default=None,
         help="blocks per worker mirror (default: the worker's pool size)",
     )
@@ -87,10 +89,13 @@ def add_route_args(parser: argparse.ArgumentParser) -> None:
         "and forwarding (more cache hits, prompts no longer byte-exact)",
     )
     parser.add_argument(
-        "--request-timeout", type=float, default=600.0, help="seconds to wait for a worker's answer"
+        "--request-timeout",
+        type=options.positive_float,
+        default=600.0,
+        help="seconds to wait for a worker's answer",
     )
     parser.add_argument("--seed", type=int, default=None, help="seed of the random policy")
-    parser.add_argument("--log-level", default="info")
+    parser.add_argument("--log-level", default="info", choices=options.LOG_LEVELS)
 
 
 def load_tokenizer(model: str | None) -> Any:
@@ -98,7 +103,7 @@ def load_tokenizer(model: str | None) -> Any:
     from radixserve.engine.tokenizer import Tokenizer
     from radixserve.model.loader import resolve_model
 
-    return Tokenizer.from_dir(resolve_model(model).path)
+    return Tokenizer.from_dir(resolve_model(model, weights=False).path)
 
 
 def build_router_app(args: argparse.Namespace, tokenizer: Any = None) -> Any:
@@ -109,7 +114,7 @@ def build_router_app(args: argparse.Namespace, tokenizer: Any = None) -> Any:
     from radixserve.router.worker import Worker, WorkerConfig
 
     if not args.worker:
-        raise SystemExit("radixserve route: give at least one --worker URL")
+        raise ConfigError("give at least one --worker URL, e.g. --worker http://127.0.0.1:8001")
     if args.policy == "cache_aware" and tokenizer is None:
         tokenizer = load_tokenizer(args.model)
     worker_key = args.worker_api_key or args.api_key

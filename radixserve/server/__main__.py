@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from radixserve.server.main import add_serve_args, run_serve
+from radixserve.cli import main as cli_main
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse the serve options and serve."""
-    parser = argparse.ArgumentParser(prog="python -m radixserve.server")
-    add_serve_args(parser)
-    return run_serve(parser.parse_args(argv))
+    """Run `radixserve serve` with these options (its start-up checks and one-line errors)."""
+    return cli_main(["serve", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from fastapi.encoders import jsonable_encoder
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from radixserve import __version__
 from radixserve.server.bridge import EngineBridge
 from radixserve.server.cache_events import CacheEventHub
 from radixserve.server.errors import APIError, install_error_handlers
@@ -102,5 +103,9 @@ def build_app(
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/version")
+    async def version() -> JSONResponse:  # as vLLM: the radixserve version, no key needed
+        return JSONResponse({"version": __version__})
 
     return app

@@ -14,11 +14,11 @@ from typing import Any
 
 import uvicorn
 
-from radixserve.errors import RadixServeError
+from radixserve import options
 
 log = logging.getLogger("radixserve.server")
 
-LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+LOG_LEVELS = options.LOG_LEVELS
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
@@ -27,16 +27,21 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     a("--model", default=None, help="HF directory or .gguf file (default: SmolLM2-135M-Instruct)")
     a("--served-model-name", default=None, help="model name of the API (default: from --model)")
     a("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
-    a("--port", type=int, default=8000, help="port to bind (default: 8000)")
+    a("--port", type=options.port, default=8000, help="port to bind (default: 8000)")
     a(
         "--api-key",
         default=os.environ.get("RADIXSERVE_API_KEY"),
         help="require 'Authorization: Bearer KEY' on /v1 routes (default: $RADIXSERVE_API_KEY)",
     )
     a("--dtype", default="auto", choices=("auto", "float32", "float16", "bfloat16"))
-    a("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    a("--kv-cache-memory", default="2GiB", help="size of the KV-cache pool (default: 2GiB)")
-    a("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
+    a("--device", type=options.device, default="auto", help="auto | cpu | cuda | cuda:N")
+    a(
+        "--kv-cache-memory",
+        type=options.memory_size,
+        default="2GiB",
+        help="size of the KV-cache pool (default: 2GiB)",
+    )
+    a("--block-size", type=options.block_size, default=16, help="tokens per KV block (default: 16)")
     a("--no-prefix-cache", action="store_true", help="disable the radix prefix cache")
     a(
         "--quantization",
@@ -53,30 +58,50 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
         help="attention kernels (default auto: radixserve's paged CPU kernel for float32 on "
         "CPU, torch SDPA elsewhere)",
     )
-    a("--max-num-batched-tokens", type=int, default=None, help="tokens per engine step")
-    a("--max-num-seqs", type=int, default=None, help="requests running at once")
-    a("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    a(
+        "--max-num-batched-tokens",
+        type=options.positive_int,
+        default=None,
+        help="tokens per engine step",
+    )
+    a("--max-num-seqs", type=options.positive_int, default=None, help="requests running at once")
+    a(
+        "--max-model-len",
+        type=options.positive_int,
+        default=None,
+        help="context length (default: the model's)",
+    )
     a(
         "--max-waiting",
-        type=int,
+        type=options.non_negative_int,
         default=None,
         help="waiting-queue limit; requests beyond it get 503 + Retry-After",
     )
-    a("--schedule-policy", default=None, help="engine scheduling policy (default: the engine's)")
-    a("--num-threads", type=int, default=None, help="torch CPU threads")
+    a(
+        "--schedule-policy",
+        default=None,
+        choices=("lpm", "fcfs"),
+        help="engine scheduling policy (default: the engine's)",
+    )
+    a("--num-threads", type=options.positive_int, default=None, help="torch CPU threads")
     a(
         "--default-max-tokens",
-        type=int,
+        type=options.positive_int,
         default=256,
         help="max_tokens of requests that set none, capped by the context (default: 256)",
     )
     a(
         "--shutdown-timeout",
-        type=float,
+        type=options.non_negative_float,
         default=30.0,
         help="seconds in-flight requests may take to finish on SIGTERM/SIGINT (default: 30)",
     )
-    a("--workers", type=int, default=1, help="N>1: N engine workers behind the cache-aware router")
+    a(
+        "--workers",
+        type=options.positive_int,
+        default=1,
+        help="N>1: N engine workers behind the cache-aware router",
+    )
     a("--log-level", default="info", choices=LOG_LEVELS)
 
 
@@ -128,19 +153,11 @@ def run_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    if args.api_key is not None and not args.api_key:
-        log.error("--api-key must not be empty")
-        return 2
-    if _port_taken(args.host, args.port):
-        log.error("cannot bind %s:%d: the address is in use", args.host, args.port)
-        return 1
     from radixserve.engine.engine import LLMEngine
 
-    try:
-        engine = LLMEngine(engine_config(args))
-    except RadixServeError as e:
-        log.error("cannot start the engine: %s", e)
-        return 2
+    # Start-up errors propagate: radixserve.cli prints them as one line (after the checks
+    # of radixserve.preflight, which run before this).
+    engine = LLMEngine(engine_config(args))
     try:
         engine.start()
         return _serve(engine, args)
@@ -203,14 +220,3 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._on_exit)
-
-
-def _port_taken(host: str, port: int) -> bool:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return True
-    return False

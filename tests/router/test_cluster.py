@@ -28,8 +28,9 @@ from .fakes import wait_for
 pytestmark = pytest.mark.slow
 
 # Small and fast: float32, one thread per worker, a short context, a KV pool of ~40 blocks
-# so that a handful of conversations already forces evictions.
-WORKER_ARGS = ["--dtype", "float32", "--max-model-len", "1024", "--kv-cache-memory", "28MiB"]
+# so that a handful of conversations already forces evictions (the pool still has to hold one
+# request of --max-model-len: 39 blocks x 16 = 624 tokens).
+WORKER_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--kv-cache-memory", "28MiB"]
 STARTUP_TIMEOUT_S = 240.0
 
 

@@ -170,6 +170,12 @@ def test_models_answered_by_a_worker(cluster: Cluster) -> None:
     assert cluster.http.get("/v1/models").json()["data"][0]["id"] == "fake"
 
 
+def test_version_is_the_routers_own(cluster: Cluster) -> None:
+    from radixserve import __version__
+
+    assert cluster.http.get("/version").json() == {"version": __version__}
+
+
 def test_mirror_matches_worker_cache_after_evictions(cluster: Cluster) -> None:
     for i in range(40):  # 40 prompts of ~10 blocks into 64-block caches: many evictions
         cluster.chat(f"conversation {i % 7} " * 3 + f"turn {i}")

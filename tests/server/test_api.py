@@ -53,6 +53,12 @@ def test_health_is_ok(server: Any) -> None:
     assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
 
 
+def test_version_route_answers_the_package_version(server: Any) -> None:
+    from radixserve import __version__
+
+    assert httpx.get(f"{server.url}/version").json() == {"version": __version__}
+
+
 def test_models_lists_the_default_model(client: openai.OpenAI) -> None:
     models = client.models.list().data
     assert [m.id for m in models] == ["SmolLM2-135M-Instruct"]

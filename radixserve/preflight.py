@@ -1,0 +1,103 @@
+"""Start-up checks that need several flags or a look at the machine, run before weights load.
+
+Each raises a typed error from radixserve.errors (`radixserve.cli` turns it into one line on
+stderr). Flag values on their own are checked earlier, by the types in radixserve.options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import socket
+from urllib.parse import urlsplit
+
+from radixserve.errors import ConfigError
+
+_LOOPBACK = {"127.0.0.1", "localhost", "::1", "0.0.0.0", "::"}
+
+
+def check_engine_args(args: argparse.Namespace) -> None:
+    """serve / generate / chat: model files, device, dtype, and the KV pool against free memory
+    and --max-model-len. Converts a GGUF model on first use (once, under a file lock)."""
+    from radixserve.model.config import ModelConfig
+    from radixserve.model.loader import resolve_device, resolve_dtype, resolve_model
+
+    workers = getattr(args, "workers", 1) or 1
+    if getattr(args, "api_key", None) == "":
+        raise ConfigError("--api-key must not be empty (leave it out to serve without a key)")
+    config = ModelConfig.from_dir(resolve_model(args.model).path)
+    max_model_len = getattr(args, "max_model_len", None)
+    if max_model_len is not None and max_model_len > config.max_position_embeddings:
+        raise ConfigError(
+            f"--max-model-len {max_model_len} is more than the model's context of "
+            f"{config.max_position_embeddings} tokens"
+        )
+    device = resolve_device(args.device)  # the first check that imports torch
+    dtype = resolve_dtype(args.dtype, device)
+    if getattr(args, "attention_backend", "auto") == "cpu" and (
+        device.type != "cpu" or dtype.is_floating_point and dtype.itemsize != 4
+    ):
+        raise ConfigError(
+            "--attention-backend cpu runs float32 models on the CPU only; "
+            "add --dtype float32 --device cpu, or use --attention-backend sdpa"
+        )
+    from radixserve.model.kv_pool import (
+        bytes_per_token,
+        check_pool_fits_memory,
+        check_pool_holds_request,
+        parse_memory,
+    )
+
+    block_size = getattr(args, "block_size", None) or 16
+    per_block = bytes_per_token(config, dtype) * block_size
+    num_blocks = max(1, parse_memory(args.kv_cache_memory) // per_block)
+    check_pool_fits_memory(num_blocks * per_block, device, copies=workers)
+    if max_model_len is not None:
+        check_pool_holds_request(num_blocks, block_size, max_model_len, per_block)
+
+
+def check_serve_args(args: argparse.Namespace) -> None:
+    """serve: the address must be free to bind (by the router, with --workers N), then the
+    engine checks."""
+    check_bindable(args.host, args.port)
+    check_engine_args(args)
+
+
+def check_bindable(host: str, port: int) -> None:
+    """Raise ConfigError if host:port cannot be bound now (in use, or no such address)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except socket.gaierror as e:
+            raise ConfigError(f"--host {host}: cannot resolve it ({e.strerror})") from None
+        except OSError as e:
+            why = "the address is in use" if e.errno == errno.EADDRINUSE else e.strerror
+            raise ConfigError(
+                f"cannot bind {host}:{port}: {why}; pick another --host/--port"
+            ) from None
+
+
+def check_route_args(args: argparse.Namespace) -> None:
+    """route: at least one well-formed worker URL, none twice, none the router's own address."""
+    if not args.worker:
+        raise ConfigError("give at least one --worker URL, e.g. --worker http://127.0.0.1:8001")
+    seen: set[tuple[str, int]] = set()
+    for url in args.worker:
+        parts = urlsplit(url)
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
+            raise ConfigError(f"--worker {url!r} is not a URL like http://127.0.0.1:8001")
+        key = (parts.hostname, port)
+        if key in seen:
+            raise ConfigError(f"--worker {url} is given twice")
+        seen.add(key)
+        if port == args.port and parts.hostname in _LOOPBACK and args.host in _LOOPBACK:
+            raise ConfigError(
+                f"--worker {url} is the router's own address (--port {args.port}): "
+                "the router would send requests to itself; give the router another --port"
+            )

@@ -1,0 +1,118 @@
+"""The start-up checks of the model layer and the option types, called in-process."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from radixserve import options
+from radixserve.errors import KVPoolSizeError
+from radixserve.model.config import ModelConfig
+from radixserve.model.gguf_convert import _progress, file_lock
+from radixserve.model.kv_pool import KVPool, check_pool_holds_request, free_memory
+from radixserve.model.loader import dtype_problem, missing_model_files
+
+TINY = ModelConfig(
+    vocab_size=32, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+    num_kv_heads=2, head_dim=16,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2GiB", 2 << 30),
+        ("512MiB", 512 << 20),
+        ("1.5G", 3 << 29),
+        ("4096", 4096),
+        ("10TB", 10 << 40),
+    ],
+)
+def test_sizes_parse_in_binary_units(text: str, expected: int) -> None:
+    assert options.parse_size(text) == expected
+
+
+def test_suggested_sizes_parse_back_and_round_the_right_way() -> None:
+    n = (22 << 30) + (850 << 20)  # 22.83 GiB
+    assert options.format_size(n) == "22.8GiB"
+    assert options.format_size(n, up=True) == "22.9GiB"
+    assert options.parse_size(options.format_size(n)) <= n <= options.parse_size("22.9GiB")
+
+
+@pytest.mark.parametrize("text", ["banana", "0", "2 GB of RAM", ""])
+def test_memory_size_type_rejects_what_is_not_a_positive_size(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        options.memory_size(text)
+
+
+def test_kv_pool_larger_than_free_memory_fails_before_allocating() -> None:
+    free = free_memory(torch.device("cpu"))
+    assert free is not None and free > 0
+    per_block = 2 * TINY.num_layers * 16 * TINY.num_kv_heads * TINY.head_dim * 4
+    with pytest.raises(KVPoolSizeError, match="memory is free; lower --kv-cache-memory to"):
+        KVPool(TINY, free // per_block + 1, 16, torch.float32)
+
+
+def test_pool_smaller_than_one_request_names_both_remedies() -> None:
+    check_pool_holds_request(64, 16, 1024, 1000)  # exactly one request: fine
+    with pytest.raises(
+        KVPoolSizeError, match="raise --kv-cache-memory to .* lower --max-model-len"
+    ):
+        check_pool_holds_request(63, 16, 1024, 1000)
+
+
+def test_bfloat16_on_a_gpu_without_it_is_refused_and_cpus_run_every_dtype() -> None:
+    cuda = torch.device("cuda:0")
+    assert "bfloat16" in (dtype_problem("bfloat16", cuda, bf16_supported=False) or "")
+    assert dtype_problem("bfloat16", cuda, bf16_supported=True) is None
+    for dtype in ("float32", "float16", "bfloat16"):
+        assert dtype_problem(dtype, torch.device("cpu"), bf16_supported=False) is None
+
+
+def test_missing_model_files_lists_each_and_weights_only_when_asked(tmp_path: Path) -> None:
+    (tmp_path / "pytorch_model.bin").write_bytes(b"")
+    missing = missing_model_files(tmp_path)
+    assert missing[:2] == ["config.json", "tokenizer.json (or tokenizer.model)"]
+    assert "pytorch_model.bin" in missing[2]
+    assert len(missing_model_files(tmp_path, weights=False)) == 2
+
+
+def test_conversion_progress_is_logged_at_each_quarter_off_a_terminal(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="radixserve.model.gguf_convert")
+    assert list(_progress(list(range(8)), "dequantising m.gguf")) == list(range(8))
+    assert [r.getMessage() for r in caplog.records] == [
+        f"dequantising m.gguf: {i}/8 tensors" for i in (2, 4, 6, 8)
+    ]
+
+
+def test_file_lock_waits_for_the_process_holding_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="radixserve.model.gguf_convert")
+    lock = tmp_path / "m.lock"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(lock)], stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+    with file_lock(lock, "waiting for the other one"):
+        assert (tmp_path / "done").exists()  # the holder finished before we got the lock
+    holder.wait(30)
+    assert [r.getMessage() for r in caplog.records] == ["waiting for the other one"]
+
+
+HOLD_LOCK = """
+import fcntl, sys, time
+with open(sys.argv[1], "a") as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    print("locked", flush=True)
+    time.sleep(1.0)
+    open(sys.argv[1].replace("m.lock", "done"), "w").close()
+"""

@@ -1,0 +1,191 @@
+"""Every start-up misconfiguration of the real CLI ends in one stderr line and a non-zero exit.
+
+Each case runs `python -m radixserve.cli ...` in its own session and checks the exit status,
+that stderr's last line is `radixserve CMD: error: ...` naming the problem and is its only
+error line, that no traceback was printed, and that nothing of the session is left running.
+The model cases use a tiny random Llama directory written by the test, so no weights load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from radixserve import __version__
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The CLI's result, after checking that nothing of its process group outlived it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "radixserve.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, **(env or {})},
+    )
+    try:
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    with pytest.raises(ProcessLookupError):  # no process of its group is left
+        os.killpg(proc.pid, 0)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def assert_one_error_line(res: subprocess.CompletedProcess[str], command: str, *names: str) -> str:
+    """The error line, after checking exit 2, no traceback and that it names every `names`."""
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr + res.stdout
+    lines = res.stderr.strip().splitlines()
+    errors = [line for line in lines if "error" in line.lower()]
+    assert errors == [lines[-1]], res.stderr
+    assert lines[-1].startswith(f"radixserve {command}: error: "), res.stderr
+    for name in names:
+        assert name in lines[-1], (name, lines[-1])
+    return lines[-1]
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_pair_factory) -> Path:
+    """A complete Hugging Face directory: tiny random Llama weights, config and tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    hf, _ = tiny_pair_factory()  # 2 layers, 2 KV heads x 16 dims, 256 positions
+    hf.save_pretrained(path)
+    vocab = {f"w{i}": i for i in range(101)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0").save_pretrained(path)
+    return path
+
+
+def test_version_prints_the_package_version() -> None:
+    res = run_cli("--version")
+    assert res.returncode == 0
+    assert res.stdout.strip() == f"radixserve {__version__}"
+
+
+def test_cuda_that_is_not_there_is_named() -> None:
+    device = "cuda:99" if torch.cuda.is_available() else "cuda"
+    line = assert_one_error_line(run_cli("serve", "--device", device), "serve", "--device")
+    assert "CUDA" in line and "cpu" in line
+
+
+def test_unknown_device_is_named() -> None:
+    assert_one_error_line(run_cli("generate", "hi", "--device", "tpu"), "generate", "'tpu'")
+
+
+@pytest.mark.parametrize("size", ["banana", "0"])
+def test_unparsable_kv_cache_memory_is_named(size: str) -> None:
+    res = run_cli("serve", f"--kv-cache-memory={size}")
+    assert_one_error_line(res, "serve", "--kv-cache-memory", size)
+
+
+def test_kv_pool_larger_than_free_memory_says_what_is_free_and_fits(tiny_model_dir: Path) -> None:
+    res = run_cli("serve", "--model", str(tiny_model_dir), "--kv-cache-memory", "100TiB")
+    line = assert_one_error_line(res, "serve", "100TiB", "memory is free")
+    assert "lower --kv-cache-memory to" in line
+
+
+def test_kv_pool_too_small_for_one_request_of_max_model_len(tiny_model_dir: Path) -> None:
+    args = ("serve", "--model", str(tiny_model_dir), "--kv-cache-memory", "4KiB")
+    res = run_cli(*args, "--max-model-len", "256", "--dtype", "float32")
+    line = assert_one_error_line(res, "serve", "--max-model-len 256", "16 tokens")
+    assert "raise --kv-cache-memory to" in line
+
+
+def test_max_model_len_beyond_the_models_context(tiny_model_dir: Path) -> None:
+    res = run_cli("serve", "--model", str(tiny_model_dir), "--max-model-len", "100000")
+    assert_one_error_line(res, "serve", "--max-model-len 100000", "256")
+
+
+@pytest.mark.parametrize("size", ["0", "512"])
+def test_block_size_out_of_range(size: str) -> None:
+    assert_one_error_line(run_cli("serve", "--block-size", size), "serve", "--block-size")
+
+
+def test_model_dir_missing_files_names_them(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    res = run_cli("generate", "hi", "--model", str(tmp_path))
+    assert_one_error_line(res, "generate", str(tmp_path), "tokenizer.json", "safetensors")
+
+
+def test_model_dir_with_missing_shards_names_them(tiny_model_dir: Path, tmp_path: Path) -> None:
+    for f in tiny_model_dir.iterdir():
+        if f.suffix != ".safetensors":
+            (tmp_path / f.name).write_bytes(f.read_bytes())
+    shards = {"weight_map": {"a": "model-00001-of-00002.safetensors"}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(shards))
+    res = run_cli("serve", "--model", str(tmp_path))
+    assert_one_error_line(res, "serve", "model-00001-of-00002.safetensors")
+
+
+def test_gguf_of_another_architecture_is_named(tmp_path: Path) -> None:
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "tiny-gpt2.gguf"
+    writer = gguf.GGUFWriter(str(path), "gpt2")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    env = {"RADIXSERVE_CACHE_DIR": str(tmp_path / "cache")}
+    res = run_cli("chat", "hi", "--model", str(path), env=env)
+    assert_one_error_line(res, "chat", "'gpt2'", "tiny-gpt2.gguf")
+    assert not [p for p in (tmp_path / "cache" / "models").iterdir() if p.is_dir()]
+
+
+def test_busy_port_is_named() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        res = run_cli("serve", "--port", str(port))
+    assert_one_error_line(res, "serve", f"127.0.0.1:{port}", "in use")
+
+
+def test_zero_workers_is_named() -> None:
+    assert_one_error_line(run_cli("serve", "--workers", "0"), "serve", "--workers")
+
+
+def test_route_without_workers_is_named() -> None:
+    assert_one_error_line(run_cli("route"), "route", "--worker")
+
+
+def test_route_to_its_own_address_is_named() -> None:
+    res = run_cli("route", "--worker", "http://127.0.0.1:11790", "--port", "11790")
+    assert_one_error_line(res, "route", "http://127.0.0.1:11790", "own address")
+
+
+def test_route_worker_that_is_not_a_url_is_named() -> None:
+    res = run_cli("route", "--worker", "localhost")
+    assert_one_error_line(res, "route", "'localhost'")
+
+
+def test_route_threshold_out_of_range_is_named() -> None:
+    res = run_cli("route", "--worker", "http://127.0.0.1:11791", "--cache-threshold", "2")
+    assert_one_error_line(res, "route", "--cache-threshold")
+
+
+def test_bench_concurrency_zero_is_named() -> None:
+    assert_one_error_line(run_cli("bench", "--concurrency", "0"), "bench", "--concurrency")
+
+
+def test_analyze_block_size_out_of_range_is_named(tmp_path: Path) -> None:
+    res = run_cli("analyze", str(tmp_path / "t.jsonl"), "--block-size", "0")
+    assert_one_error_line(res, "analyze", "--block-size")
