@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         during = phase(server.url, "a", args)
         killer.join()
+        print(f"during the kill: {during}", file=sys.stderr, flush=True)
         during["seconds"] = round(time.monotonic() - t0, 1)
         while True:
             st = serve.status().applications["radixserve"].deployments["RadixEngine"]
@@ -136,9 +137,10 @@ def main(argv: list[str] | None = None) -> int:
                 for r, v in stats["replicas"].items()
             },
         }
+        print(json.dumps(report, indent=2), flush=True)
     finally:
+        ray.shutdown()  # before the cluster goes: a connected driver dies with it
         server.stop(timeout=60)
-    print(json.dumps(report, indent=2))
     return 0
 
 

@@ -6,7 +6,8 @@ Runs of the same sessions (same seed), each on freshly started servers:
   round_robin  two workers behind `radixserve route --policy round_robin`
   ray_radix    `radixserve serve --ray --replicas 2` (RadixRequestRouter)     [needs .[ray]]
   ray_pow2     the same with Ray Serve's default router (power of two choices)
-  ray_prefix   the same with Ray's PrefixCacheAffinityRouter
+  ray_prefix   the same with Ray's PrefixCacheAffinityRouter (its defaults)
+  ray_prefix_balanced  ... with imbalanced_threshold set (--prefix-imbalanced-threshold)
 and a table of cache hit ratio (usage.cached_tokens / prompt_tokens; all turns and later
 turns only), TTFT and requests/s.
 
@@ -64,6 +65,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--runs", default="single,cache_aware,round_robin")
     p.add_argument("--startup-timeout", type=float, default=900.0, help="per server, seconds")
+    p.add_argument(
+        "--prefix-imbalanced-threshold",
+        type=float,
+        default=4,
+        help="queue-length gap at which ray_prefix_balanced balances load (ours: 4)",
+    )
     p.add_argument("--out", default="bench_results/router_bench.json")
     return p.parse_args(argv)
 
@@ -82,10 +89,17 @@ def route_command(policy: str, urls: list[str]) -> list[str]:
             "--log-level", "warning"]  # fmt: skip
 
 
-def ray_command(args: argparse.Namespace, router: str) -> list[str]:
-    """`serve --ray` with 2 replicas of the worker the other runs use, and this router."""
+def ray_command(args: argparse.Namespace, run: str) -> list[str]:
+    """`serve --ray` with 2 replicas of the worker the other runs use, and the run's router.
+
+    `ray_prefix_balanced` is Ray's PrefixCacheAffinityRouter with an imbalance threshold
+    (its default, infinity, never balances load).
+    """
+    router, kwargs = run.removeprefix("ray_"), {}
+    if router == "prefix_balanced":
+        router, kwargs = "prefix", {"imbalanced_threshold": args.prefix_imbalanced_threshold}
     return [*worker_command(args, args.kv_cache_mib), "--ray", "--replicas", "2",
-            "--ray-router", router]  # fmt: skip
+            "--ray-router", router, "--ray-router-kwargs", json.dumps(kwargs)]  # fmt: skip
 
 
 def make_sessions(args: argparse.Namespace, counter: TokenCounter) -> list[Session]:
@@ -110,7 +124,7 @@ def run_one(name: str, args: argparse.Namespace, counter: TokenCounter) -> tuple
             single = ServerProcess(worker_command(args, 2 * args.kv_cache_mib))
             url = stack.enter_context(single).url
         elif name.startswith("ray_"):
-            ray_app = ServerProcess(ray_command(args, name.removeprefix("ray_")))
+            ray_app = ServerProcess(ray_command(args, name))
             url = stack.enter_context(_Started(ray_app, args.startup_timeout)).url
         else:
             cmd = worker_command(args, args.kv_cache_mib)

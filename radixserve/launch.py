@@ -8,6 +8,7 @@ both the server and the router, so neither of those imports the other.
 from __future__ import annotations
 
 import argparse
+import json
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +44,13 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
         choices=("radix", "pow2", "prefix"),
         help="request router of the engine deployment: radix (ours), pow2 (Ray's default) or "
         "prefix (Ray's PrefixCacheAffinityRouter); for comparisons",
+    )
+    ray.add_argument(
+        "--ray-router-kwargs",
+        type=json.loads,
+        default={},
+        metavar="JSON",
+        help="keyword arguments of the request router, e.g. '{\"cache_threshold\": 0.5}'",
     )
 
 

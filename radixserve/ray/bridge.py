@@ -17,9 +17,9 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Hashable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from radixserve.engine.engine import EngineStats
 from radixserve.engine.outputs import RequestMetrics, RequestOutput
@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 4
 RETRY_BACKOFF_S = 0.5
 
+T = TypeVar("T")
+
 
 @dataclass
 class EngineCall:
@@ -41,7 +43,7 @@ class EngineCall:
     prompt_token_ids: list[int]
     params: SamplingParams
     request_id: str
-    namespace: Hashable = None
+    namespace: str | None = None
     priority: int = 0
 
     @property
@@ -138,7 +140,7 @@ class RemoteBridge(EngineBridge):
         super().__init__(engine, observer)
         self.handle = handle
 
-    async def submit(
+    async def submit(  # type: ignore[override]
         self,
         prompt_token_ids: list[int],
         params: SamplingParams,
@@ -146,7 +148,7 @@ class RemoteBridge(EngineBridge):
         namespace: str | None = None,
         priority: int = 0,
         stream: bool = True,
-    ) -> RemoteStream:  # type: ignore[override]
+    ) -> RemoteStream:
         """Send the request; a streamed one is accepted (or refused) by a replica on return."""
         call = EngineCall(list(prompt_token_ids), params, request_id, namespace, priority)
         s = RemoteStream(self.handle, call, self.observer)
@@ -170,20 +172,16 @@ class RemoteStream:
         self._response: Any = None
         self._last_stamp: float | None = None
         self._yielded = False
+        self._restarts = 0
 
     async def start(self) -> None:
         """Open the stream on a replica; retries while replicas die before accepting it."""
-        for attempt in range(MAX_ATTEMPTS):
-            gen = self.handle.options(stream=True).generate.remote(self.call)
-            self._gen = gen
-            try:
-                await gen.__anext__()  # the replica's "accepted" marker (or its refusal)
-                return
-            except Exception as e:
-                if not replica_gone(e) or attempt == MAX_ATTEMPTS - 1:
-                    raise _surface(e) from None
-                log.warning("replica died before accepting %s; retrying", self.request_id)
-                await asyncio.sleep(RETRY_BACKOFF_S)
+
+        async def open_stream() -> None:
+            self._gen = self.handle.options(stream=True).generate.remote(self.call)
+            await self._gen.__anext__()  # the replica's "accepted" marker (or its refusal)
+
+        await self._retrying(open_stream, "before accepting")
 
     async def __aiter__(self) -> AsyncIterator[RequestOutput]:
         while not self.finished:
@@ -192,8 +190,9 @@ class RemoteStream:
             except StopAsyncIteration:
                 out = self._error_output("the replica ended the stream early")
             except Exception as e:
-                if replica_gone(e) and not self._yielded:
+                if replica_gone(e) and not self._yielded and self._restarts < MAX_ATTEMPTS:
                     log.warning("replica died before the first token of %s", self.request_id)
+                    self._restarts += 1
                     await asyncio.sleep(RETRY_BACKOFF_S)
                     await self.start()
                     continue
@@ -209,19 +208,27 @@ class RemoteStream:
 
     async def result(self) -> RequestOutput:
         """The final output of a non-streamed request, sent again if its replica dies."""
-        for attempt in range(MAX_ATTEMPTS):
+
+        async def complete() -> RequestOutput:
             self._response = self.handle.complete.remote(self.call)
-            try:
-                out: RequestOutput = await self._response
-                break
-            except Exception as e:
-                if not replica_gone(e) or attempt == MAX_ATTEMPTS - 1:
-                    raise _surface(e) from None
-                log.warning("replica died under %s; sending it again", self.request_id)
-                await asyncio.sleep(RETRY_BACKOFF_S)
+            out: RequestOutput = await self._response
+            return out
+
+        out = await self._retrying(complete, "under")
         self._observe(out)
         self.finished, self.final = True, out
         return out
+
+    async def _retrying(self, attempt: Callable[[], Awaitable[T]], when: str) -> T:
+        for n in range(MAX_ATTEMPTS):
+            try:
+                return await attempt()
+            except Exception as e:
+                if not replica_gone(e) or n == MAX_ATTEMPTS - 1:
+                    raise _surface(e) from None
+                log.warning("replica died %s %s; sending it again", when, self.request_id)
+                await asyncio.sleep(RETRY_BACKOFF_S)
+        raise AssertionError("unreachable")
 
     def abort(self) -> None:
         """Cancel the request on its replica (which aborts it in the engine)."""

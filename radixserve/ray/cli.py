@@ -19,7 +19,10 @@ def layout_from_args(args: argparse.Namespace) -> Any:
     from radixserve.ray.deployments import RayDeployment
 
     return RayDeployment(
-        num_replicas=args.replicas, num_cpus=args.ray_num_cpus, router=args.ray_router
+        num_replicas=args.replicas,
+        num_cpus=args.ray_num_cpus,
+        router=args.ray_router,
+        router_kwargs=dict(args.ray_router_kwargs or {}),
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,25 +22,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def tiny_model_dir(out: Path, default_dir: Path) -> Path:
-    """A 2-layer random Llama with the default model's tokenizer and chat template."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
+def tiny_model_dir(out: Path, default_dir: Path, build_tiny_pair: Callable[..., Any]) -> Path:
+    """A 2-layer random Llama saved as a model directory, with the default model's tokenizer."""
+    hf, _ = build_tiny_pair(
         vocab_size=49152,
         hidden_size=32,
         intermediate_size=64,
-        num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=1,
         max_position_embeddings=1024,
         tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=2,
     )
-    LlamaForCausalLM(cfg).save_pretrained(out)
+    hf.save_pretrained(out)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         if (default_dir / name).is_file():
             shutil.copy(default_dir / name, out / name)
@@ -55,7 +48,11 @@ class RayApp:
 
 
 @pytest.fixture(scope="module")
-def ray_app(tmp_path_factory: pytest.TempPathFactory, default_model_files: Any) -> Iterator[RayApp]:
+def ray_app(
+    tmp_path_factory: pytest.TempPathFactory,
+    default_model_files: Any,
+    tiny_pair_factory: Callable[..., Any],
+) -> Iterator[RayApp]:
     """Two engine replicas behind the ingress on a free port; Ray is stopped afterwards."""
     ray = pytest.importorskip("ray")
     from ray import serve
@@ -69,7 +66,9 @@ def ray_app(tmp_path_factory: pytest.TempPathFactory, default_model_files: Any) 
     )
     from radixserve.ray.events import get_event_log
 
-    model = tiny_model_dir(tmp_path_factory.mktemp("tiny-llama"), Path(default_model_files.path))
+    model = tiny_model_dir(
+        tmp_path_factory.mktemp("tiny-llama"), Path(default_model_files.path), tiny_pair_factory
+    )
     port = free_port()
     # Few logical CPUs: this machine has 2 cores; the workers import this checkout.
     ray.init(
@@ -95,4 +94,9 @@ def ray_app(tmp_path_factory: pytest.TempPathFactory, default_model_files: Any) 
     finally:
         serve.shutdown()
         ray.shutdown()
+        # Handles left for garbage collection would otherwise start a fresh local Ray
+        # instance at exit (Ray connects automatically on first use).
+        import ray._private.auto_init_hook as auto_init
+
+        auto_init.enable_auto_connect = False
         time.sleep(1)
