@@ -1,10 +1,15 @@
 """Cache-aware vs round-robin routing over 2 workers, on the multi-turn chat workload.
 
-Three runs of the same sessions (same seed), each on freshly started servers:
+Runs of the same sessions (same seed), each on freshly started servers:
   single       one worker with the total cache of both (the hit-ratio reference)
   cache_aware  two workers behind `radixserve route --policy cache_aware`
   round_robin  two workers behind `radixserve route --policy round_robin`
-and a table of aggregate cache hit ratio (usage.cached_tokens / prompt_tokens) and TTFT.
+  ray_radix    `radixserve serve --ray --replicas 2` (RadixRequestRouter)     [needs .[ray]]
+  ray_pow2     the same with Ray Serve's default router (power of two choices)
+  ray_prefix   the same with Ray's PrefixCacheAffinityRouter (its defaults)
+  ray_prefix_balanced  ... with imbalanced_threshold set (--prefix-imbalanced-threshold)
+and a table of cache hit ratio (usage.cached_tokens / prompt_tokens; all turns and later
+turns only), TTFT and requests/s.
 
     python bench/router_bench.py                       # defaults: ~5 minutes on 2 CPU cores
     python bench/router_bench.py --conversations 16 --turns 6 --concurrency 8 --device cuda
@@ -59,6 +64,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--runs", default="single,cache_aware,round_robin")
+    p.add_argument("--startup-timeout", type=float, default=900.0, help="per server, seconds")
+    p.add_argument(
+        "--prefix-imbalanced-threshold",
+        type=float,
+        default=4,
+        help="queue-length gap at which ray_prefix_balanced balances load (ours: 4)",
+    )
     p.add_argument("--out", default="bench_results/router_bench.json")
     return p.parse_args(argv)
 
@@ -75,6 +87,19 @@ def route_command(policy: str, urls: list[str]) -> list[str]:
     workers = [a for u in urls for a in ("--worker", u)]
     return [sys.executable, "-m", "radixserve.cli", "route", *workers, "--policy", policy,
             "--log-level", "warning"]  # fmt: skip
+
+
+def ray_command(args: argparse.Namespace, run: str) -> list[str]:
+    """`serve --ray` with 2 replicas of the worker the other runs use, and the run's router.
+
+    `ray_prefix_balanced` is Ray's PrefixCacheAffinityRouter with an imbalance threshold
+    (its default, infinity, never balances load).
+    """
+    router, kwargs = run.removeprefix("ray_"), {}
+    if router == "prefix_balanced":
+        router, kwargs = "prefix", {"imbalanced_threshold": args.prefix_imbalanced_threshold}
+    return [*worker_command(args, args.kv_cache_mib), "--ray", "--replicas", "2",
+            "--ray-router", router, "--ray-router-kwargs", json.dumps(kwargs)]  # fmt: skip
 
 
 def make_sessions(args: argparse.Namespace, counter: TokenCounter) -> list[Session]:
@@ -98,6 +123,9 @@ def run_one(name: str, args: argparse.Namespace, counter: TokenCounter) -> tuple
         if name == "single":
             single = ServerProcess(worker_command(args, 2 * args.kv_cache_mib))
             url = stack.enter_context(single).url
+        elif name.startswith("ray_"):
+            ray_app = ServerProcess(ray_command(args, name))
+            url = stack.enter_context(_Started(ray_app, args.startup_timeout)).url
         else:
             cmd = worker_command(args, args.kv_cache_mib)
             urls = [stack.enter_context(ServerProcess(cmd)).url for _ in range(2)]
@@ -112,14 +140,42 @@ def run_one(name: str, args: argparse.Namespace, counter: TokenCounter) -> tuple
                 result = await run_load(client, url, sessions, "chat", model, load, progress=False)
                 if name == "single":
                     return result, None
+                if name.startswith("ray_"):
+                    r = await client.get(url + "/v1/cache/stats")
+                    return result, r.json()
                 r = await client.get(url + "/metrics")
                 return result, r.text
 
         t = time.perf_counter()
         result, metrics = asyncio.run(drive())
         print(f"[{name}] done in {time.perf_counter() - t:.0f}s", file=sys.stderr)
-        routing = decisions(metrics) if metrics else None
+        if isinstance(metrics, dict):  # Ray: requests per replica, from its engine stats
+            reps = metrics.get("replicas", {}).values()
+            routing = {"per_replica": sorted(sum(r["requests_total"].values()) for r in reps)}
+        else:
+            routing = decisions(metrics) if metrics else None
+        routing = (routing or {}) | {"later_turn_hit": later_turn_hit_ratio(result.records)}
     return summarize(result.records, result.duration), routing
+
+
+def later_turn_hit_ratio(records: list[Any]) -> float:
+    """Cached / prompt tokens over the turns after each conversation's first."""
+    later = [r for r in records if r.ok and r.turn > 0 and r.prompt_tokens]
+    prompt = sum(r.prompt_tokens for r in later)
+    return sum(r.cached_tokens or 0 for r in later) / prompt if prompt else float("nan")
+
+
+class _Started:
+    """A ServerProcess started with a longer health timeout (Ray takes minutes here)."""
+
+    def __init__(self, server: ServerProcess, timeout: float) -> None:
+        self.server, self.timeout = server, timeout
+
+    def __enter__(self) -> ServerProcess:
+        return self.server.start(self.timeout)
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.stop(timeout=60.0)
 
 
 def decisions(metrics: str) -> dict[str, float]:
@@ -143,12 +199,15 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     for name, (s, routing) in results.items():
+        later = routing.pop("later_turn_hit")
         rows.append([
             name, f"{s.requests - s.errors}/{s.requests}", f"{s.cache_hit_ratio:.3f}",
-            f"{s.ttft['p50'] * 1000:.0f}", f"{s.ttft['p90'] * 1000:.0f}",
+            f"{later:.3f}", f"{s.ttft['p50'] * 1000:.0f}", f"{s.ttft['p90'] * 1000:.0f}",
             f"{s.requests_per_s:.2f}", json.dumps(routing) if routing else "-",
         ])  # fmt: skip
-    header = ["run", "ok", "cache hit ratio", "p50 TTFT ms", "p90 TTFT ms", "req/s", "routing"]
+        routing["later_turn_hit"] = later
+    header = ["run", "ok", "cache hit ratio", "later turns", "p50 TTFT ms", "p90 TTFT ms",
+              "req/s", "routing"]  # fmt: skip
     print(markdown_table(header, rows))
     checks = {}
     if {"single", "cache_aware"} <= results.keys():
@@ -161,6 +220,13 @@ def main(argv: list[str] | None = None) -> int:
         checks["p50_ttft_rr_over_ca"] = rr / ca if ca else float("nan")
         print(f"round_robin p50 TTFT / cache_aware's: {checks['p50_ttft_rr_over_ca']:.2f}x "
               f"(target >= 2)")  # fmt: skip
+    if "single" in results:
+        ref = results["single"][1]["later_turn_hit"]
+        for name in results:
+            if name.startswith("ray_"):
+                ratio = results[name][1]["later_turn_hit"] / ref if ref else float("nan")
+                checks[f"{name}_later_turn_hit_vs_single"] = ratio
+                print(f"{name} later-turn hit ratio / single's: {ratio:.3f}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({

@@ -14,7 +14,7 @@ from radixserve import __version__
 
 # subcommand -> (module, add-arguments function, run function, help)
 COMMANDS: dict[str, tuple[str, str, str, str]] = {
-    "serve": ("radixserve.server.main", "add_serve_args", "run_serve", "start the HTTP server"),
+    "serve": ("radixserve.launch", "add_serve_args", "run_serve", "start the HTTP server"),
     "route": ("radixserve.router.main", "add_route_args", "run_route", "cache-aware router"),
     "bench": ("radixserve.bench.cli", "add_bench_args", "run_bench", "benchmark a server"),
     "analyze": ("radixserve.bench.cli", "add_analyze_args", "run_analyze", "analyze a trace"),

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import ctypes
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -15,10 +16,9 @@ from typing import Any
 
 import httpx
 
-log = logging.getLogger(__name__)
+from radixserve.worker_options import WorkerOptions
 
-# Serve flags the launcher sets itself for each worker (or that only mean something to it).
-OWN_FLAGS = {"host", "port", "workers", "num_threads", "help", "log_level"}
+log = logging.getLogger(__name__)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -28,57 +28,28 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def _flag(action: argparse.Action) -> str:
-    return max(action.option_strings, key=len)
+def worker_argv(opts: WorkerOptions, port: int) -> list[str]:
+    """The command line of one worker: its options, its own port, 1 thread unless set.
 
-
-def worker_argv(args: argparse.Namespace, port: int) -> list[str]:
-    """The command line of one worker: the user's serve flags, its own port, 1 thread by default.
-
-    The workers log at the user's --log-level, but at warning when it is left at info.
-
-    Flags are rebuilt from the serve parser's own actions, so any serve flag the user set is
-    passed on without this function knowing it.
+    The workers log at the user's level, but at warning when it is left at info (spares the
+    terminal the workers' access log of every probe). The API key travels by environment
+    (`worker_env`), not on the command line where `ps` would show it.
     """
-    from radixserve.server.main import add_serve_args
+    opts = opts.replace(
+        num_threads=opts.num_threads or 1,
+        log_level="warning" if opts.log_level == "info" else opts.log_level,
+    )
+    head = [sys.executable, "-m", "radixserve.server", "--host", "127.0.0.1", "--port", str(port)]
+    return head + opts.to_argv()
 
-    parser = argparse.ArgumentParser(add_help=False)
-    add_serve_args(parser)
-    argv = [
-        sys.executable,
-        "-m",
-        "radixserve.cli",
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
-    for action in parser._actions:
-        if not action.option_strings or action.dest in OWN_FLAGS or not hasattr(args, action.dest):
-            continue
-        value: Any = getattr(args, action.dest)
-        if value == action.default or value is None:
-            continue
-        flag = _flag(action)
-        if isinstance(action, argparse.BooleanOptionalAction):
-            argv.append(flag if value else "--no-" + flag.removeprefix("--"))
-        elif action.nargs == 0:  # store_true / store_false / store_const
-            argv.append(flag)
-        elif isinstance(value, (list, tuple)):
-            if isinstance(action, argparse._AppendAction):
-                for v in value:
-                    argv += [flag, str(v)]
-            else:
-                argv += [flag, *map(str, value)]
-        else:
-            argv += [flag, str(value)]
-    threads = getattr(args, "num_threads", None)
-    argv += ["--num-threads", str(threads if threads else 1)]
-    level = getattr(args, "log_level", None)
-    if level:  # info is the default: spare the terminal the workers' access log of every probe
-        argv += ["--log-level", "warning" if level == "info" else level]
-    return argv
+
+def worker_env(opts: WorkerOptions) -> dict[str, str]:
+    """The environment of a worker process: ours, with the API key the workers require."""
+    env = dict(os.environ)
+    env.pop("RADIXSERVE_API_KEY", None)
+    if opts.api_key:
+        env["RADIXSERVE_API_KEY"] = opts.api_key
+    return env
 
 
 def _die_with_parent() -> None:  # runs in the child before exec (Linux): no orphaned workers
@@ -86,16 +57,14 @@ def _die_with_parent() -> None:  # runs in the child before exec (Linux): no orp
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def start_workers(
-    args: argparse.Namespace, n: int
-) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
+def start_workers(opts: WorkerOptions, n: int) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
     """Spawn `n` workers on free loopback ports; returns the processes and their URLs."""
     procs, urls = [], []
     for _ in range(n):
         port = free_port()
-        argv = worker_argv(args, port)
+        argv = worker_argv(opts, port)
         log.info("starting worker: %s", " ".join(argv))
-        procs.append(subprocess.Popen(argv, preexec_fn=_die_with_parent))
+        procs.append(subprocess.Popen(argv, env=worker_env(opts), preexec_fn=_die_with_parent))
         urls.append(f"http://127.0.0.1:{port}")
     return procs, urls
 
@@ -172,8 +141,9 @@ def serve_workers(args: argparse.Namespace) -> int:
     old_int = signal.getsignal(signal.SIGINT)
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        procs, urls = start_workers(args, int(args.workers))
-        key = getattr(args, "api_key", None)
+        opts = WorkerOptions.from_namespace(args)
+        procs, urls = start_workers(opts, int(args.workers))
+        key = opts.api_key
         wait_healthy(
             procs,
             urls,

@@ -94,6 +94,23 @@ def choose_cache_aware(
     return Decision(balanced.index, LEAST_LOAD, balanced.matched_tokens)
 
 
+def rank_cache_aware(
+    views: Sequence[WorkerView], prompt_len: int, cfg: PolicyConfig = PolicyConfig()
+) -> list[Decision]:
+    """Every worker in `choose_cache_aware`'s order: its pick, then its pick of the rest, ...
+
+    For routers that hand a ranking to someone else (Ray Serve's RequestRouter falls back to
+    the next rank when a replica is at its max_ongoing_requests).
+    """
+    left = list(views)
+    out = []
+    while left:
+        d = choose_cache_aware(left, prompt_len, cfg)
+        out.append(d)
+        left = [v for v in left if v.index != d.index]
+    return out
+
+
 def choose_round_robin(views: Sequence[WorkerView], counter: int) -> Decision:
     """The `counter`-th healthy worker, cyclically."""
     if not views:

@@ -46,11 +46,20 @@ def build_app(
     served_model_name: str | None = None,
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
     max_body_bytes: int = MAX_BODY_BYTES,
+    bridge_factory: Callable[[ServerMetrics], EngineBridge] | None = None,
+    cache_events: bool = True,
 ) -> FastAPI:
-    """An OpenAI-compatible app over a started `LLMEngine`; the caller owns the engine."""
+    """An OpenAI-compatible app over a started `LLMEngine`; the caller owns the engine.
+
+    `bridge_factory(metrics)` replaces the in-process bridge (the Ray ingress passes one that
+    submits to engine replicas); without `cache_events` there is no /v1/cache/events route.
+    """
     model_name = served_model_name or engine.model_name
     metrics = ServerMetrics(engine)
-    bridge = EngineBridge(engine, observer=metrics)
+    if bridge_factory is None:
+        bridge = EngineBridge(engine, observer=metrics)
+    else:
+        bridge = bridge_factory(metrics)
     serving = OpenAIServing(engine, bridge, [model_name], default_max_tokens, max_body_bytes)
     hub = CacheEventHub(engine)
     created = int(time.time())
@@ -88,9 +97,13 @@ def build_app(
     async def cache_stats() -> JSONResponse:
         return JSONResponse(jsonable_encoder(engine.cache_stats()))
 
-    @v1.get("/cache/events")
-    async def cache_events() -> StreamingResponse:
-        return StreamingResponse(hub.stream(), media_type="text/event-stream", headers=SSE_HEADERS)
+    if cache_events:
+
+        @v1.get("/cache/events")
+        async def cache_event_stream() -> StreamingResponse:
+            return StreamingResponse(
+                hub.stream(), media_type="text/event-stream", headers=SSE_HEADERS
+            )
 
     app.include_router(v1)
 

@@ -88,15 +88,20 @@ class EngineBridge:
         self.engine = engine
         self.observer = observer
 
-    def submit(
+    async def submit(
         self,
         prompt_token_ids: list[int],
         params: SamplingParams,
         request_id: str,
         namespace: str | None = None,
         priority: int = 0,
+        stream: bool = True,
     ) -> RequestStream:
-        """Add a request; raises the engine's validation errors (QueueFullError, ...) directly."""
+        """Add a request; raises the engine's validation errors (QueueFullError, ...) directly.
+
+        `stream` says whether the caller reads every output or only the last; a bridge to a
+        remote engine may use it, this one does not need to.
+        """
         stream = RequestStream(self.engine, asyncio.get_running_loop(), self.observer)
         stream.request_id = self.engine.add_request(
             prompt_token_ids,

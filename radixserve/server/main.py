@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import signal
 import socket
 from collections.abc import Callable
@@ -15,120 +14,18 @@ from typing import Any
 import uvicorn
 
 from radixserve import options
+from radixserve.worker_options import WorkerOptions, add_worker_args
 
 log = logging.getLogger("radixserve.server")
 
-LOG_LEVELS = options.LOG_LEVELS
-
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
-    """Add the `serve` options to `parser`."""
-    a = parser.add_argument
-    a("--model", default=None, help="HF directory or .gguf file (default: SmolLM2-135M-Instruct)")
-    a("--served-model-name", default=None, help="model name of the API (default: from --model)")
-    a("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
-    a("--port", type=options.port, default=8000, help="port to bind (default: 8000)")
-    a(
-        "--api-key",
-        default=os.environ.get("RADIXSERVE_API_KEY"),
-        help="require 'Authorization: Bearer KEY' on /v1 routes (default: $RADIXSERVE_API_KEY)",
+    """Add the options of one serving process: the worker options plus its address."""
+    add_worker_args(parser)
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    parser.add_argument(
+        "--port", type=options.port, default=8000, help="port to bind (default: 8000)"
     )
-    a("--dtype", default="auto", choices=("auto", "float32", "float16", "bfloat16"))
-    a("--device", type=options.device, default="auto", help="auto | cpu | cuda | cuda:N")
-    a(
-        "--kv-cache-memory",
-        type=options.memory_size,
-        default="2GiB",
-        help="size of the KV-cache pool (default: 2GiB)",
-    )
-    a("--block-size", type=options.block_size, default=16, help="tokens per KV block (default: 16)")
-    a("--no-prefix-cache", action="store_true", help="disable the radix prefix cache")
-    a(
-        "--quantization",
-        "-q",
-        default=None,
-        choices=("none", "int8", "int4"),
-        help="weight-only quantization of the projections (default: a GGUF's own 4-bit "
-        "weights on CPU, none elsewhere)",
-    )
-    a(
-        "--attention-backend",
-        default="auto",
-        choices=("auto", "sdpa", "cpu"),
-        help="attention kernels (default auto: radixserve's paged CPU kernel for float32 on "
-        "CPU, torch SDPA elsewhere)",
-    )
-    a(
-        "--max-num-batched-tokens",
-        type=options.positive_int,
-        default=None,
-        help="tokens per engine step",
-    )
-    a("--max-num-seqs", type=options.positive_int, default=None, help="requests running at once")
-    a(
-        "--max-model-len",
-        type=options.positive_int,
-        default=None,
-        help="context length (default: the model's)",
-    )
-    a(
-        "--max-waiting",
-        type=options.non_negative_int,
-        default=None,
-        help="waiting-queue limit; requests beyond it get 503 + Retry-After",
-    )
-    a(
-        "--schedule-policy",
-        default=None,
-        choices=("lpm", "fcfs"),
-        help="engine scheduling policy (default: the engine's)",
-    )
-    a("--num-threads", type=options.positive_int, default=None, help="torch CPU threads")
-    a(
-        "--default-max-tokens",
-        type=options.positive_int,
-        default=256,
-        help="max_tokens of requests that set none, capped by the context (default: 256)",
-    )
-    a(
-        "--shutdown-timeout",
-        type=options.non_negative_float,
-        default=30.0,
-        help="seconds in-flight requests may take to finish on SIGTERM/SIGINT (default: 30)",
-    )
-    a(
-        "--workers",
-        type=options.positive_int,
-        default=1,
-        help="N>1: N engine workers behind the cache-aware router",
-    )
-    a("--log-level", default="info", choices=LOG_LEVELS)
-
-
-def engine_config(args: argparse.Namespace) -> Any:
-    """The EngineConfig the serve options describe (unset options keep the engine's defaults)."""
-    from radixserve.engine.engine import EngineConfig
-
-    kwargs: dict[str, Any] = {
-        "model": args.model,
-        "dtype": args.dtype,
-        "device": args.device,
-        "kv_cache_memory": args.kv_cache_memory,
-        "block_size": args.block_size,
-        "enable_prefix_cache": not args.no_prefix_cache,
-        "quantization": args.quantization,
-        "attention_backend": args.attention_backend,
-    }
-    optional = {
-        "max_num_batched_tokens": args.max_num_batched_tokens,
-        "max_num_seqs": args.max_num_seqs,
-        "max_model_len": args.max_model_len,
-        "max_waiting": args.max_waiting,
-        "schedule_policy": args.schedule_policy,
-        "num_threads": args.num_threads,
-    }
-    kwargs.update({k: v for k, v in optional.items() if v is not None})
-    return EngineConfig(**kwargs)
 
 
 def startup_line(engine: Any, model_name: str, host: str, port: int, prefix_cache: bool) -> str:
@@ -146,10 +43,6 @@ def startup_line(engine: Any, model_name: str, host: str, port: int, prefix_cach
 
 def run_serve(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; in-flight requests get --shutdown-timeout to finish."""
-    if args.workers > 1:
-        from radixserve.router.launcher import serve_workers
-
-        return int(serve_workers(args) or 0)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -157,7 +50,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     # Start-up errors propagate: radixserve.cli prints them as one line (after the checks
     # of radixserve.preflight, which run before this).
-    engine = LLMEngine(engine_config(args))
+    engine = LLMEngine(WorkerOptions.from_namespace(args).engine_config())
     try:
         engine.start()
         return _serve(engine, args)

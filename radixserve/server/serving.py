@@ -85,7 +85,7 @@ class OpenAIServing:
         else:
             prompt_ids = req.prompt  # the engine checks the ids against the vocabulary
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        stream = self._submit(req, prompt_ids, rid, "prompt")
+        stream = await self._submit(req, prompt_ids, rid, "prompt")
         base = {"id": rid, "object": "text_completion", "created": created, "model": self.name}
         if req.stream:
             return _sse_response(self._completion_events(stream, base, req.include_usage))
@@ -109,7 +109,7 @@ class OpenAIServing:
             self.engine.tokenizer.apply_chat_template, messages, size
         )
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        stream = self._submit(req, prompt_ids, rid, "messages")
+        stream = await self._submit(req, prompt_ids, rid, "messages")
         base = {"id": rid, "object": "chat.completion", "created": created, "model": self.name}
         if req.stream:
             chunk_base = {**base, "object": "chat.completion.chunk"}
@@ -138,7 +138,7 @@ class OpenAIServing:
         if err is not None:
             raise err
 
-    def _submit(
+    async def _submit(
         self,
         req: ChatCompletionRequest | CompletionRequest,
         prompt_ids: list[int],
@@ -154,8 +154,13 @@ class OpenAIServing:
             stop=[req.stop] if isinstance(req.stop, str) else list(req.stop or []),
             ignore_eos=req.ignore_eos,
         )
-        return self.bridge.submit(
-            prompt_ids, params, request_id=rid, namespace=req.cache_salt, priority=req.priority
+        return await self.bridge.submit(
+            prompt_ids,
+            params,
+            request_id=rid,
+            namespace=req.cache_salt,
+            priority=req.priority,
+            stream=bool(req.stream),
         )
 
     def _max_tokens(self, requested: int | None, num_prompt: int, prompt_param: str) -> int:

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import argparse
 
-from radixserve.router.launcher import route_args, worker_argv
-from radixserve.server import main as server_main
+from radixserve.launch import add_serve_args
+from radixserve.router.launcher import route_args, worker_argv, worker_env
+from radixserve.worker_options import WorkerOptions
 
 
 def serve_args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    server_main.add_serve_args(parser)
+    add_serve_args(parser)
     return parser.parse_args(list(argv))
 
 
+def opts(*argv: str) -> WorkerOptions:
+    return WorkerOptions.from_namespace(serve_args(*argv))
+
+
 def test_worker_gets_user_flags_its_port_and_one_thread() -> None:
-    args = serve_args(
+    o = opts(
         "--workers",
         "2",
         "--port",
@@ -26,8 +31,8 @@ def test_worker_gets_user_flags_its_port_and_one_thread() -> None:
         "--dtype",
         "float32",
     )
-    argv = worker_argv(args, 8123)
-    tail = argv[argv.index("serve") + 1 :]
+    argv = worker_argv(o, 8123)
+    tail = argv[argv.index("radixserve.server") + 1 :]
     assert tail[:4] == ["--host", "127.0.0.1", "--port", "8123"]
     assert "--workers" not in tail and "9000" not in tail
     assert tail[tail.index("--kv-cache-memory") + 1] == "64MiB"
@@ -37,18 +42,18 @@ def test_worker_gets_user_flags_its_port_and_one_thread() -> None:
 
 
 def test_worker_log_level_is_the_users_unless_default() -> None:
-    argv = worker_argv(serve_args("--workers", "2", "--log-level", "debug"), 8123)
+    argv = worker_argv(opts("--workers", "2", "--log-level", "debug"), 8123)
     assert argv[-2:] == ["--log-level", "debug"]
 
 
 def test_worker_keeps_the_users_thread_count() -> None:
-    argv = worker_argv(serve_args("--workers", "2", "--num-threads", "3"), 8123)
+    argv = worker_argv(opts("--workers", "2", "--num-threads", "3"), 8123)
     assert argv[argv.index("--num-threads") + 1] == "3"
 
 
 def test_worker_omits_flags_left_at_their_defaults() -> None:
-    argv = worker_argv(serve_args("--workers", "2"), 8123)
-    assert argv[argv.index("serve") + 1 :] == [
+    argv = worker_argv(opts("--workers", "2"), 8123)
+    assert argv[argv.index("radixserve.server") + 1 :] == [
         "--host", "127.0.0.1", "--port", "8123", "--num-threads", "1", "--log-level", "warning",
     ]  # fmt: skip
 
@@ -70,3 +75,20 @@ def test_router_takes_the_serve_address_model_and_key() -> None:
     assert (r.host, r.port, r.api_key, r.block_size) == ("0.0.0.0", 9000, "k", 32)
     assert r.worker == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
     assert r.policy == "cache_aware"
+
+
+def test_worker_gets_the_api_key_by_environment_not_argv() -> None:
+    o = opts("--workers", "2", "--api-key", "sekret")
+    assert "sekret" not in " ".join(worker_argv(o, 8123))
+    assert worker_env(o)["RADIXSERVE_API_KEY"] == "sekret"
+
+
+def test_options_round_trip_through_argv_and_dict() -> None:
+    o = opts("--kv-cache-memory", "64MiB", "--no-prefix-cache", "--max-num-seqs", "4")
+    assert o.engine_config().enable_prefix_cache is False
+    assert o.engine_config().max_num_seqs == 4
+    parser = argparse.ArgumentParser()
+    add_serve_args(parser)
+    again = WorkerOptions.from_namespace(parser.parse_args(o.to_argv()))
+    assert again == o
+    assert WorkerOptions.from_dict(o.to_dict()) == o

@@ -18,6 +18,7 @@ from radixserve.router.policy import (
     choose_least_load,
     choose_round_robin,
     is_imbalanced,
+    rank_cache_aware,
 )
 
 CFG = PolicyConfig(cache_threshold=0.3, balance_abs_threshold=4, balance_rel_threshold=1.5)
@@ -116,3 +117,15 @@ def test_random_policy_only_picks_given_workers() -> None:
 def test_unknown_policy_is_rejected() -> None:
     with pytest.raises(ValueError):
         choose("fastest", views((0, 0)), 0, 0, random.Random(0))
+
+
+def test_rank_starts_with_the_cache_aware_pick_and_lists_every_worker_once() -> None:
+    views = [
+        WorkerView(0, in_flight=0, matched_tokens=0),
+        WorkerView(1, in_flight=1, matched_tokens=96),
+        WorkerView(2, in_flight=0, matched_tokens=32),
+    ]
+    ranked = rank_cache_aware(views, prompt_len=100)
+    assert ranked[0] == choose_cache_aware(views, 100)
+    assert [d.index for d in ranked] == [1, 2, 0]
+    assert ranked[0].reason == CACHE_HIT

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from radixserve import launch
 from radixserve.errors import (
     EngineDeadError,
     InvalidRequestError,
@@ -20,7 +21,7 @@ from radixserve.errors import (
     RequestTooLargeError,
 )
 from radixserve.server.errors import APIError, to_api_error
-from radixserve.server.main import add_serve_args, run_serve, startup_line
+from radixserve.server.main import startup_line
 from radixserve.server.protocol import ChatCompletionRequest, CompletionRequest, parse_body
 
 
@@ -118,7 +119,7 @@ def test_chat_requires_a_list_of_message_objects() -> None:
 
 def test_defaults_match_the_design() -> None:
     parser = argparse.ArgumentParser()
-    add_serve_args(parser)
+    launch.add_serve_args(parser)
     args = parser.parse_args([])
     assert (args.host, args.port, args.kv_cache_memory, args.block_size) == (
         "127.0.0.1",
@@ -135,8 +136,8 @@ def test_more_than_one_worker_delegates_to_the_router(monkeypatch: pytest.Monkey
     launcher.serve_workers = lambda args: seen.append(args.workers) or 0  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "radixserve.router.launcher", launcher)
     parser = argparse.ArgumentParser()
-    add_serve_args(parser)
-    assert run_serve(parser.parse_args(["--workers", "3"])) == 0
+    launch.add_serve_args(parser)
+    assert launch.run_serve(parser.parse_args(["--workers", "3"])) == 0
     assert seen == [3]
 
 

@@ -1,0 +1,154 @@
+"""radixserve on a local Ray Serve instance: the OpenAI API, exact mirrors, a killed replica."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.ray_serve.conftest import API_KEY, RayApp
+
+pytestmark = pytest.mark.slow
+
+
+def client(app: RayApp, key: str = API_KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{app.url}/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def conversation_turns(c: openai.OpenAI, topic: str, turns: int) -> list[int]:
+    """Run a chat of `turns` turns; the cached prompt tokens of each turn."""
+    messages: list[Any] = [{"role": "system", "content": "You are a terse assistant."}]
+    cached = []
+    for t in range(turns):
+        # Long enough turns that the history is most of each prompt (the policy routes by
+        # cache only when the match saves a good share of the prefill).
+        ask = f"Tell me fact {t} about {topic}. " + " ".join(f"{topic}{t}x{j}" for j in range(20))
+        messages.append({"role": "user", "content": ask})
+        r = c.chat.completions.create(
+            model=None,
+            messages=messages,
+            max_tokens=8,
+            temperature=0,  # type: ignore[arg-type]
+        )
+        cached.append(r.usage.prompt_tokens_details.cached_tokens)
+        messages.append({"role": "assistant", "content": r.choices[0].message.content})
+    return cached
+
+
+def replica_caches(app: RayApp) -> dict[str, list[Any]]:
+    """Each engine replica's own cached paths (asked until both have answered)."""
+    out: dict[str, list[Any]] = {}
+    for _ in range(40):
+        snap = app.handle.cache_snapshot.remote().result()
+        out[snap["replica"]] = sorted(snap["paths"], key=repr)
+        if len(out) == 2:
+            break
+    return out
+
+
+def log_mirrors(app: RayApp) -> dict[str, list[Any]]:
+    import ray
+
+    _, updates = ray.get(app.event_log.pull.remote(None, {}, 0))
+    return {r: sorted(u.snapshot, key=repr) for r, u in updates.items()}
+
+
+def test_later_turns_of_a_chat_hit_the_cache_of_one_replica(ray_app: RayApp) -> None:
+    cached = conversation_turns(client(ray_app), "otters", 4)
+    # With a random router the four turns would share a replica one time in eight.
+    assert all(n > 0 for n in cached[1:]), cached
+    assert cached[1] < cached[2] < cached[3]
+
+
+def test_streaming_usage_errors_and_auth_match_the_server(ray_app: RayApp) -> None:
+    c = client(ray_app)
+    stream = c.chat.completions.create(
+        model=None,  # type: ignore[arg-type]
+        messages=[{"role": "user", "content": "Say hi."}],
+        max_tokens=5,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 5
+    assert chunks[-1].usage.prompt_tokens_details is not None
+    with pytest.raises(openai.AuthenticationError):
+        client(ray_app, "wrong").models.list()
+    r = httpx.post(
+        f"{ray_app.url}/v1/completions",
+        json={"prompt": "hi", "max_tokens": 10_000},
+        headers={"Authorization": f"Bearer {API_KEY}"},
+    )
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert c.models.list().data[0].id
+
+
+def test_the_event_log_mirrors_each_replica_exactly_through_evictions(ray_app: RayApp) -> None:
+    c = client(ray_app)
+    for i in range(30):  # ~10 blocks each, 128 blocks per replica: both evict
+        c.completions.create(
+            model=None,  # type: ignore[arg-type]
+            prompt=f"Document {i}: " + " ".join(f"w{i}x{j}" for j in range(60)),
+            max_tokens=2,
+            temperature=0,
+        )
+    time.sleep(2.5)  # the last events (and stats, pushed each second) reach the log
+    stats = httpx.get(
+        f"{ray_app.url}/v1/cache/stats", headers={"Authorization": f"Bearer {API_KEY}"}
+    ).json()
+    caches = replica_caches(ray_app)
+    assert len(caches) == 2
+    evicted = sum(r["evicted_blocks_total"] for r in stats["replicas"].values())
+    assert evicted > 0, stats
+    mirrors = log_mirrors(ray_app)
+    for replica, paths in caches.items():
+        assert mirrors[replica] == paths
+
+
+def test_a_killed_replica_loses_no_request_and_a_new_one_is_mirrored(ray_app: RayApp) -> None:
+    import ray
+    from ray import serve
+
+    before = set(replica_caches(ray_app))
+    victim = sorted(before)[0]
+    c = client(ray_app)
+
+    def ask(i: int) -> str:
+        r = c.completions.create(
+            model=None,  # type: ignore[arg-type]
+            prompt=f"Request {i} about rivers and their deltas",
+            max_tokens=64,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+        return r.choices[0].finish_reason or ""
+
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(ask, i) for i in range(16)]
+        time.sleep(0.5)
+        ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+        reasons = [f.result() for f in futures]
+    assert reasons == ["length"] * 16  # every request answered in full
+
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        status = serve.status().applications["radixserve"].deployments["RadixEngine"]
+        if status.replica_states.get("RUNNING", 0) == 2:
+            break
+        time.sleep(2)
+    now = set(replica_caches(ray_app))
+    assert len(now) == 2 and victim not in now
+    fresh = (now - before).pop()
+    for i in range(8):  # traffic until the new replica has cached something
+        ask(100 + i)
+        if log_mirrors(ray_app).get(fresh):
+            break
+    time.sleep(1.5)
+    mirrors = log_mirrors(ray_app)
+    assert mirrors.get(fresh) and mirrors[fresh] == replica_caches(ray_app)[fresh]
+    assert victim not in mirrors  # the routers told the log to forget it
