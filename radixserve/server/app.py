@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from radixserve.server.bridge import EngineBridge
 from radixserve.server.cache_events import CacheEventHub
+from radixserve.server.dashboard import add_dashboard
 from radixserve.server.errors import APIError, install_error_handlers
 from radixserve.server.metrics import CONTENT_TYPE, ResponseCounter, ServerMetrics
 from radixserve.server.protocol import MAX_BODY_BYTES
@@ -45,6 +46,7 @@ def build_app(
     served_model_name: str | None = None,
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
     max_body_bytes: int = MAX_BODY_BYTES,
+    dashboard_show_text: bool = False,
 ) -> FastAPI:
     """An OpenAI-compatible app over a started `LLMEngine`; the caller owns the engine."""
     model_name = served_model_name or engine.model_name
@@ -90,6 +92,9 @@ def build_app(
     @v1.get("/cache/events")
     async def cache_events() -> StreamingResponse:
         return StreamingResponse(hub.stream(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+    # The cache dashboard: /dashboard (page), /v1/cache/tree, /v1/dashboard/stats.
+    add_dashboard(app, v1, engine, metrics, api_key, show_text=dashboard_show_text)
 
     app.include_router(v1)
 

@@ -61,6 +61,11 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
         default=30.0,
         help="seconds in-flight requests may take to finish on SIGTERM/SIGINT (default: 30)",
     )
+    a(
+        "--dashboard-show-text",
+        action="store_true",
+        help="with --api-key, /dashboard and /v1/cache/tree show cached text, not only counts",
+    )
     a("--workers", type=int, default=1, help="N>1: N engine workers behind the cache-aware router")
     a("--log-level", default="info", choices=LOG_LEVELS)
 
@@ -138,6 +143,7 @@ def _serve(engine: Any, args: argparse.Namespace) -> int:
         api_key=args.api_key,
         served_model_name=args.served_model_name,
         default_max_tokens=args.default_max_tokens,
+        dashboard_show_text=args.dashboard_show_text,
     )
     line = startup_line(
         engine,
