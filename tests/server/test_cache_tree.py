@@ -57,9 +57,11 @@ def test_small_subtrees_fold_into_one_node_within_the_budget() -> None:
         for n in folded:
             assert "text" not in n and n["tokens"] == n["subtree_tokens"] > 0
         # Nothing is lost: shown plus folded nodes and tokens add up to the whole tree.
-        assert sum(n["subtree_nodes"] for n in folded) + sum(
-            1 for n in body["nodes"] if n["parent"] is not None and not n["aggregated"]
-        ) == full["num_nodes"]
+        assert (
+            sum(n["subtree_nodes"] for n in folded)
+            + sum(1 for n in body["nodes"] if n["parent"] is not None and not n["aggregated"])
+            == full["num_nodes"]
+        )
         roots = [n for n in body["nodes"] if n["parent"] is None]
         assert sum(n["subtree_tokens"] for n in roots) == full["cached_tokens"]
 

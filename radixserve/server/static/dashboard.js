@@ -5,6 +5,7 @@
 const STATS_MS = 1000;
 const TREE_MS = 2000;
 const SERIES_POINTS = 300;
+const WINDOW_S = 10;
 const ROW_MAX = 26;
 const ROW_MIN = 3;
 const TREE_MAX_PX = 560;
@@ -269,14 +270,15 @@ function widestNode(panel) {
   if (best < 0) return null;
   const nd = panel.tree.nodes[best];
   return { text: nd.text === undefined ? null : nd.text, tokens: nd.tokens,
-           subtree_tokens: nd.subtree_tokens, hits: nd.hits, width_px: lay.w[best], depth: lay.depth[best] };
+           subtree_tokens: nd.subtree_tokens, hits: nd.hits, x_px: lay.x[best], width_px: lay.w[best],
+           depth: lay.depth[best] };
 }
 
 // ------------------------------------------------------------------ time series
 
 const CHARTS = [
-  { id: "hit", title: "prefix hit ratio", unit: "", lines: [["window", "#5ec962"]], max: 1 },
-  { id: "ttft", title: "TTFT", unit: " s", lines: [["p50", "#21918c"], ["p99", "#fde725"]] },
+  { id: "hit", title: "prefix hit ratio (10 s window)", unit: "", lines: [["window", "#5ec962"]], max: 1 },
+  { id: "ttft", title: "TTFT (10 s window)", unit: " s", lines: [["p50", "#21918c"], ["p99", "#fde725"]] },
   { id: "saved", title: "prefill tokens saved", unit: "/s", lines: [["saved", "#5ec962"]] },
   { id: "pool", title: "KV pool blocks", unit: "",
     lines: [["free", "#8a8f98"], ["cached", "#21918c"], ["locked", "#ff4d4d"], ["private", "#fde725"]] },
@@ -333,33 +335,44 @@ function drawChart(panel, id, summary) {
     ctx.lineWidth = 1.5;
     ctx.beginPath();
     let pen = false;
-    for (const [t, v] of all[k]) {
-      if (v === null) { pen = false; continue; }
+    const dots = [];
+    const line = all[k];
+    line.forEach(([t, v], j) => {
+      if (v === null) { pen = false; return; }
       const x = ((t - tMin) / (tMax - tMin)) * W;
       const y = H - 2 - (v / yMax) * (H - 14);
       if (pen) ctx.lineTo(x, y);
       else ctx.moveTo(x, y);
+      const next = line[j + 1];
+      if (!pen && (!next || next[1] === null)) dots.push([x, y]);  // a point with no line
       pen = true;
-    }
+    });
     ctx.stroke();
+    ctx.fillStyle = colour;
+    for (const [x, y] of dots) ctx.fillRect(x - 1.5, y - 1.5, 3, 3);
     ctx.fillStyle = colour;
     ctx.fillText(name, W - 60 * (spec.lines.length - k), 10);
   });
 }
 
+// Differences against the stats of WINDOW_S ago give a windowed hit ratio and TTFT quantiles
+// (as PromQL's rate() over a range would); rates use the last poll interval.
 function onStats(panel, s) {
-  const prev = panel.lastStats;
-  panel.lastStats = s;
+  const hist = panel.history;
+  const prev = hist.length ? hist[hist.length - 1] : null;
+  hist.push(s);
+  while (hist.length > 2 && s.time - hist[1].time >= WINDOW_S) hist.shift();
   if (!prev) return;
+  const base = hist[0];
   const t = s.time;
   const dt = Math.max(1e-3, t - prev.time);
-  const dq = s.prefix_cache_queries - prev.prefix_cache_queries;
-  const dh = s.prefix_cache_hits - prev.prefix_cache_hits;
+  const dq = s.prefix_cache_queries - base.prefix_cache_queries;
+  const dh = s.prefix_cache_hits - base.prefix_cache_hits;
   push(panel, "hit.window", t, dq > 0 ? dh / dq : null);
-  const inc = s.ttft.buckets.map(([le, c], k) => [le, c - (prev.ttft.buckets[k] ? prev.ttft.buckets[k][1] : 0)]);
+  const inc = s.ttft.buckets.map(([le, c], k) => [le, c - (base.ttft.buckets[k] ? base.ttft.buckets[k][1] : 0)]);
   push(panel, "ttft.p50", t, histQuantile(0.5, inc));
   push(panel, "ttft.p99", t, histQuantile(0.99, inc));
-  push(panel, "saved.saved", t, dh / dt);
+  push(panel, "saved.saved", t, (s.prefix_cache_hits - prev.prefix_cache_hits) / dt);
   const b = s.blocks;
   push(panel, "pool.free", t, b.free);
   push(panel, "pool.cached", t, b.cached - b.locked);
@@ -398,7 +411,7 @@ function makePanel(spec) {
   $("#panels").appendChild(el);
   el.querySelector(".panel-name").textContent = spec.name;
   const panel = { spec, el, canvas: $("canvas.tree", el), tip: $(".tip", el), tree: null,
-                  layout: null, lastStats: null, renderMs: null, fetchMs: null, busy: {} };
+                  layout: null, history: [], renderMs: null, fetchMs: null, busy: {} };
   makeCharts(panel);
   panel.canvas.addEventListener("mousemove", (ev) => showTip(panel, ev));
   panel.canvas.addEventListener("mouseleave", () => { panel.tip.hidden = true; });
