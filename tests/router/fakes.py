@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from radixserve.cache import CacheEvent
 from radixserve.router.launcher import free_port
 from radixserve.router.trie import WorkerTrie
+from radixserve.server.cache_tree import tree_json
 
 BLOCK_SIZE = 4
 
@@ -93,6 +94,18 @@ def fake_worker_app(state: FakeState) -> FastAPI:
             "cached_blocks": trie.num_blocks,
             "total_blocks": state.num_blocks,
         }
+
+    @app.get("/v1/cache/tree")
+    async def cache_tree(request: Request) -> Response:
+        if state.api_key and request.headers.get("authorization") != f"Bearer {state.api_key}":
+            return JSONResponse({"error": {"message": "bad key"}}, status_code=401)
+        max_nodes = int(request.query_params.get("max_nodes", "100"))
+        body = tree_json(trie.cache.snapshot(), max_nodes, None, time.monotonic())
+        return JSONResponse({**body, "worker": state.name})
+
+    @app.get("/v1/dashboard/stats")
+    async def dashboard_stats() -> dict[str, Any]:
+        return {"object": "dashboard.stats", "worker": state.name, "blocks": trie.num_blocks}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

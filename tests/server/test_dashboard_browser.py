@@ -1,9 +1,8 @@
 """The real /dashboard page in headless Chromium against a real server with traffic.
 
 Needs Debian's `chromium` and `chromium-driver` (scripts/setup.sh installs them when it runs
-as root with apt) and `selenium`, whose Service is pointed at /usr/bin/chromedriver so that
-nothing is downloaded. Screenshots and the measured render times go to $RADIXSERVE_ARTIFACTS
-(default: test-artifacts/ in the repository).
+as root with apt) and `selenium` (see `radixserve.bench.browser`). Screenshots and the
+measured render times go to $RADIXSERVE_ARTIFACTS (default: test-artifacts/ in the repo).
 """
 
 from __future__ import annotations
@@ -11,9 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import statistics
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,24 +20,12 @@ from typing import Any
 import httpx
 import pytest
 
+from radixserve.bench.browser import headless_chromium, missing
 from radixserve.cache import BlockPool, RadixCache
 from radixserve.server.cache_tree import tree_json
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
-CHROMIUM_FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--window-size=1400,1100",
-)
 SYSTEM = (
     "You are the support assistant of a library that lends books, films and tools. "
     "Answer in one short sentence, politely, and never invent opening hours."
@@ -68,26 +53,11 @@ def artifacts_dir() -> Path:
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     """Headless Chromium through Debian's chromedriver; skips where it is not installed."""
-    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not shutil.which(p)]
-    if missing:
-        pytest.skip(
-            f"{', '.join(missing)} not installed: install Debian's chromium and chromium-driver "
-            "(scripts/setup.sh does it when run as root with apt)"
-        )
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    profile = tempfile.mkdtemp(prefix="radixserve-chromium-")
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    try:
+    why = missing()
+    if why:
+        pytest.skip(why)
+    with headless_chromium() as driver:
         yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
