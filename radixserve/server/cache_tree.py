@@ -49,12 +49,16 @@ def tree_json(
     sub_tokens = [r[1] for r in rows]
     sub_nodes = [1] * n
     depth = [0] * n  # tokens from the root to the end of the node
-    children: list[list[int]] = [[] for _ in range(n)]
+    children: dict[int, list[int]] = {}  # only rows that have children: fewer allocations
     for i in range(n):
         p = parent[i]
         if p >= 0:
             depth[i] = depth[p] + rows[i][1]
-            children[p].append(i)
+            kids = children.get(p)
+            if kids is None:
+                children[p] = [i]
+            else:
+                kids.append(i)
     for i in range(n - 1, -1, -1):  # children come after their parent: sum bottom-up
         p = parent[i]
         if p >= 0:
@@ -111,14 +115,14 @@ def tree_json(
 
 
 def _select(
-    snap: TreeSnapshot, children: list[list[int]], sub_tokens: list[int], budget: int
+    snap: TreeSnapshot, children: dict[int, list[int]], sub_tokens: list[int], budget: int
 ) -> tuple[list[int], dict[int, list[int]]]:
     """Rows to show (parents first) and, per shown row, the children folded into one node."""
     shown = list(snap.namespaces)
     pending: dict[int, int] = {}  # shown row -> children not shown yet
     heap: list[tuple[int, int]] = []
     for root in shown:
-        if children[root]:
+        if root in children:
             pending[root] = len(children[root])
             heap += [(-sub_tokens[c], c) for c in children[root]]
     heapq.heapify(heap)
@@ -129,7 +133,7 @@ def _select(
     while heap:
         _, c = heap[0]
         p = parent[c]
-        cost = 1 - (pending[p] == 1) + (1 if children[c] else 0)
+        cost = 1 - (pending[p] == 1) + (c in children)
         if used + cost > budget:
             break
         heapq.heappop(heap)
@@ -139,7 +143,7 @@ def _select(
         pending[p] -= 1
         if not pending[p]:
             del pending[p]
-        if children[c]:
+        if c in children:
             pending[c] = len(children[c])
             for g in children[c]:
                 heapq.heappush(heap, (-sub_tokens[g], g))
@@ -169,7 +173,7 @@ def _aggregate(
         "subtree_nodes": sum(sub_nodes[c] for c in rest),
         "depth_tokens": parent_depth,
         "hits": sum(rows[c][2] for c in rest),
-        "age_s": min(_age(rows[c][3], now) for c in rest),
+        "age_s": _age(max(rows[c][3] for c in rest), now),
         "lock_ref": max(rows[c][4] for c in rest),
         "aggregated": len(rest),
     }

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -116,3 +119,16 @@ def test_stats_counters_move_with_traffic(tiny_engine_factory: Any) -> None:
         assert after["ttft"]["buckets"][-1] == [None, after["ttft"]["count"]]
         b = after["blocks"]
         assert b["free"] + b["cached"] <= b["total"] == 256
+
+
+def test_grafana_dashboard_queries_only_metrics_the_server_exports(
+    tiny_engine_factory: Any,
+) -> None:
+    dashboard = json.loads((Path(__file__).parents[2] / "docs/grafana/radixserve.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = {m for e in exprs for m in re.findall(r"radixserve_\w+", e)}
+    with _client(tiny_engine_factory) as c:
+        _chat(c, "one?")
+        exported = set(re.findall(r"^(radixserve_\w+)", c.get("/metrics").text, re.M))
+    assert used and used <= exported, used - exported
+    assert any("histogram_quantile(0.99" in e for e in exprs)

@@ -1,7 +1,7 @@
 """The real /dashboard page in headless Chromium against a real server with traffic.
 
 Needs Debian's `chromium` and `chromium-driver` (scripts/setup.sh installs them when it runs
-as root with apt) and `selenium` (see `radixserve.bench.browser`). Screenshots and the
+as root with apt) and `selenium` (see `radixserve.bench.dashboard`). Screenshots and the
 measured render times go to $RADIXSERVE_ARTIFACTS (default: test-artifacts/ in the repo).
 """
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import statistics
 import threading
 import time
@@ -20,8 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from radixserve.bench.browser import headless_chromium, missing
-from radixserve.cache import BlockPool, RadixCache
+from radixserve.bench.dashboard import headless_chromium, missing, synthetic_cache
 from radixserve.server.cache_tree import tree_json
 
 pytestmark = pytest.mark.slow
@@ -153,22 +151,10 @@ def _hover_shows_the_text(browser: Any, widest: dict[str, Any]) -> None:
     assert "support assistant of a library" in tip and "hits" in tip and "last used" in tip
 
 
-def _synthetic_tree(num_nodes: int, seed: int = 0) -> dict[str, Any]:
-    """A /v1/cache/tree body of `num_nodes` unfolded nodes from a real RadixCache: chats that
-    share a few system prompts and branch a few turns deep."""
-    rng = random.Random(seed)
-    bs = 4
-    cache = RadixCache(BlockPool(num_nodes * 3), bs)
-    systems = [[1000 + 16 * s + i for i in range(16)] for s in range(8)]
-    while cache.stats().num_nodes < num_nodes:
-        seq = list(rng.choice(systems))
-        for _ in range(rng.randint(1, 3)):
-            seq += [rng.randrange(40_000) for _ in range(bs * rng.randint(1, 3))]
-            cache.match_prefix(seq + [0])
-            res = cache.insert(seq, cache.allocate(len(seq) // bs))
-            cache.pool.free(res.duplicate_blocks)
+def _synthetic_tree(num_nodes: int) -> dict[str, Any]:
+    """An unfolded /v1/cache/tree body of a real RadixCache with `num_nodes` nodes."""
     decode = lambda lists: [f"{len(ids)} tokens" for ids in lists]  # noqa: E731
-    body = tree_json(cache.snapshot(), 1_000_000, decode, time.monotonic())
+    body = tree_json(synthetic_cache(num_nodes).snapshot(), 10**6, decode, time.monotonic())
     body["enabled"] = True
     return body
 

@@ -1,4 +1,4 @@
-"""Headless Chromium for the dashboard's test and screenshots (Debian's chromium-driver).
+"""Tools to measure the cache dashboard: headless Chromium and a synthetic big tree.
 
 selenium's own driver manager would download a browser; pointing its Service at the system
 chromedriver keeps everything offline. Install with `apt-get install chromium
@@ -7,11 +7,14 @@ chromium-driver` (scripts/setup.sh does it as root) and `pip install selenium`.
 
 from __future__ import annotations
 
+import random
 import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+
+from radixserve.cache import BlockPool, RadixCache
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -59,3 +62,19 @@ def headless_chromium(width: int = 1400, height: int = 1100) -> Iterator[Any]:
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+def synthetic_cache(num_nodes: int, block_size: int = 16, seed: int = 0) -> RadixCache:
+    """A cache of chats (1-3 turns under 8 shared system prompts) with `num_nodes` nodes."""
+    rng = random.Random(seed)
+    bs = block_size
+    cache = RadixCache(BlockPool(num_nodes * 3), bs)
+    systems = [[1000 + 64 * s + i for i in range(4 * bs)] for s in range(8)]
+    while cache.stats().num_nodes < num_nodes:
+        seq = list(rng.choice(systems))
+        for _ in range(rng.randint(1, 3)):
+            seq += [rng.randrange(40_000) for _ in range(bs * rng.randint(1, 3))]
+            cache.match_prefix(seq + [0])
+            res = cache.insert(seq, cache.allocate(len(seq) // bs))
+            cache.pool.free(res.duplicate_blocks)
+    return cache
