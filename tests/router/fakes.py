@@ -50,6 +50,8 @@ class FakeState:
     auth_seen: list[str | None] = field(default_factory=list)
     delay: float = 0.0
     bad_events: int = 0  # event streams that start with a malformed event
+    query_tokens: int = 0  # prompt tokens looked up (for /v1/dashboard/stats)
+    hit_tokens: int = 0
 
 
 def fake_worker_app(state: FakeState) -> FastAPI:
@@ -105,7 +107,24 @@ def fake_worker_app(state: FakeState) -> FastAPI:
 
     @app.get("/v1/dashboard/stats")
     async def dashboard_stats() -> dict[str, Any]:
-        return {"object": "dashboard.stats", "worker": state.name, "blocks": trie.num_blocks}
+        used = trie.num_blocks
+        return {
+            "object": "dashboard.stats",
+            "worker": state.name,
+            "time": time.time(),
+            "requests": len(state.bodies),
+            "prefix_cache_queries": state.query_tokens,
+            "prefix_cache_hits": state.hit_tokens,
+            "evicted_blocks": 0,
+            "preemptions": 0,
+            "blocks": {
+                "total": state.num_blocks,
+                "free": state.num_blocks - used,
+                "cached": used,
+                "locked": 0,
+            },
+            "ttft": {"buckets": [[None, 0]], "count": 0, "sum": 0.0},
+        }
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -152,6 +171,8 @@ def fake_worker_app(state: FakeState) -> FastAPI:
         ns = body.get("cache_salt")
         ids = tok.apply_chat_template(body["messages"])
         cached = trie.match(ids, ns)
+        state.query_tokens += len(ids)
+        state.hit_tokens += cached
         trie.insert(ids, ns)
         usage = {
             "prompt_tokens": len(ids),

@@ -359,6 +359,9 @@ function drawChart(panel, id, summary) {
 // (as PromQL's rate() over a range would); rates use the last poll interval.
 function onStats(panel, s) {
   const hist = panel.history;
+  if (hist.length && s.prefix_cache_queries < hist[hist.length - 1].prefix_cache_queries) {
+    hist.length = 0;  // the server restarted: its counters began again
+  }
   const prev = hist.length ? hist[hist.length - 1] : null;
   hist.push(s);
   while (hist.length > 2 && s.time - hist[1].time >= WINDOW_S) hist.shift();
@@ -396,7 +399,10 @@ function drawTop(panel) {
   const body = panel.el.querySelector("table.top tbody");
   const rows = panel.tree.top_prefixes || [];
   body.innerHTML = rows.map((p, k) => {
-    const text = p.text === undefined ? "(hidden)" : `${truncate(p.text, 80)} … ${truncate(p.last_text, 60)}`;
+    let text = "(hidden: token counts only)";
+    if (p.text !== undefined) {
+      text = p.last_text === p.text ? truncate(p.text, 140) : `${truncate(p.text, 80)} … ${truncate(p.last_text, 60)}`;
+    }
     return `<tr><td>${k + 1}</td><td>${escapeHtml(p.namespace === null ? "default" : p.namespace)}</td>` +
       `<td class="text" title="${escapeHtml(text)}">${escapeHtml(text)}</td><td class="num">${p.tokens}</td>` +
       `<td class="num">${p.hits}</td><td class="num">${fmt(p.saved_tokens)}</td>` +
