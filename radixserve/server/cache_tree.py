@@ -36,12 +36,17 @@ def namespace_label(namespace: Hashable, show_text: bool) -> str | None:
 
 
 def tree_json(
-    snap: TreeSnapshot, max_nodes: int, decode: Decoder | None, now: float
+    snap: TreeSnapshot,
+    max_nodes: int,
+    decode: Decoder | None,
+    now: float,
+    token_ids: bool = False,
 ) -> dict[str, Any]:
     """The JSON body of `/v1/cache/tree` for `snap` (see docs/server.md for the fields).
 
     With `decode` None the body carries token counts only: no token ids, no text, and
-    namespaces as digests, so a viewer cannot read other tenants' prompts.
+    namespaces as digests, so a viewer cannot read other tenants' prompts. Otherwise each
+    node has its text, and also the token ids it came from if `token_ids`.
     """
     rows = snap.rows
     n = len(rows)
@@ -97,8 +102,10 @@ def tree_json(
             if decode is not None:
                 heads.append([])
     if decode is not None:
-        for node, text in zip(nodes, decode(heads), strict=True):
+        for node, head, text in zip(nodes, heads, decode(heads), strict=True):
             if not node["aggregated"] and node["parent"] is not None:
+                if token_ids:
+                    node["token_ids"] = head  # the start of its own run (at most 32 tokens)
                 node["text"] = text
     top = _top_prefixes(snap, depth, parent, decode, now)
     return {

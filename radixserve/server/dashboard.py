@@ -4,7 +4,7 @@
   package; no CDN, no build step). It holds no data, so it is served without the API key.
 - `/dashboard/config.json`: the panels to draw (one here; one per worker on the router) and
   whether the data routes need the API key.
-- `/v1/cache/tree?max_nodes=N`: the radix tree (see `cache_tree.py`).
+- `/v1/cache/tree?max_nodes=N[&token_ids=true]`: the radix tree (see `cache_tree.py`).
 - `/v1/dashboard/stats`: engine counters, pool gauges and the TTFT histogram; the page turns
   differences between polls into rates, windowed hit ratio and TTFT quantiles.
 
@@ -104,13 +104,15 @@ class DashboardData:
                 self._snapshot = snap
             return snap
 
-    async def tree(self, max_nodes: int) -> dict[str, Any]:
+    async def tree(self, max_nodes: int, token_ids: bool = False) -> dict[str, Any]:
         """The `/v1/cache/tree` body."""
         snap = await self.snapshot()
         if snap is None:
             return {"object": "cache.tree", "enabled": False, "nodes": [], "top_prefixes": []}
         decode = self._decode if self.show_text else None
-        body = await asyncio.to_thread(tree_json, snap, max_nodes, decode, time.monotonic())
+        body = await asyncio.to_thread(
+            tree_json, snap, max_nodes, decode, time.monotonic(), token_ids
+        )
         body["enabled"] = True
         return body
 
@@ -176,7 +178,8 @@ def add_dashboard(
 
     @v1.get("/cache/tree")
     async def cache_tree(request: Request) -> JSONResponse:
-        return JSONResponse(await data.tree(parse_max_nodes(request)))
+        with_ids = request.query_params.get("token_ids", "").lower() in ("1", "true")
+        return JSONResponse(await data.tree(parse_max_nodes(request), with_ids))
 
     @v1.get("/dashboard/stats")
     async def dashboard_stats() -> JSONResponse:

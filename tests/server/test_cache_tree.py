@@ -36,12 +36,13 @@ def _body(cache: RadixCache, max_nodes: int, decode: Any = _decode) -> dict[str,
 
 def test_unfolded_tree_has_every_node_and_the_system_prompt_on_top() -> None:
     cache = _traffic()
-    body = _body(cache, 10_000)
+    body = tree_json(cache.snapshot(), 10_000, _decode, time.monotonic(), token_ids=True)
     real = [n for n in body["nodes"] if n["parent"] is not None]
     assert len(real) == body["num_nodes"] == cache.stats().num_nodes
     assert not any(n["aggregated"] for n in body["nodes"])
     widest = max(real, key=lambda n: n["subtree_tokens"])
     assert widest["text"] == " ".join(map(str, SYSTEM))
+    assert widest["token_ids"] == SYSTEM
     assert widest["hits"] == 59  # every request but the first found it
     assert body["cached_tokens"] == cache.stats().cached_blocks * BS
 
@@ -64,6 +65,10 @@ def test_small_subtrees_fold_into_one_node_within_the_budget() -> None:
         )
         roots = [n for n in body["nodes"] if n["parent"] is None]
         assert sum(n["subtree_tokens"] for n in roots) == full["cached_tokens"]
+
+
+def test_token_ids_only_when_asked_for() -> None:
+    assert not any("token_ids" in n for n in _body(_traffic(), 100)["nodes"])
 
 
 def test_biggest_subtree_is_expanded_first() -> None:

@@ -21,21 +21,23 @@ SYSTEM = "You are the radixserve dashboard test. Keep every answer short and pla
 @pytest.fixture(scope="module")
 def tiny_engine_factory(
     tiny_pair_factory: Callable[..., Any], default_tokenizer: Any
-) -> Callable[[], LLMEngine]:
+) -> Callable[..., LLMEngine]:
     _, model = tiny_pair_factory(
         vocab_size=49152, hidden_size=32, intermediate_size=64, max_position_embeddings=512
     )
 
-    def make() -> LLMEngine:
-        cfg = EngineConfig(block_size=4, num_blocks=256, max_num_batched_tokens=256)
+    def make(**kw: Any) -> LLMEngine:
+        cfg = EngineConfig(block_size=4, num_blocks=256, max_num_batched_tokens=256, **kw)
         return LLMEngine.from_parts(cfg, model, default_tokenizer, "tiny")
 
     return make
 
 
 @contextmanager
-def _client(make: Callable[[], LLMEngine], **app_kw: Any) -> Iterator[TestClient]:
-    engine = make()
+def _client(
+    make: Callable[..., LLMEngine], engine_kw: dict[str, Any] | None = None, **app_kw: Any
+) -> Iterator[TestClient]:
+    engine = make(**(engine_kw or {}))
     engine.start()
     try:
         with TestClient(build_app(engine, **app_kw)) as client:
@@ -75,7 +77,19 @@ def test_tree_shows_the_shared_system_prompt_with_its_hits(tiny_engine_factory: 
         widest = max(real, key=lambda n: n["subtree_tokens"])
         assert SYSTEM[:30] in widest["text"]
         assert widest["hits"] == 2 and widest["age_s"] is not None
+        with_ids = c.get("/v1/cache/tree?token_ids=true").json()["nodes"][1]
+        assert c.app.state.engine.tokenizer.decode_batch([with_ids["token_ids"]]) == [
+            with_ids["text"]
+        ]
         assert body["top_prefixes"][0]["hits"] == 2
+
+
+def test_with_the_cache_off_the_tree_says_so(tiny_engine_factory: Any) -> None:
+    with _client(tiny_engine_factory, {"enable_prefix_cache": False}) as c:
+        _chat(c, "one?")
+        body = c.get("/v1/cache/tree").json()
+        assert body["enabled"] is False and body["nodes"] == []
+        assert c.get("/v1/dashboard/stats").json()["prefix_cache_hits"] == 0
 
 
 def test_max_nodes_is_validated(tiny_engine_factory: Any) -> None:
