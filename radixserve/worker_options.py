@@ -55,6 +55,7 @@ class WorkerOptions:
     api_key: str | None = None
     default_max_tokens: int = 256
     shutdown_timeout: float = 30.0
+    dashboard_show_text: bool = False
     log_level: str = "info"
 
     def engine_config(self) -> EngineConfig:
@@ -85,8 +86,8 @@ class WorkerOptions:
             value = getattr(self, opt.name)
             if opt.name in exclude or value == getattr(defaults, opt.name):
                 continue
-            if opt.negate:
-                if not value:
+            if opt.negate or opt.switch:
+                if value != opt.negate:
                     argv.append(opt.flag)
             else:
                 argv += [opt.flag, str(value)]
@@ -135,6 +136,7 @@ class _Option:
     type: Any = str
     choices: tuple[str, ...] | None = None
     negate: bool = False  # a store_true flag that sets the field to False
+    switch: bool = False  # a store_true flag that sets the field to True
 
     @property
     def dest(self) -> str:
@@ -219,6 +221,12 @@ OPTIONS: tuple[_Option, ...] = (
         "seconds in-flight requests may take to finish on SIGTERM/SIGINT (default: 30)",
         types.non_negative_float,
     ),
+    _Option(
+        "dashboard_show_text",
+        "--dashboard-show-text",
+        "with --api-key, /dashboard and /v1/cache/tree show cached text, not only counts",
+        switch=True,
+    ),
     _Option("log_level", "--log-level", "log level", choices=LOG_LEVELS),
 )
 
@@ -227,7 +235,7 @@ def add_worker_args(parser: argparse.ArgumentParser) -> None:
     """Add one flag per worker option to `parser` (defaults from `WorkerOptions`)."""
     defaults = WorkerOptions()
     for opt in OPTIONS:
-        if opt.negate:
+        if opt.negate or opt.switch:
             parser.add_argument(opt.flag, action="store_true", help=opt.help)
             continue
         default = getattr(defaults, opt.name)

@@ -6,6 +6,7 @@ from radixserve.cache.mirror import apply_event
 from radixserve.cache.node import RadixNode
 from radixserve.cache.pool import BlockPool
 from radixserve.cache.radix import RadixCache
+from radixserve.cache.snapshot import NodeRow, TreeSnapshot
 from radixserve.cache.types import CacheEvent, CacheStats, InsertResult, MatchResult
 
 __all__ = [
@@ -18,8 +19,10 @@ __all__ = [
     "InvariantError",
     "LRUPolicy",
     "MatchResult",
+    "NodeRow",
     "PriorityLRUPolicy",
     "RadixCache",
     "RadixNode",
+    "TreeSnapshot",
     "apply_event",
 ]

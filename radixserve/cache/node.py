@@ -28,6 +28,8 @@ class RadixNode:
         "priority",
         "in_heap",
         "removed",
+        "hit_count",
+        "access_time",
     )
 
     def __init__(
@@ -49,6 +51,8 @@ class RadixNode:
         self.priority = priority  # higher is kept longer by priority-aware policies
         self.in_heap = False  # has a live entry in the eviction queue
         self.removed = False  # pruned from the tree; the handle is dead
+        self.hit_count = 0  # lookups whose matched prefix covered this node (for observers)
+        self.access_time = 0.0  # time.monotonic() of the last lookup or insert through it
 
     @property
     def is_root(self) -> bool:

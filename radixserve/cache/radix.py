@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Hashable, Sequence
 
 from radixserve.cache.errors import CacheFullError
@@ -12,6 +13,7 @@ from radixserve.cache.invariants import check_tree
 from radixserve.cache.mirror import apply_event
 from radixserve.cache.node import RadixNode
 from radixserve.cache.pool import BlockPool
+from radixserve.cache.snapshot import TreeSnapshot, take_snapshot
 from radixserve.cache.tokens import TOKEN_BYTES, LazyQuery, TokenIds, decode
 from radixserve.cache.trie import path_blocks, post_order, walk
 from radixserve.cache.types import CacheEvent, CacheStats, InsertResult, MatchResult
@@ -66,8 +68,9 @@ class RadixCache:
 
         Side effects: if the match ends inside a node, that node is split at the block
         boundary (the returned node is the new upper half); every node on the matched
-        path gets a new last-access time; the hit/miss counters grow. Lock the returned
-        node before the blocks may be evicted (before the next `evict` or `allocate`).
+        path gets a new last-access time and one more hit; the hit/miss counters grow.
+        Lock the returned node before the blocks may be evicted (before the next `evict` or
+        `allocate`).
         """
         with self._lock:
             self._lookups += 1
@@ -82,9 +85,12 @@ class RadixCache:
                 matched += k * self._block_bytes
             self._clock += 1
             tick = self._clock
+            now = time.monotonic()
             blocks: list[int] = []
             for node in path:
                 node.last_access = tick
+                node.access_time = now
+                node.hit_count += 1
                 blocks += node.blocks
             num_tokens = matched // TOKEN_BYTES
             self._hit_tokens += num_tokens
@@ -157,8 +163,10 @@ class RadixCache:
                     events.append(
                         CacheEvent("insert", namespace, tuple(token_ids), leaf.num_tokens)
                     )
+            now = time.monotonic()
             for node in path:
                 node.last_access = tick
+                node.access_time = now
                 if node.priority < priority:
                     node.priority = priority
             if path and not path[-1].children and path[-1].lock_ref == 0:
@@ -305,6 +313,15 @@ class RadixCache:
                         out.append((namespace, decode(node.path_tokens())))
         return out
 
+    def snapshot(self, head_tokens: int = 32) -> TreeSnapshot:
+        """A copy of every node's shape and counters, for observers (see `snapshot.py`).
+
+        Holds the lock for one pass over the tree (a few hundred ns per node), so callers
+        that poll should not do it more often than they need.
+        """
+        with self._lock:
+            return take_snapshot(self._roots, self.block_size, head_tokens)
+
     def stats(self) -> CacheStats:
         """A consistent snapshot of sizes and counters."""
         with self._lock:
@@ -359,6 +376,7 @@ class RadixCache:
             node.last_access, node.priority,
         )  # fmt: skip
         upper.lock_ref = node.lock_ref
+        upper.hit_count, upper.access_time = node.hit_count, node.access_time
         parent.children[node.tokens[:bb]] = upper
         node.tokens = node.tokens[k * bb :]
         node.blocks = node.blocks[k:]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from radixserve.cache import CacheEvent
+from radixserve.cache import CacheEvent, TreeSnapshot
 from radixserve.engine.kv_manager import KVCacheManager
 from radixserve.engine.outputs import RequestMetrics
 from radixserve.engine.params import SamplingParams
@@ -330,6 +330,15 @@ class LLMEngine:
         if self.kv.cache is None:
             return []
         return self.kv.cache.leaf_paths()
+
+    def cache_tree(self, head_tokens: int = 32) -> TreeSnapshot | None:
+        """A copy of the radix tree's nodes and counters (None with the cache off).
+
+        Safe from any thread: it is taken under the cache's own lock, which the engine
+        thread holds only inside single cache calls, so the step loop waits at most for
+        one pass over the tree.
+        """
+        return self.kv.cache.snapshot(head_tokens) if self.kv.cache is not None else None
 
     # ------------------------------------------------------------------ the loop
 

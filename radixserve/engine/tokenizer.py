@@ -38,6 +38,10 @@ class Tokenizer:
         """Text of `token_ids`."""
         return str(self.hf.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
 
+    def decode_batch(self, token_lists: list[list[int]]) -> list[str]:
+        """Texts of many token id lists in one call, special tokens kept (for displays)."""
+        return [str(t) for t in self.hf.batch_decode(token_lists, skip_special_tokens=False)]
+
     def apply_chat_template(
         self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True
     ) -> list[int]:

@@ -17,6 +17,7 @@ from starlette.types import Receive, Scope, Send
 
 from radixserve import __version__
 from radixserve.router.balancer import Balancer, Prompt, Route
+from radixserve.router.dashboard import add_router_dashboard
 from radixserve.router.metrics import RouterMetrics
 from radixserve.router.prompt import normalize_body
 
@@ -388,5 +389,8 @@ def build_app(
                 }
             )
         return JSONResponse({"workers": out})
+
+    # The cache dashboard, one panel per worker: /dashboard, /v1/router/workers/{i}/...
+    add_router_dashboard(app, proxy, api_key)
 
     return app

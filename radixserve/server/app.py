@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from radixserve import __version__
 from radixserve.server.bridge import EngineBridge
 from radixserve.server.cache_events import CacheEventHub
+from radixserve.server.dashboard import add_dashboard
 from radixserve.server.errors import APIError, install_error_handlers
 from radixserve.server.metrics import CONTENT_TYPE, ResponseCounter, ServerMetrics
 from radixserve.server.protocol import MAX_BODY_BYTES
@@ -48,6 +49,7 @@ def build_app(
     max_body_bytes: int = MAX_BODY_BYTES,
     bridge_factory: Callable[[ServerMetrics], EngineBridge] | None = None,
     cache_events: bool = True,
+    dashboard_show_text: bool = False,
 ) -> FastAPI:
     """An OpenAI-compatible app over a started `LLMEngine`; the caller owns the engine.
 
@@ -104,6 +106,9 @@ def build_app(
             return StreamingResponse(
                 hub.stream(), media_type="text/event-stream", headers=SSE_HEADERS
             )
+
+    # The cache dashboard: /dashboard (page), /v1/cache/tree, /v1/dashboard/stats.
+    add_dashboard(app, v1, engine, metrics, api_key, show_text=dashboard_show_text)
 
     app.include_router(v1)
 

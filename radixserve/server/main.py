@@ -66,6 +66,7 @@ def _serve(engine: Any, args: argparse.Namespace) -> int:
         api_key=args.api_key,
         served_model_name=args.served_model_name,
         default_max_tokens=args.default_max_tokens,
+        dashboard_show_text=args.dashboard_show_text,
     )
     line = startup_line(
         engine,

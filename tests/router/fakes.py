@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from radixserve.cache import CacheEvent
 from radixserve.router.launcher import free_port
 from radixserve.router.trie import WorkerTrie
+from radixserve.server.cache_tree import tree_json
 
 BLOCK_SIZE = 4
 
@@ -49,6 +50,8 @@ class FakeState:
     auth_seen: list[str | None] = field(default_factory=list)
     delay: float = 0.0
     bad_events: int = 0  # event streams that start with a malformed event
+    query_tokens: int = 0  # prompt tokens looked up (for /v1/dashboard/stats)
+    hit_tokens: int = 0
 
 
 def fake_worker_app(state: FakeState) -> FastAPI:
@@ -92,6 +95,35 @@ def fake_worker_app(state: FakeState) -> FastAPI:
             "block_size": BLOCK_SIZE,
             "cached_blocks": trie.num_blocks,
             "total_blocks": state.num_blocks,
+        }
+
+    @app.get("/v1/cache/tree")
+    async def cache_tree(request: Request) -> Response:
+        if state.api_key and request.headers.get("authorization") != f"Bearer {state.api_key}":
+            return JSONResponse({"error": {"message": "bad key"}}, status_code=401)
+        max_nodes = int(request.query_params.get("max_nodes", "100"))
+        body = tree_json(trie.cache.snapshot(), max_nodes, None, time.monotonic())
+        return JSONResponse({**body, "worker": state.name})
+
+    @app.get("/v1/dashboard/stats")
+    async def dashboard_stats() -> dict[str, Any]:
+        used = trie.num_blocks
+        return {
+            "object": "dashboard.stats",
+            "worker": state.name,
+            "time": time.time(),
+            "requests": len(state.bodies),
+            "prefix_cache_queries": state.query_tokens,
+            "prefix_cache_hits": state.hit_tokens,
+            "evicted_blocks": 0,
+            "preemptions": 0,
+            "blocks": {
+                "total": state.num_blocks,
+                "free": state.num_blocks - used,
+                "cached": used,
+                "locked": 0,
+            },
+            "ttft": {"buckets": [[None, 0]], "count": 0, "sum": 0.0},
         }
 
     @app.get("/v1/models")
@@ -139,6 +171,8 @@ def fake_worker_app(state: FakeState) -> FastAPI:
         ns = body.get("cache_salt")
         ids = tok.apply_chat_template(body["messages"])
         cached = trie.match(ids, ns)
+        state.query_tokens += len(ids)
+        state.hit_tokens += cached
         trie.insert(ids, ns)
         usage = {
             "prompt_tokens": len(ids),
