@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from starlette.requests import Request
 
 from radixserve.server.errors import APIError
@@ -26,19 +26,108 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+# Content part types OpenAI defines that this text-only server cannot read.
+_MEDIA_PARTS = {"image_url": "image", "input_audio": "audio", "file": "file"}
+# Which content part types each role may send (OpenAI's message types); others: text only.
+_PART_TYPES = {"assistant": ("text", "refusal")}
+
+
 class ContentPart(_Strict):
-    """One part of a message's content list; only text parts are supported."""
+    """One part of a message's content list; text (and an assistant's refusal) only."""
 
     type: str
     text: str | None = None
+    refusal: str | None = None
+
+    @model_validator(mode="after")
+    def _readable(self) -> ContentPart:
+        if self.type in _MEDIA_PARTS:
+            raise ValueError(
+                f"{_MEDIA_PARTS[self.type]} content parts ('{self.type}') are not supported: "
+                "this model reads text only; send {'type': 'text', 'text': ...} parts"
+            )
+        if self.type == "text" and self.text is None:
+            raise ValueError("a text content part needs a string 'text'")
+        if self.type == "refusal" and self.refusal is None:
+            raise ValueError("a refusal content part needs a string 'refusal'")
+        if self.type not in ("text", "refusal"):
+            raise ValueError(f"unknown content part type '{self.type}'; expected 'text'")
+        return self
+
+
+class FunctionCall(_Strict):
+    """The function an assistant's tool call names, with its JSON arguments as a string."""
+
+    name: str
+    arguments: str
+
+
+class ToolCall(_Strict):
+    """One entry of an assistant message's `tool_calls`."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
 
 
 class ChatMessage(_Strict):
-    """One chat message; the tokenizer's chat template checks roles and renders it."""
+    """One chat message, checked per role as OpenAI's API does (see docs/server.md)."""
 
-    role: str
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[ToolCall] | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _content_shape(cls, v: Any) -> Any:
+        # Checked here so a bad part gets its own message, not one error per union member.
+        if v is None or isinstance(v, str):
+            return v
+        if not isinstance(v, list):
+            raise ValueError("content must be a string or a list of content parts")
+        parts = []
+        for j, part in enumerate(v):
+            if not isinstance(part, dict):
+                raise ValueError(f"content[{j}] must be an object with a 'type'")
+            try:
+                parts.append(ContentPart.model_validate(part))
+            except ValidationError as e:
+                inner = "".join(f".{p}" for p in e.errors(include_url=False)[0].get("loc", ()))
+                raise ValueError(f"content[{j}]{inner}: {_first_message(e)}") from None
+        return parts
+
+    @model_validator(mode="after")
+    def _per_role(self) -> ChatMessage:
+        role = self.role
+        if self.content is None and not (role == "assistant" and self.tool_calls):
+            raise ValueError(
+                f"'content' is required in {_a(role)} message (it may be null only in an "
+                "assistant message that carries tool_calls)"
+            )
+        if isinstance(self.content, list):
+            allowed = _PART_TYPES.get(role, ("text",))
+            for part in self.content:
+                if part.type not in allowed:
+                    raise ValueError(
+                        f"{_a(role).capitalize()} message cannot hold '{part.type}' parts"
+                    )
+        if role == "tool" and self.tool_call_id is None:
+            raise ValueError("a tool message needs 'tool_call_id' (a string)")
+        if role != "tool" and self.tool_call_id is not None:
+            raise ValueError(f"'tool_call_id' belongs in tool messages, not {role} messages")
+        if role != "assistant" and self.tool_calls is not None:
+            raise ValueError(f"'tool_calls' belongs in assistant messages, not {role} messages")
+        return self
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as the tokenizer's chat template takes it: role and text content."""
+        if isinstance(self.content, list):
+            text = "".join(p.text if p.type == "text" else p.refusal or "" for p in self.content)
+        else:
+            text = self.content or ""
+        return {"role": self.role, "content": text}
 
 
 class _SamplingRequest(_Strict):
@@ -109,7 +198,7 @@ class ChatCompletionRequest(_SamplingRequest):
 
     def message_dicts(self) -> list[dict[str, Any]]:
         """Messages as plain dicts for `Tokenizer.apply_chat_template`."""
-        return [m.model_dump(exclude_none=True) for m in self.messages]
+        return [m.template_dict() for m in self.messages]
 
 
 class CompletionRequest(_SamplingRequest):
@@ -158,6 +247,10 @@ class CompletionRequest(_SamplingRequest):
 def sse(data: dict[str, Any]) -> bytes:
     """One server-sent event carrying `data` as JSON."""
     return b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
+
+
+def _a(role: str) -> str:
+    return f"an {role}" if role[0] in "aeiou" else f"a {role}"
 
 
 def _is_int(v: Any) -> bool:
@@ -210,7 +303,9 @@ def validation_error(e: ValidationError) -> APIError:
     loc = [str(p) for p in err.get("loc", ())]
     param = loc[0] if loc else None
     where = ".".join(loc) or "body"
-    msg = str(err.get("msg", "invalid value"))
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, ") :]
-    return APIError(400, f"invalid '{where}': {msg}", param=param)
+    return APIError(400, f"invalid '{where}': {_first_message(e)}", param=param)
+
+
+def _first_message(e: ValidationError) -> str:
+    msg = str(e.errors(include_url=False)[0].get("msg", "invalid value"))
+    return msg.removeprefix("Value error, ")
