@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 from starlette.requests import Request
 
 from radixserve.server.errors import APIError
@@ -130,6 +138,84 @@ class ChatMessage(_Strict):
         return {"role": self.role, "content": text}
 
 
+def _message_schema() -> dict[str, Any]:
+    """JSON schema of one message, one variant per role rule of `ChatMessage` (the OpenAPI
+    document shows it; the fuzz tests hold the validators to it)."""
+
+    def part(kind: str) -> dict[str, Any]:
+        props = {"type": {"const": kind}, kind: {"type": "string"}}
+        return {"type": "object", "properties": props, "required": ["type", kind]}
+
+    def content(*kinds: str) -> dict[str, Any]:
+        items = part(kinds[0]) if len(kinds) == 1 else {"anyOf": [part(k) for k in kinds]}
+        return {"anyOf": [{"type": "string"}, {"type": "array", "items": items}]}
+
+    call = {
+        "type": "object",
+        "properties": {
+            "id": {"type": "string"},
+            "type": {"const": "function"},
+            "function": {
+                "type": "object",
+                "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}},
+                "required": ["name", "arguments"],
+            },
+        },
+        "required": ["id", "function"],
+    }
+    null, text = {"type": "null"}, {"anyOf": [{"type": "string"}, {"type": "null"}]}
+
+    def variant(roles: list[str], required: list[str], **props: Any) -> dict[str, Any]:
+        base = {"name": text, "tool_call_id": null, "tool_calls": null}
+        properties = {"role": {"enum": roles}, **base, **props}
+        return {"type": "object", "properties": properties, "required": ["role", *required]}
+
+    calls = {"type": "array", "items": call}
+    return {
+        "title": "ChatMessage",
+        "anyOf": [
+            variant(["system", "developer", "user"], ["content"], content=content("text")),
+            variant(
+                ["tool"],
+                ["content", "tool_call_id"],
+                content=content("text"),
+                tool_call_id={"type": "string"},
+            ),
+            variant(
+                ["assistant"],
+                ["content"],
+                content=content("text", "refusal"),
+                tool_calls={"anyOf": [calls, null]},
+            ),
+            variant(
+                ["assistant"], ["tool_calls"], content=null, tool_calls={**calls, "minItems": 1}
+            ),
+        ],
+    }
+
+
+_ONE_PROMPT: dict[str, Any] = {
+    "anyOf": [
+        {"type": "string", "minLength": 1},
+        {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
+    ]
+}
+# A prompt as `CompletionRequest._prompt_shape` accepts it (token ids below the vocabulary
+# size; the engine answers larger ones with a 400).
+_PROMPT_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        *_ONE_PROMPT["anyOf"],
+        {"type": "array", "items": _ONE_PROMPT, "minItems": 1, "maxItems": 1},
+    ]
+}
+
+
+def _only(*values: Any) -> WithJsonSchema:
+    """Schema of an OpenAI parameter accepted only at these (default) values: `unsupported()`
+    answers any other value with a 400, and the OpenAPI document says so."""
+    return WithJsonSchema({"enum": list(values)})
+
+
 class _SamplingRequest(_Strict):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
@@ -139,13 +225,13 @@ class _SamplingRequest(_Strict):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
     stop: str | list[str] | None = None
-    n: int = Field(default=1, ge=1)
+    n: Annotated[int, _only(1)] = Field(default=1, ge=1)
     user: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: Annotated[float | None, _only(0, None)] = Field(default=None, ge=-2, le=2)
+    frequency_penalty: Annotated[float | None, _only(0, None)] = Field(default=None, ge=-2, le=2)
+    logit_bias: Annotated[dict[str, float] | None, _only({}, None)] = None
     # radixserve extras (pass them with the openai client's `extra_body`)
     top_k: int | None = Field(default=None, ge=-1)
     ignore_eos: bool = False
@@ -181,10 +267,10 @@ class _SamplingRequest(_Strict):
 class ChatCompletionRequest(_SamplingRequest):
     """Body of POST /v1/chat/completions."""
 
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[Annotated[ChatMessage, WithJsonSchema(_message_schema())]] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
+    logprobs: Annotated[bool | None, _only(False, None)] = None
+    top_logprobs: Annotated[int | None, _only(0, None)] = None
 
     def unsupported(self) -> APIError | None:
         """As the base class, plus logprobs."""
@@ -204,11 +290,11 @@ class ChatCompletionRequest(_SamplingRequest):
 class CompletionRequest(_SamplingRequest):
     """Body of POST /v1/completions; `prompt` is text, token ids, or a list of one of those."""
 
-    prompt: str | list[int]
-    echo: bool = False
-    best_of: int | None = None
-    logprobs: int | None = None
-    suffix: str | None = None
+    prompt: Annotated[str | list[int], WithJsonSchema(_PROMPT_SCHEMA)]
+    echo: Annotated[bool, _only(False)] = False
+    best_of: Annotated[int | None, _only(1, None)] = None
+    logprobs: Annotated[int | None, _only(0, None)] = None
+    suffix: Annotated[str | None, _only("", None)] = None
 
     @field_validator("prompt", mode="before")
     @classmethod
