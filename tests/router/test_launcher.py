@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
+import time
 
-from radixserve.router.launcher import route_args, worker_argv
+from radixserve.router.launcher import WorkerSupervisor, route_args, stop_workers, worker_argv
 from radixserve.server import main as server_main
 
 
@@ -70,3 +73,45 @@ def test_router_takes_the_serve_address_model_and_key() -> None:
     assert (r.host, r.port, r.api_key, r.block_size) == ("0.0.0.0", 9000, "k", 32)
     assert r.worker == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
     assert r.policy == "cache_aware"
+
+
+def _sleeper() -> list[str]:
+    return [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+def test_supervisor_restarts_a_killed_worker_with_its_own_command_line() -> None:
+    procs = [subprocess.Popen(_sleeper()) for _ in range(2)]
+    sup = WorkerSupervisor(
+        serve_args("--workers", "2"), procs, ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    )
+    assert "--port" in sup.argvs[1] and sup.argvs[1][sup.argvs[1].index("--port") + 1] == "2"
+    sup.argvs = [_sleeper(), _sleeper()]
+    first = procs[0]
+    sup.interval = 0.05
+    sup.start()
+    try:
+        first.kill()
+        deadline = time.monotonic() + 10
+        while sup.restarts[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sup.restarts == [1, 0]
+        assert procs[0] is not first and procs[0].poll() is None
+    finally:
+        sup.stop()
+        stop_workers(procs, grace=1)
+
+
+def test_supervisor_backs_off_a_worker_that_keeps_dying() -> None:
+    dies = [sys.executable, "-c", "raise SystemExit(3)"]
+    procs = [subprocess.Popen(dies)]
+    sup = WorkerSupervisor(
+        serve_args("--workers", "2"), procs, ["http://127.0.0.1:1"], interval=0.05
+    )
+    sup.argvs = [dies]
+    sup.start()
+    try:
+        time.sleep(2.5)  # delays 1 s, then 2 s: two restarts at most, not fifty
+    finally:
+        sup.stop()
+        stop_workers(procs, grace=1)
+    assert 1 <= sup.restarts[0] <= 2
