@@ -308,8 +308,10 @@ def summarize(soak: Soak, idle: Sample, warmup: float, max_growth: float) -> dic
     }
 
 
-def plot(samples: list[Sample], warmup: float, path: Path) -> None:
-    """Four panels over time: RSS, fds/threads, pool blocks, latency and throughput."""
+def plot(
+    samples: list[Sample], outcomes: list[Outcome], t0: float, warmup: float, path: Path
+) -> None:
+    """Four panels over time: RSS, fds/threads, pool blocks, latency of each request."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -323,8 +325,15 @@ def plot(samples: list[Sample], warmup: float, path: Path) -> None:
     ax[1].plot(t, [s.threads for s in samples], label="threads")
     for name in ("free", "cached", "locked", "private"):
         ax[2].plot(t, [getattr(s, f"blocks_{name}") for s in samples], label=f"{name} blocks")
-    ax[3].plot(t, [s.p50_ms for s in samples], label="p50 latency ms (per second)")
-    ax[3].plot(t, [s.p99_ms for s in samples], label="p99 latency ms", alpha=0.6)
+    for result, color in (("ok", "tab:blue"), ("rejected", "tab:orange")):
+        done = [o for o in outcomes if o.result == result]
+        ax[3].scatter(
+            [(o.start + o.latency - t0) / 60 for o in done],
+            [o.latency * 1000 for o in done],
+            s=6,
+            color=color,
+            label=f"latency ms ({result})",
+        )
     ax[3].set_xlabel("minutes")
     for a in ax:
         a.legend(loc="upper left", fontsize=8)
@@ -367,10 +376,11 @@ async def run(args: argparse.Namespace, url: str, pid: int | None) -> dict[str, 
     result["config"] = {k: v for k, v in vars(args).items() if k != "api_key"}
     result["duration_s"] = round(time.monotonic() - t0, 1)
     result["samples"] = [asdict(s) for s in soak.samples]
+    result["outcomes"] = [{**asdict(o), "start": round(o.start - t0, 3)} for o in soak.outcomes]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "soak.json").write_text(json.dumps(result, indent=1))
-    plot(soak.samples, args.warmup, out / "soak.png")
+    plot(soak.samples, soak.outcomes, t0, args.warmup, out / "soak.png")
     return result
 
 
@@ -399,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         with server:
             assert server.proc is not None
             result = asyncio.run(run(args, server.url, server.proc.pid))
-    summary = {k: v for k, v in result.items() if k not in ("samples", "config")}
+    summary = {k: v for k, v in result.items() if k not in ("samples", "outcomes", "config")}
     print(json.dumps(summary, indent=1))
     print("PASS" if result["passed"] else "FAIL: " + "; ".join(result["failures"]))
     return 0 if result["passed"] else 1

@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from radixserve.server.bridge import EngineBridge
 from radixserve.server.cache_events import CacheEventHub
 from radixserve.server.errors import APIError, install_error_handlers
+from radixserve.server.lifecycle import Drain
 from radixserve.server.metrics import CONTENT_TYPE, ResponseCounter, ServerMetrics
 from radixserve.server.openapi import install_openapi
 from radixserve.server.protocol import MAX_BODY_BYTES
@@ -62,6 +63,7 @@ def build_app(
     app.state.cache_events = hub
     install_error_handlers(app)
     app.add_middleware(ResponseCounter, metrics=metrics)
+    app.add_middleware(Drain)  # outermost: refuses new requests once the server drains
 
     deps = [Depends(_auth_dependency(api_key))] if api_key else []
     v1 = APIRouter(prefix="/v1", dependencies=deps)
