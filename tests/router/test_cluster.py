@@ -236,7 +236,7 @@ def test_router_tries_equal_worker_caches_after_evictions(cluster: Cluster) -> N
         )
 
 
-def test_killed_worker_loses_no_request_and_comes_back(cluster: Cluster) -> None:
+def test_killed_worker_loses_no_request_and_is_restarted(cluster: Cluster) -> None:
     pids = children(cluster.proc.pid)
     assert len(pids) == 2
     victim = next(p for p in pids if port_of(p) == int(cluster.workers()[0]["url"].rsplit(":")[-1]))
@@ -255,23 +255,14 @@ def test_killed_worker_loses_no_request_and_comes_back(cluster: Cluster) -> None
     text = cluster.http.get("/metrics").text
     assert 'radixserve_router_worker_up{worker="' + cluster.workers()[0]["url"] + '"} 0.0' in text
 
-    port = int(cluster.workers()[0]["url"].rsplit(":")[-1])  # bring it back on its port
-    cmd = [
-        sys.executable,
-        "-m",
-        "radixserve.cli",
-        "serve",
-        "--port",
-        str(port),
-        *WORKER_ARGS,
-        "--num-threads",
-        "1",
-        "--log-level",
-        "warning",
-    ]
-    cluster.extra.append(
-        subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    )
+    # The launcher restarts it by itself, on the same port.
+    port = int(cluster.workers()[0]["url"].rsplit(":")[-1])
+
+    def restarted() -> list[int]:
+        return [p for p in children(cluster.proc.pid) if p not in pids and alive(p)]
+
+    wait_for(lambda: len(restarted()) == 1, timeout=30, what="the launcher restarting worker 0")
+    assert port_of(restarted()[0]) == port
     wait_for(
         lambda: cluster.workers()[0]["healthy"], timeout=STARTUP_TIMEOUT_S, what="worker 0 back up"
     )
