@@ -153,11 +153,12 @@ def _json(ref: dict[str, Any]) -> dict[str, Any]:
 def build_openapi(app: FastAPI) -> dict[str, Any]:
     """The OpenAPI document of `app`, with radixserve's request and response schemas."""
     doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
-    keys, defs = models_json_schema(
-        [(ChatCompletionRequest, "validation"), (CompletionRequest, "validation")]
-        + [(m, "serialization") for m in _MODELS],
-        ref_template=REF,
-    )
+    wanted: list[tuple[type[BaseModel], Literal["validation", "serialization"]]] = [
+        (ChatCompletionRequest, "validation"),
+        (CompletionRequest, "validation"),
+    ]
+    wanted += [(m, "serialization") for m in _MODELS]
+    keys, defs = models_json_schema(wanted, ref_template=REF)
     doc.setdefault("components", {}).setdefault("schemas", {}).update(defs.get("$defs", {}))
 
     def ref(model: type[BaseModel], mode: str = "serialization") -> dict[str, Any]:
@@ -167,7 +168,7 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
         status: {"description": why, "content": _json(ref(ErrorResponse))}
         for status, why in _ERRORS.items()
     }
-    bodies = {
+    bodies: dict[str, tuple[type[BaseModel], type[BaseModel]]] = {
         "/v1/chat/completions": (ChatCompletionRequest, ChatCompletion),
         "/v1/completions": (CompletionRequest, Completion),
     }
@@ -179,7 +180,7 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
             "200": {"description": "the completion (SSE when stream)", "content": ok}
         }
         op["responses"].update(errors)
-    gets = {"/v1/models": ModelList, "/health": Health}
+    gets: dict[str, type[BaseModel]] = {"/v1/models": ModelList, "/health": Health}
     for path, model in gets.items():
         op = doc["paths"][path]["get"]
         op["responses"] = {"200": {"description": "ok", "content": _json(ref(model))}}

@@ -132,7 +132,7 @@ class ChatMessage(_Strict):
     def template_dict(self) -> dict[str, Any]:
         """The message as the tokenizer's chat template takes it: role and text content."""
         if isinstance(self.content, list):
-            text = "".join(p.text if p.type == "text" else p.refusal or "" for p in self.content)
+            text = "".join((p.text if p.type == "text" else p.refusal) or "" for p in self.content)
         else:
             text = self.content or ""
         return {"role": self.role, "content": text}

@@ -94,6 +94,11 @@ def test_pool_oversubscribed_8x_ends_every_request_within_bounded_time(
         ), statuses
         assert wall < 240, f"took {wall:.0f} s"
         assert demand >= 6 * pool_tokens, (demand, pool_tokens)  # the pool really was short
+        counts = {s: sum(r.status_code == s for r in results) for s in statuses}
+        print(
+            f"\n8x pool: {len(results)} requests, statuses {counts}, {wall:.1f} s wall, "
+            f"{demand} tokens asked of a {pool_tokens}-token pool"
+        )
         idle = httpx.get(f"{server.url}/v1/cache/stats", timeout=10).json()
         assert idle["locked_blocks"] == 0 and idle["private_blocks"] == 0
         assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
