@@ -34,12 +34,15 @@ STARTUP_TIMEOUT_S = 240.0
 
 
 def children(pid: int) -> list[int]:
-    """Direct child pids of `pid` (Linux)."""
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except OSError:
-        return []
-    return [int(p) for p in text.split()]
+    """Direct child pids of `pid`, spawned by any of its threads (Linux: the launcher's
+    supervisor thread starts restarted workers)."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(p) for p in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return out
 
 
 def port_of(pid: int) -> int:
