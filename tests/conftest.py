@@ -59,3 +59,35 @@ def default_model_files() -> ModelFiles:
 def default_tokenizer(default_model_files: ModelFiles) -> Tokenizer:
     """The default model's tokenizer and chat template."""
     return Tokenizer.from_dir(default_model_files.path)
+
+
+def write_tiny_model_dir(out: Any, default_files: ModelFiles) -> Any:
+    """A Hugging Face directory of a 2-layer random Llama with the default model's tokenizer
+    and chat template: a real `--model` for server subprocesses that must start and answer fast.
+    """
+    import shutil
+
+    from safetensors.torch import save_file
+
+    hf, _ = build_tiny_pair(
+        vocab_size=49152,
+        hidden_size=32,
+        intermediate_size=64,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    hf.config.save_pretrained(out)
+    save_file({k: v.contiguous() for k, v in hf.state_dict().items()}, out / "model.safetensors")
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (default_files.path / name).is_file():
+            shutil.copy(default_files.path / name, out / name)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(
+    tmp_path_factory: pytest.TempPathFactory, default_model_files: ModelFiles
+) -> Any:
+    """Path of a tiny random model directory (see write_tiny_model_dir), built once."""
+    return write_tiny_model_dir(tmp_path_factory.mktemp("tiny-model") / "tiny", default_model_files)

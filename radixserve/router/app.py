@@ -24,6 +24,11 @@ from radixserve.router.prompt import normalize_body
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 2  # the first try and one retry on another worker
+# What a request to a worker can raise when the worker is gone. httpcore may raise
+# AttributeError ("'NoneType' object has no attribute 'getpeername'") instead of an
+# httpx error on a pooled connection whose worker was killed: seen in the kill -9 fault test,
+# where it surfaced as a 500 instead of a retry.
+TRANSPORT_ERRORS = (httpx.HTTPError, OSError, AttributeError)
 
 
 def error_response(status: int, message: str, type_: str = "upstream_error") -> JSONResponse:
@@ -209,7 +214,7 @@ class Proxy:
         w.begin()
         try:
             r = await self.client.post(w.url + path, content=raw, headers=headers)
-        except httpx.HTTPError as e:
+        except TRANSPORT_ERRORS as e:
             return self._failed(route, e)
         finally:
             w.end()
@@ -230,7 +235,7 @@ class Proxy:
         w = route.worker
         try:
             r = await self.client.get(w.url + path, headers=headers, timeout=10.0)
-        except httpx.HTTPError as e:
+        except TRANSPORT_ERRORS as e:
             return self._failed(route, e)
         if r.status_code >= 500:
             return self._bad_status(route, r, r.content)
@@ -256,7 +261,7 @@ class Proxy:
                 return Response(content, upstream.status_code, media_type=media)
             chunks = upstream.aiter_raw()
             first = await anext(chunks)  # the retry window closes with the first byte sent
-        except (httpx.HTTPError, StopAsyncIteration) as e:
+        except (*TRANSPORT_ERRORS, StopAsyncIteration) as e:
             if upstream is not None:
                 await upstream.aclose()
             w.end()
@@ -283,7 +288,7 @@ class Proxy:
                     yield chunk
                 self.metrics.requests.labels(w.name, "ok").inc()
                 self.metrics.cached_tokens.labels(w.name).inc(_stream_cached_tokens(tail))
-            except httpx.HTTPError as e:  # too late to retry: tell the client in-band
+            except TRANSPORT_ERRORS as e:  # too late to retry: tell the client in-band
                 kind = type(e).__name__
                 log.warning("stream from %s broke: %s: %s", w.name, kind, e)
                 self.metrics.requests.labels(w.name, "error").inc()

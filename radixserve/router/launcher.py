@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -110,6 +111,72 @@ def stop_workers(procs: list[subprocess.Popen[bytes]], grace: float = 10.0) -> N
             p.wait()
 
 
+class WorkerSupervisor:
+    """Restarts a worker whose process exited, on the same port and command line.
+
+    A background thread polls the processes; `procs` is updated in place, so whoever stops
+    the workers later stops the live ones. A worker that keeps dying soon after its start is
+    restarted after a doubling delay (1 s up to 30 s) instead of in a tight loop. The router
+    takes the restarted worker back once its /health answers 200.
+    """
+
+    def __init__(
+        self,
+        opts: WorkerOptions,
+        procs: list[subprocess.Popen[bytes]],
+        urls: list[str],
+        interval: float = 0.5,
+    ) -> None:
+        self.procs = procs
+        self.argvs = [worker_argv(opts, int(url.rsplit(":", 1)[1])) for url in urls]
+        self.env = worker_env(opts)
+        self.urls = urls
+        self.interval = interval
+        self.restarts = [0] * len(procs)
+        self._started = [time.monotonic()] * len(procs)
+        self._delay = [0.0] * len(procs)
+        self._due: list[float | None] = [None] * len(procs)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="worker-supervisor", daemon=True)
+
+    def start(self) -> WorkerSupervisor:
+        """Begin watching (returns self)."""
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop watching; no restart happens after this returns."""
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            for i in range(len(self.procs)):
+                self._check(i)
+
+    def _check(self, i: int) -> None:
+        now = time.monotonic()
+        if self._due[i] is None:
+            code = self.procs[i].poll()
+            if code is None:
+                return
+            quick = now - self._started[i] < 30.0
+            self._delay[i] = min(30.0, max(1.0, self._delay[i] * 2)) if quick else 0.0
+            self._due[i] = now + self._delay[i]
+            log.warning(
+                "worker %s exited with code %s; restarting it in %.0f s",
+                self.urls[i],
+                code,
+                self._delay[i],
+            )
+        if now < (self._due[i] or 0.0):
+            return
+        self._due[i] = None
+        self._started[i] = now
+        self.procs[i] = subprocess.Popen(self.argvs[i], env=self.env, preexec_fn=_die_with_parent)
+        self.restarts[i] += 1
+
+
 def route_args(args: argparse.Namespace, urls: list[str]) -> argparse.Namespace:
     """The router's arguments: route defaults, overridden by same-named serve arguments."""
     from radixserve.router.main import add_route_args
@@ -140,6 +207,7 @@ def serve_workers(args: argparse.Namespace) -> int:
     old_term = signal.signal(signal.SIGTERM, on_term)
     old_int = signal.getsignal(signal.SIGINT)
     procs: list[subprocess.Popen[bytes]] = []
+    supervisor: WorkerSupervisor | None = None
     try:
         opts = WorkerOptions.from_namespace(args)
         procs, urls = start_workers(opts, int(args.workers))
@@ -151,6 +219,7 @@ def serve_workers(args: argparse.Namespace) -> int:
             headers={"authorization": f"Bearer {key}"} if key else None,
         )
         log.info("%d workers ready: %s", len(urls), ", ".join(urls))
+        supervisor = WorkerSupervisor(opts, procs, urls).start()
         # uvicorn handles SIGTERM/SIGINT while it serves and re-raises the signal once it has
         # shut down; no-op handlers make that re-raise harmless, so we get to stop the workers.
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -162,6 +231,8 @@ def serve_workers(args: argparse.Namespace) -> int:
         log.error("%s", e)
         return 1
     finally:
+        if supervisor is not None:
+            supervisor.stop()
         stop_workers(procs)
         signal.signal(signal.SIGTERM, old_term)
         signal.signal(signal.SIGINT, old_int)

@@ -17,7 +17,9 @@ from radixserve.server.bridge import EngineBridge
 from radixserve.server.cache_events import CacheEventHub
 from radixserve.server.dashboard import add_dashboard
 from radixserve.server.errors import APIError, install_error_handlers
+from radixserve.server.lifecycle import Drain
 from radixserve.server.metrics import CONTENT_TYPE, ResponseCounter, ServerMetrics
+from radixserve.server.openapi import install_openapi
 from radixserve.server.protocol import MAX_BODY_BYTES
 from radixserve.server.serving import DEFAULT_MAX_TOKENS, SSE_HEADERS, OpenAIServing
 
@@ -66,12 +68,14 @@ def build_app(
     hub = CacheEventHub(engine)
     created = int(time.time())
 
-    app = FastAPI(title="radixserve", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="radixserve", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
+    install_openapi(app)
     app.state.engine = engine
     app.state.metrics = metrics
     app.state.cache_events = hub
     install_error_handlers(app)
     app.add_middleware(ResponseCounter, metrics=metrics)
+    app.add_middleware(Drain)  # outermost: refuses new requests once the server drains
 
     deps = [Depends(_auth_dependency(api_key))] if api_key else []
     v1 = APIRouter(prefix="/v1", dependencies=deps)

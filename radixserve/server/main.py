@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import socket
 from collections.abc import Callable
@@ -14,9 +15,13 @@ from typing import Any
 import uvicorn
 
 from radixserve import options
+from radixserve.server.lifecycle import FAULT_ENV, install_fault_injection, watch_engine
 from radixserve.worker_options import WorkerOptions, add_worker_args
 
 log = logging.getLogger("radixserve.server")
+
+# Seconds a server whose engine died keeps answering 503 before it drains and exits 1.
+ENGINE_DEAD_LINGER_S = 2.0
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
@@ -51,6 +56,9 @@ def run_serve(args: argparse.Namespace) -> int:
     # Start-up errors propagate: radixserve.cli prints them as one line (after the checks
     # of radixserve.preflight, which run before this).
     engine = LLMEngine(WorkerOptions.from_namespace(args).engine_config())
+    fault = os.environ.get(FAULT_ENV)
+    if fault:
+        install_fault_injection(engine, fault)  # a bad spec is a ValueError: one line, exit 2
     try:
         engine.start()
         return _serve(engine, args)
@@ -83,34 +91,101 @@ def _serve(engine: Any, args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=args.shutdown_timeout,
     )
     server = _Server(
-        config, on_started=lambda: log.info(line), on_exit=app.state.cache_events.close
+        config,
+        on_started=lambda: log.info(line),
+        on_exit=app.state.cache_events.close,
+        engine=engine,
+        drain=_drain_of(app),
+        drain_timeout=args.shutdown_timeout,
     )
     # uvicorn re-raises the signal it handled once it has shut down; with these handlers in
     # place that re-raise is a no-op, so a graceful shutdown exits 0.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
     server.run()
+    if server.engine_died:
+        return 1  # a supervisor (systemd, Kubernetes, serve --workers N) restarts us
     return 0 if server.started else 1
 
 
+def _drain_of(app: Any) -> Any:
+    """The app's Drain middleware instance (built on first use of the middleware stack)."""
+    from radixserve.server.lifecycle import Drain
+
+    if app.middleware_stack is None:
+        app.middleware_stack = app.build_middleware_stack()
+    layer = app.middleware_stack
+    while layer is not None and not isinstance(layer, Drain):
+        layer = getattr(layer, "app", None)
+    if layer is None:
+        raise RuntimeError("the app has no Drain middleware")
+    return layer
+
+
 class _Server(uvicorn.Server):
-    """uvicorn.Server that logs once it listens and ends endless streams when asked to exit."""
+    """uvicorn.Server that logs once it listens, drains on the first SIGTERM/SIGINT (new
+    requests get 503 while in-flight ones finish, then uvicorn shuts down; a second signal
+    forces the exit), and exits soon after the engine loop dies."""
 
     def __init__(
-        self, config: uvicorn.Config, on_started: Callable[[], None], on_exit: Callable[[], None]
+        self,
+        config: uvicorn.Config,
+        on_started: Callable[[], None],
+        on_exit: Callable[[], None],
+        engine: Any,
+        drain: Any,
+        drain_timeout: float,
     ) -> None:
         super().__init__(config)
         self._on_started = on_started
         self._on_exit = on_exit
+        self._engine = engine
+        self._drain = drain
+        self._drain_timeout = drain_timeout
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.engine_died = False
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
         if self.started:
             self._on_started()
+            self._spawn(watch_engine(self._engine, self._engine_dead))
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        super().handle_exit(sig, frame)
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._on_exit)
+        if self._drain.draining or self._loop is None or self._loop.is_closed():
+            super().handle_exit(sig, frame)  # a second signal: uvicorn forces the exit
+            return
+        self._loop.call_soon_threadsafe(self._begin_drain, self._drain_timeout)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _begin_drain(self, timeout: float) -> None:
+        if self._drain.draining:
+            return
+        log.info("draining: new requests get 503; waiting up to %.0f s for in-flight", timeout)
+        self._drain.begin()
+        self._on_exit()
+        self._spawn(self._exit_when_idle(timeout))
+
+    async def _exit_when_idle(self, timeout: float) -> None:
+        if not await self._drain.wait_idle(timeout):
+            log.warning("shutdown timeout: %d requests still in flight", self._drain.in_flight)
+        self.should_exit = True
+
+    def _engine_dead(self) -> None:
+        if self._drain.draining:
+            return  # the engine stops as part of an ordinary shutdown
+        log.error("the engine loop died; draining and exiting non-zero so a supervisor restarts")
+        self.engine_died = True
+        # Its requests already ended with an error. For a moment new requests and /health
+        # get 503 engine_dead (so probes and load balancers see why), then the process ends.
+        self._spawn(self._drain_later(ENGINE_DEAD_LINGER_S))
+
+    async def _drain_later(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        self._begin_drain(min(self._drain_timeout, 5.0))

@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 from starlette.requests import Request
 
 from radixserve.server.errors import APIError
@@ -26,19 +34,186 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+# Content part types OpenAI defines that this text-only server cannot read.
+_MEDIA_PARTS = {"image_url": "image", "input_audio": "audio", "file": "file"}
+# Which content part types each role may send (OpenAI's message types); others: text only.
+_PART_TYPES = {"assistant": ("text", "refusal")}
+
+
 class ContentPart(_Strict):
-    """One part of a message's content list; only text parts are supported."""
+    """One part of a message's content list; text (and an assistant's refusal) only."""
 
     type: str
     text: str | None = None
+    refusal: str | None = None
+
+    @model_validator(mode="after")
+    def _readable(self) -> ContentPart:
+        if self.type in _MEDIA_PARTS:
+            raise ValueError(
+                f"{_MEDIA_PARTS[self.type]} content parts ('{self.type}') are not supported: "
+                "this model reads text only; send {'type': 'text', 'text': ...} parts"
+            )
+        if self.type == "text" and self.text is None:
+            raise ValueError("a text content part needs a string 'text'")
+        if self.type == "refusal" and self.refusal is None:
+            raise ValueError("a refusal content part needs a string 'refusal'")
+        if self.type not in ("text", "refusal"):
+            raise ValueError(f"unknown content part type '{self.type}'; expected 'text'")
+        return self
+
+
+class FunctionCall(_Strict):
+    """The function an assistant's tool call names, with its JSON arguments as a string."""
+
+    name: str
+    arguments: str
+
+
+class ToolCall(_Strict):
+    """One entry of an assistant message's `tool_calls`."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
 
 
 class ChatMessage(_Strict):
-    """One chat message; the tokenizer's chat template checks roles and renders it."""
+    """One chat message, checked per role as OpenAI's API does (see docs/server.md)."""
 
-    role: str
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[ToolCall] | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _content_shape(cls, v: Any) -> Any:
+        # Checked here so a bad part gets its own message, not one error per union member.
+        if v is None or isinstance(v, str):
+            return v
+        if not isinstance(v, list):
+            raise ValueError("content must be a string or a list of content parts")
+        parts = []
+        for j, part in enumerate(v):
+            if not isinstance(part, dict):
+                raise ValueError(f"content[{j}] must be an object with a 'type'")
+            try:
+                parts.append(ContentPart.model_validate(part))
+            except ValidationError as e:
+                inner = "".join(f".{p}" for p in e.errors(include_url=False)[0].get("loc", ()))
+                raise ValueError(f"content[{j}]{inner}: {_first_message(e)}") from None
+        return parts
+
+    @model_validator(mode="after")
+    def _per_role(self) -> ChatMessage:
+        role = self.role
+        if self.content is None and not (role == "assistant" and self.tool_calls):
+            raise ValueError(
+                f"'content' is required in {_a(role)} message (it may be null only in an "
+                "assistant message that carries tool_calls)"
+            )
+        if isinstance(self.content, list):
+            allowed = _PART_TYPES.get(role, ("text",))
+            for part in self.content:
+                if part.type not in allowed:
+                    raise ValueError(
+                        f"{_a(role).capitalize()} message cannot hold '{part.type}' parts"
+                    )
+        if role == "tool" and self.tool_call_id is None:
+            raise ValueError("a tool message needs 'tool_call_id' (a string)")
+        if role != "tool" and self.tool_call_id is not None:
+            raise ValueError(f"'tool_call_id' belongs in tool messages, not {role} messages")
+        if role != "assistant" and self.tool_calls is not None:
+            raise ValueError(f"'tool_calls' belongs in assistant messages, not {role} messages")
+        return self
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as the tokenizer's chat template takes it: role and text content."""
+        if isinstance(self.content, list):
+            text = "".join((p.text if p.type == "text" else p.refusal) or "" for p in self.content)
+        else:
+            text = self.content or ""
+        return {"role": self.role, "content": text}
+
+
+def _message_schema() -> dict[str, Any]:
+    """JSON schema of one message, one variant per role rule of `ChatMessage` (the OpenAPI
+    document shows it; the fuzz tests hold the validators to it)."""
+
+    def part(kind: str) -> dict[str, Any]:
+        props = {"type": {"const": kind}, kind: {"type": "string"}}
+        return {"type": "object", "properties": props, "required": ["type", kind]}
+
+    def content(*kinds: str) -> dict[str, Any]:
+        items = part(kinds[0]) if len(kinds) == 1 else {"anyOf": [part(k) for k in kinds]}
+        return {"anyOf": [{"type": "string"}, {"type": "array", "items": items}]}
+
+    call = {
+        "type": "object",
+        "properties": {
+            "id": {"type": "string"},
+            "type": {"const": "function"},
+            "function": {
+                "type": "object",
+                "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}},
+                "required": ["name", "arguments"],
+            },
+        },
+        "required": ["id", "function"],
+    }
+    null, text = {"type": "null"}, {"anyOf": [{"type": "string"}, {"type": "null"}]}
+
+    def variant(roles: list[str], required: list[str], **props: Any) -> dict[str, Any]:
+        base = {"name": text, "tool_call_id": null, "tool_calls": null}
+        properties = {"role": {"enum": roles}, **base, **props}
+        return {"type": "object", "properties": properties, "required": ["role", *required]}
+
+    calls = {"type": "array", "items": call}
+    return {
+        "title": "ChatMessage",
+        "anyOf": [
+            variant(["system", "developer", "user"], ["content"], content=content("text")),
+            variant(
+                ["tool"],
+                ["content", "tool_call_id"],
+                content=content("text"),
+                tool_call_id={"type": "string"},
+            ),
+            variant(
+                ["assistant"],
+                ["content"],
+                content=content("text", "refusal"),
+                tool_calls={"anyOf": [calls, null]},
+            ),
+            variant(
+                ["assistant"], ["tool_calls"], content=null, tool_calls={**calls, "minItems": 1}
+            ),
+        ],
+    }
+
+
+_ONE_PROMPT: dict[str, Any] = {
+    "anyOf": [
+        {"type": "string", "minLength": 1},
+        {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
+    ]
+}
+# A prompt as `CompletionRequest._prompt_shape` accepts it (token ids below the vocabulary
+# size; the engine answers larger ones with a 400).
+_PROMPT_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        *_ONE_PROMPT["anyOf"],
+        {"type": "array", "items": _ONE_PROMPT, "minItems": 1, "maxItems": 1},
+    ]
+}
+
+
+def _only(*values: Any) -> WithJsonSchema:
+    """Schema of an OpenAI parameter accepted only at these (default) values: `unsupported()`
+    answers any other value with a 400, and the OpenAPI document says so."""
+    return WithJsonSchema({"enum": list(values)})
 
 
 class _SamplingRequest(_Strict):
@@ -50,13 +225,13 @@ class _SamplingRequest(_Strict):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
     stop: str | list[str] | None = None
-    n: int = Field(default=1, ge=1)
+    n: Annotated[int, _only(1)] = Field(default=1, ge=1)
     user: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: Annotated[float | None, _only(0, None)] = Field(default=None, ge=-2, le=2)
+    frequency_penalty: Annotated[float | None, _only(0, None)] = Field(default=None, ge=-2, le=2)
+    logit_bias: Annotated[dict[str, float] | None, _only({}, None)] = None
     # radixserve extras (pass them with the openai client's `extra_body`)
     top_k: int | None = Field(default=None, ge=-1)
     ignore_eos: bool = False
@@ -92,10 +267,10 @@ class _SamplingRequest(_Strict):
 class ChatCompletionRequest(_SamplingRequest):
     """Body of POST /v1/chat/completions."""
 
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[Annotated[ChatMessage, WithJsonSchema(_message_schema())]] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
+    logprobs: Annotated[bool | None, _only(False, None)] = None
+    top_logprobs: Annotated[int | None, _only(0, None)] = None
 
     def unsupported(self) -> APIError | None:
         """As the base class, plus logprobs."""
@@ -109,17 +284,17 @@ class ChatCompletionRequest(_SamplingRequest):
 
     def message_dicts(self) -> list[dict[str, Any]]:
         """Messages as plain dicts for `Tokenizer.apply_chat_template`."""
-        return [m.model_dump(exclude_none=True) for m in self.messages]
+        return [m.template_dict() for m in self.messages]
 
 
 class CompletionRequest(_SamplingRequest):
     """Body of POST /v1/completions; `prompt` is text, token ids, or a list of one of those."""
 
-    prompt: str | list[int]
-    echo: bool = False
-    best_of: int | None = None
-    logprobs: int | None = None
-    suffix: str | None = None
+    prompt: Annotated[str | list[int], WithJsonSchema(_PROMPT_SCHEMA)]
+    echo: Annotated[bool, _only(False)] = False
+    best_of: Annotated[int | None, _only(1, None)] = None
+    logprobs: Annotated[int | None, _only(0, None)] = None
+    suffix: Annotated[str | None, _only("", None)] = None
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -158,6 +333,10 @@ class CompletionRequest(_SamplingRequest):
 def sse(data: dict[str, Any]) -> bytes:
     """One server-sent event carrying `data` as JSON."""
     return b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
+
+
+def _a(role: str) -> str:
+    return f"an {role}" if role[0] in "aeiou" else f"a {role}"
 
 
 def _is_int(v: Any) -> bool:
@@ -210,7 +389,9 @@ def validation_error(e: ValidationError) -> APIError:
     loc = [str(p) for p in err.get("loc", ())]
     param = loc[0] if loc else None
     where = ".".join(loc) or "body"
-    msg = str(err.get("msg", "invalid value"))
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, ") :]
-    return APIError(400, f"invalid '{where}': {msg}", param=param)
+    return APIError(400, f"invalid '{where}': {_first_message(e)}", param=param)
+
+
+def _first_message(e: ValidationError) -> str:
+    msg = str(e.errors(include_url=False)[0].get("msg", "invalid value"))
+    return msg.removeprefix("Value error, ")

@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
+import time
 
 from radixserve.launch import add_serve_args
-from radixserve.router.launcher import route_args, worker_argv, worker_env
+from radixserve.router.launcher import (
+    WorkerSupervisor,
+    route_args,
+    stop_workers,
+    worker_argv,
+    worker_env,
+)
 from radixserve.worker_options import WorkerOptions
 
 
@@ -92,3 +101,43 @@ def test_options_round_trip_through_argv_and_dict() -> None:
     again = WorkerOptions.from_namespace(parser.parse_args(o.to_argv()))
     assert again == o
     assert WorkerOptions.from_dict(o.to_dict()) == o
+
+
+def _sleeper() -> list[str]:
+    return [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+def test_supervisor_restarts_a_killed_worker_with_its_own_command_line() -> None:
+    procs = [subprocess.Popen(_sleeper()) for _ in range(2)]
+    sup = WorkerSupervisor(
+        opts("--workers", "2"), procs, ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    )
+    assert "--port" in sup.argvs[1] and sup.argvs[1][sup.argvs[1].index("--port") + 1] == "2"
+    sup.argvs = [_sleeper(), _sleeper()]
+    first = procs[0]
+    sup.interval = 0.05
+    sup.start()
+    try:
+        first.kill()
+        deadline = time.monotonic() + 10
+        while sup.restarts[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sup.restarts == [1, 0]
+        assert procs[0] is not first and procs[0].poll() is None
+    finally:
+        sup.stop()
+        stop_workers(procs, grace=1)
+
+
+def test_supervisor_backs_off_a_worker_that_keeps_dying() -> None:
+    dies = [sys.executable, "-c", "raise SystemExit(3)"]
+    procs = [subprocess.Popen(dies)]
+    sup = WorkerSupervisor(opts("--workers", "2"), procs, ["http://127.0.0.1:1"], interval=0.05)
+    sup.argvs = [dies]
+    sup.start()
+    try:
+        time.sleep(2.5)  # delays 1 s, then 2 s: two restarts at most, not fifty
+    finally:
+        sup.stop()
+        stop_workers(procs, grace=1)
+    assert 1 <= sup.restarts[0] <= 2

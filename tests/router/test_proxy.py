@@ -302,3 +302,21 @@ def test_malformed_cache_event_makes_the_router_resubscribe() -> None:
         assert all(s.bad_events == 0 for s in c.states)
     finally:
         c.close()
+
+
+def test_transport_attribute_error_on_a_killed_worker_is_retried_not_a_500(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # httpcore raised this on a pooled connection to a worker killed with SIGKILL (found by
+    # the kill -9 fault test); it must count as a failed connection, not crash the proxy.
+    dead = cluster.workers[0].url
+    real_post = httpx.AsyncClient.post
+
+    async def post(self: httpx.AsyncClient, url: str, **kw: Any) -> httpx.Response:
+        if str(url).startswith(dead):
+            raise AttributeError("'NoneType' object has no attribute 'getpeername'")
+        return await real_post(self, url, **kw)
+
+    monkeypatch.setattr(httpx.AsyncClient, "post", post)
+    r = cluster.chat("after a kill")
+    assert r.status_code == 200 and r.headers["x-radixserve-worker"] == "1"

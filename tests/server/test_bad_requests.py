@@ -38,6 +38,15 @@ CASES = [
     ("wrong_role", "POST", CHAT, chat(messages=[{"role": "wizard", "content": "hi"}]), 400),
     ("content_not_text", "POST", CHAT, chat(messages=[{"role": "user", "content": 42}]), 400),
     ("message_not_object", "POST", CHAT, chat(messages=["hi"]), 400),
+    ("message_without_content", "POST", CHAT, chat(messages=[{"role": "user"}]), 400),
+    ("null_content", "POST", CHAT, chat(messages=[{"role": "user", "content": None}]), 400),
+    (
+        "tool_message_without_call_id",
+        "POST",
+        CHAT,
+        chat(messages=[{"role": "tool", "content": "3"}]),
+        400,
+    ),
     (
         "image_content_part",
         "POST",
