@@ -37,7 +37,7 @@ def _run(args: list[str], cache_dir: Path | None) -> subprocess.CompletedProcess
     env = dict(os.environ)
     if cache_dir is not None:
         env["RADIXSERVE_CACHE_DIR"] = str(cache_dir)
-    return subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(args, capture_output=True, text=True, env=env, timeout=900)
 
 
 def _assert_clean(proc: subprocess.CompletedProcess[str], status: int) -> None:
