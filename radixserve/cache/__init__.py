@@ -1,19 +1,31 @@
 """The radix prefix cache: a block pool and a token-keyed trie of KV blocks (pure Python)."""
 
 from radixserve.cache.errors import CacheFullError, InvariantError
-from radixserve.cache.eviction import EvictionPolicy, LRUPolicy, PriorityLRUPolicy
+from radixserve.cache.eviction import EvictionKey, EvictionPolicy, LRUPolicy, PriorityLRUPolicy
 from radixserve.cache.mirror import apply_event
 from radixserve.cache.node import RadixNode
+from radixserve.cache.policies import (
+    DEFAULT_POLICY,
+    POLICIES,
+    FanoutPolicy,
+    SessionRetention,
+    SLRUPolicy,
+    make_policy,
+)
 from radixserve.cache.pool import BlockPool
 from radixserve.cache.radix import RadixCache
 from radixserve.cache.types import CacheEvent, CacheStats, InsertResult, MatchResult
 
 __all__ = [
+    "DEFAULT_POLICY",
+    "POLICIES",
     "BlockPool",
     "CacheEvent",
     "CacheFullError",
     "CacheStats",
+    "EvictionKey",
     "EvictionPolicy",
+    "FanoutPolicy",
     "InsertResult",
     "InvariantError",
     "LRUPolicy",
@@ -21,5 +33,8 @@ __all__ = [
     "PriorityLRUPolicy",
     "RadixCache",
     "RadixNode",
+    "SLRUPolicy",
+    "SessionRetention",
     "apply_event",
+    "make_policy",
 ]
