@@ -280,6 +280,11 @@ def add_analyze_args(parser: argparse.ArgumentParser) -> None:
         "--capacities",
         help="cache sizes to replay, comma-separated: blocks (1024) or bytes (256MiB, 2GiB)",
     )
+    p.add_argument(
+        "--policy",
+        help="eviction policies to replay and compare, comma-separated (e.g. lru,fanout,slru); "
+        "adds a table and policy_curves.png",
+    )
     p.add_argument("--output-dir", help="write analysis.json and PNG plots here")
 
 
@@ -302,10 +307,15 @@ def run_analyze(args: argparse.Namespace) -> int:
         read_trace,
         tokenize,
     )
+    from radixserve.cache import POLICIES
     from radixserve.model.config import ModelConfig
     from radixserve.model.loader import resolve_model
 
     try:
+        policies = [n.strip() for n in (args.policy or "").split(",") if n.strip()]
+        for name in policies:
+            if name not in POLICIES:
+                raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
         model_dir = resolve_model(args.model).path
         tok = load_tokenizer(args.model, args.tokenizer or str(model_dir))
         kv = kv_bytes_per_token(ModelConfig.from_dir(model_dir), args.kv_dtype)
@@ -320,17 +330,23 @@ def run_analyze(args: argparse.Namespace) -> int:
             print(f"skipped {len(skipped)} request(s), e.g. {skipped[0]}", file=sys.stderr)
         if not seqs:
             raise ValueError(f"{args.trace} holds no usable request")
-        a = analyze_tokens(seqs, args.block_size, kv, args.kv_dtype, caps)
+        a = analyze_tokens(seqs, args.block_size, kv, args.kv_dtype, caps, policies)
     except (OSError, ValueError, RadixServeError) as e:
         print(f"radixserve analyze: error: {e}", file=sys.stderr)
         return 2
     print(format_analysis(a))
     if args.output_dir:
-        from radixserve.bench.plots import plot_miss_ratio_curve, plot_shared_prefix_hist
+        from radixserve.bench.plots import (
+            plot_miss_ratio_curve,
+            plot_policy_curves,
+            plot_shared_prefix_hist,
+        )
 
         out = Path(args.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / "analysis.json").write_text(json.dumps(a.to_json(), indent=1))
         plot_shared_prefix_hist(a, out / "shared_prefix_hist.png")
         plot_miss_ratio_curve(a, out / "miss_ratio_curve.png")
+        if a.policy_curves:
+            plot_policy_curves(a, out / "policy_curves.png", f"{Path(args.trace).stem}: hit ratio")
     return 0

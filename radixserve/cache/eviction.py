@@ -39,10 +39,16 @@ class EvictionPolicy(ABC):
         return None  # a hook: policies that need it override it
 
     def on_insert(
-        self, path: Sequence[RadixNode], new: RadixNode | None, tick: int, session: bool
+        self,
+        path: Sequence[RadixNode],
+        new: RadixNode | None,
+        tick: int,
+        session: bool,
+        reused: bool,
     ) -> None:
         """An insert covered `path` at `tick`; `new` is the leaf it created (if any);
-        `session`: the request carried a session id."""
+        `session`: the request carried a session id; `reused`: some of `new`'s blocks were
+        evicted shortly before (a ghost hit: the path is in use again)."""
         return None  # a hook: policies that need it override it
 
     def on_split(self, upper: RadixNode, lower: RadixNode) -> None:

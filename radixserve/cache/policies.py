@@ -56,19 +56,31 @@ class FanoutPolicy(EvictionPolicy):
             node.score = _logaddexp(node.score, x)
 
     def on_insert(
-        self, path: Sequence[RadixNode], new: RadixNode | None, tick: int, session: bool
+        self,
+        path: Sequence[RadixNode],
+        new: RadixNode | None,
+        tick: int,
+        session: bool,
+        reused: bool,
     ) -> None:
-        """A new node counts as used once now; older ones are worth at least that."""
+        """A new node counts as used once now (twice if `reused`); older ones are worth
+        at least that."""
         x = tick / self.decay_ticks
         for node in path:
             if node.score < x:
                 node.score = x
+        if new is not None and reused:
+            new.score = x + math.log(2.0)
+            for node in path:
+                node.score = max(node.score, new.score)
 
 
 class SLRUPolicy(EvictionPolicy):
     """Segmented LRU: probationary leaves first, then protected ones, LRU within each.
 
-    A path is promoted to the protected segment when a lookup hits it (its second use).
+    A path is promoted to the protected segment when a lookup hits it (its second use), or
+    when it is cached again soon after its eviction (a ghost hit, as 2Q's A1out list; the
+    cache's refetch tracker remembers recent evictions).
     The protected segment holds at most `protected_fraction` of the pool; promotions past
     that demote its least recently used nodes back to probation.
     """
@@ -112,6 +124,18 @@ class SLRUPolicy(EvictionPolicy):
             old.protected = False
             self._protected_blocks -= len(old.blocks)
             self._fallen.append(old)
+
+    def on_insert(
+        self,
+        path: Sequence[RadixNode],
+        new: RadixNode | None,
+        tick: int,
+        session: bool,
+        reused: bool,
+    ) -> None:
+        """A path evicted shortly before and cached again is on its second use: promoted."""
+        if new is not None and reused:
+            self.on_hit([new], tick)
 
     def on_split(self, upper: RadixNode, lower: RadixNode) -> None:
         """The upper half joins the segment of the node it came from."""
@@ -159,10 +183,15 @@ class SessionRetention(EvictionPolicy):
         self.base.on_hit(path, tick)
 
     def on_insert(
-        self, path: Sequence[RadixNode], new: RadixNode | None, tick: int, session: bool
+        self,
+        path: Sequence[RadixNode],
+        new: RadixNode | None,
+        tick: int,
+        session: bool,
+        reused: bool,
     ) -> None:
         """A session's turn keeps its whole path warm for ttl_s from now."""
-        self.base.on_insert(path, new, tick, session)
+        self.base.on_insert(path, new, tick, session, reused)
         if not session:
             return
         until = self.clock() + self.ttl_s

@@ -185,6 +185,7 @@ class RadixCache:
             tick = self._clock
             events: list[CacheEvent] = []
             leaf: RadixNode | None = None
+            reused = False
             if num_cached < len(blocks):
                 data = query.ensure(query.limit_bytes)
                 parent = path[-1] if path else root
@@ -196,8 +197,11 @@ class RadixCache:
                 self._ns_cached[namespace] = self._ns_cached.get(namespace, 0) + len(leaf.blocks)
                 self._inserted_blocks += len(leaf.blocks)
                 if self._refetch is not None:
-                    self._refetch.inserted(
-                        namespace, data, num_cached, len(data), self._block_bytes
+                    reused = (
+                        self._refetch.inserted(
+                            namespace, data, num_cached, len(data), self._block_bytes
+                        )
+                        > 0
                     )
                 if self._listeners:
                     events.append(
@@ -208,7 +212,7 @@ class RadixCache:
                 if node.priority < priority:
                     node.priority = priority
             if path:
-                self._policy.on_insert(path, leaf, tick, session)
+                self._policy.on_insert(path, leaf, tick, session, reused)
             if path and not path[-1].children and path[-1].lock_ref == 0:
                 self._queue_of(path[-1]).push(path[-1])
             self._inserts += 1

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from radixserve.cache import CacheEvent
+from radixserve.cache import DEFAULT_POLICY, CacheEvent
 from radixserve.engine.kv_manager import KVCacheManager
 from radixserve.engine.outputs import RequestMetrics
 from radixserve.engine.params import SamplingParams
@@ -53,6 +53,10 @@ class EngineConfig:
     schedule_policy: str = "lpm"
     num_threads: int | None = None
     cache_dir: str | None = None
+    eviction_policy: str = DEFAULT_POLICY  # lru | fanout | slru | priority (docs/eviction.md)
+    session_ttl: float = 0.0  # s a session request's path stays warm after each turn; 0: off
+    namespace_quota: float | None = None  # share of the pool one namespace may keep unlocked
+    refetch_window: float = 60.0  # s after an eviction within which a re-prefill is a refetch
 
 
 @dataclass
@@ -65,6 +69,7 @@ class EngineStats:
     prefix_cache_queries_total: int = 0
     prefix_cache_hits_total: int = 0
     evicted_blocks_total: int = 0
+    refetch_blocks_total: int = 0
     preemptions_total: int = 0
     num_waiting: int = 0
     num_running: int = 0
@@ -135,7 +140,7 @@ class LLMEngine:
         self.max_model_len = min(
             config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings
         )
-        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_cache)
+        self.kv = KVCacheManager.from_config(num_blocks, config)
         self.scheduler = Scheduler(
             self.kv, config.max_num_batched_tokens, config.max_num_seqs, config.schedule_policy
         )
@@ -185,6 +190,7 @@ class LLMEngine:
         namespace: Hashable = None,
         priority: int = 0,
         on_output: OutputCallback | None = None,
+        session_id: str | None = None,
     ) -> str:
         """Validate and queue a request; returns its id. See docs/INTERFACES.md."""
         if self._crashed is not None or self._stop:
@@ -217,6 +223,7 @@ class LLMEngine:
             detokenizer=IncrementalDetokenizer(self.tokenizer, ids),
             namespace=namespace,
             priority=priority,
+            session_id=session_id,
             generator=make_generator(params),
             metrics=RequestMetrics(arrival_time=time.monotonic()),
         )
@@ -247,6 +254,7 @@ class LLMEngine:
             prefix_cache_queries_total=kv.query_tokens,
             prefix_cache_hits_total=kv.hit_tokens,
             evicted_blocks_total=cache_stats.evicted_blocks if cache_stats else 0,
+            refetch_blocks_total=cache_stats.refetch_blocks if cache_stats else 0,
             preemptions_total=self.scheduler.num_preemptions,
             num_waiting=len(self.scheduler.waiting) + len(self._inbox),
             num_running=len(self.scheduler.running),
@@ -269,6 +277,7 @@ class LLMEngine:
             total_blocks=self.num_blocks,
             free_blocks=self.kv.pool.num_free,
             private_blocks=self.kv.num_private_blocks,
+            **self.kv.policy_info(),
         )
         return out
 

@@ -23,12 +23,13 @@ if TYPE_CHECKING:
     from radixserve.engine.engine import LLMEngine
 
 
-def _auth_dependency(api_key: str) -> Callable[[Request], Awaitable[None]]:
-    expected = f"Bearer {api_key}".encode()
+def _auth_dependency(api_keys: list[str]) -> Callable[[Request], Awaitable[None]]:
+    expected = [f"Bearer {k}".encode() for k in api_keys]
 
     async def require_api_key(request: Request) -> None:
         given = request.headers.get("authorization", "").encode()
-        if not hmac.compare_digest(given, expected):
+        # compare with every key (no early exit), so timing does not tell which one matched
+        if not sum(hmac.compare_digest(given, e) for e in expected):
             raise APIError(
                 401,
                 "missing or incorrect API key; send 'Authorization: Bearer <key>'",
@@ -45,12 +46,18 @@ def build_app(
     served_model_name: str | None = None,
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
     max_body_bytes: int = MAX_BODY_BYTES,
+    api_key_tiers: dict[str, int] | None = None,
 ) -> FastAPI:
-    """An OpenAI-compatible app over a started `LLMEngine`; the caller owns the engine."""
+    """An OpenAI-compatible app over a started `LLMEngine`; the caller owns the engine.
+
+    With `api_key_tiers`, those keys are accepted too, and a request's cache-retention
+    tier (its `priority`) is its key's tier.
+    """
     model_name = served_model_name or engine.model_name
     metrics = ServerMetrics(engine)
     bridge = EngineBridge(engine, observer=metrics)
     serving = OpenAIServing(engine, bridge, [model_name], default_max_tokens, max_body_bytes)
+    serving.api_key_tiers = dict(api_key_tiers or {})
     hub = CacheEventHub(engine)
     created = int(time.time())
 
@@ -61,7 +68,8 @@ def build_app(
     install_error_handlers(app)
     app.add_middleware(ResponseCounter, metrics=metrics)
 
-    deps = [Depends(_auth_dependency(api_key))] if api_key else []
+    keys = ([api_key] if api_key else []) + list(api_key_tiers or {})
+    deps = [Depends(_auth_dependency(keys))] if keys else []
     v1 = APIRouter(prefix="/v1", dependencies=deps)
 
     @v1.post("/chat/completions")

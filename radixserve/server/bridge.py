@@ -95,6 +95,7 @@ class EngineBridge:
         request_id: str,
         namespace: str | None = None,
         priority: int = 0,
+        session_id: str | None = None,
     ) -> RequestStream:
         """Add a request; raises the engine's validation errors (QueueFullError, ...) directly."""
         stream = RequestStream(self.engine, asyncio.get_running_loop(), self.observer)
@@ -105,6 +106,7 @@ class EngineBridge:
             namespace=namespace,
             priority=priority,
             on_output=stream.on_output,
+            session_id=session_id,
         )
         return stream
 

@@ -62,6 +62,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
         help="seconds in-flight requests may take to finish on SIGTERM/SIGINT (default: 30)",
     )
     a("--workers", type=int, default=1, help="N>1: N engine workers behind the cache-aware router")
+    _add_eviction_args(parser)
     a("--log-level", default="info", choices=LOG_LEVELS)
 
 
@@ -78,6 +79,10 @@ def engine_config(args: argparse.Namespace) -> Any:
         "enable_prefix_cache": not args.no_prefix_cache,
     }
     optional = {
+        "eviction_policy": args.eviction_policy,
+        "session_ttl": args.session_ttl,
+        "namespace_quota": args.namespace_quota,
+        "refetch_window": args.refetch_window,
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "max_num_seqs": args.max_num_seqs,
         "max_model_len": args.max_model_len,
@@ -113,6 +118,15 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.api_key is not None and not args.api_key:
         log.error("--api-key must not be empty")
         return 2
+    tiers = None
+    if args.api_key_tiers:
+        from radixserve.server.tiers import load_api_key_tiers
+
+        try:
+            tiers = load_api_key_tiers(args.api_key_tiers)
+        except ValueError as e:
+            log.error("%s", e)
+            return 2
     if _port_taken(args.host, args.port):
         log.error("cannot bind %s:%d: the address is in use", args.host, args.port)
         return 1
@@ -125,12 +139,12 @@ def run_serve(args: argparse.Namespace) -> int:
         return 2
     try:
         engine.start()
-        return _serve(engine, args)
+        return _serve(engine, args, tiers)
     finally:
         engine.shutdown()
 
 
-def _serve(engine: Any, args: argparse.Namespace) -> int:
+def _serve(engine: Any, args: argparse.Namespace, tiers: dict[str, int] | None = None) -> int:
     from radixserve.server.app import build_app
 
     app = build_app(
@@ -138,6 +152,7 @@ def _serve(engine: Any, args: argparse.Namespace) -> int:
         api_key=args.api_key,
         served_model_name=args.served_model_name,
         default_max_tokens=args.default_max_tokens,
+        api_key_tiers=tiers,
     )
     line = startup_line(
         engine,
@@ -185,6 +200,64 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._on_exit)
+
+
+def _add_eviction_args(parser: argparse.ArgumentParser) -> None:
+    """The prefix cache's eviction options (docs/eviction.md)."""
+    from radixserve.cache import DEFAULT_POLICY, POLICIES
+
+    g = parser.add_argument_group("eviction")
+    g.add_argument(
+        "--eviction-policy",
+        choices=list(POLICIES),
+        default=None,
+        help=f"which cached prefixes go first when the pool is full (default: {DEFAULT_POLICY})",
+    )
+    g.add_argument(
+        "--session-ttl",
+        type=_non_negative,
+        default=None,
+        metavar="SECONDS",
+        help="keep the path of requests with a session id ('user' or an x-session-id header) "
+        "warm this long after each turn (default: 0, off)",
+    )
+    g.add_argument(
+        "--namespace-quota",
+        type=_fraction,
+        default=None,
+        metavar="FRACTION",
+        help="share of the pool one namespace (cache_salt) may keep in unlocked blocks before "
+        "it is evicted from first (default: no quota)",
+    )
+    g.add_argument(
+        "--api-key-tiers",
+        default=None,
+        metavar="FILE",
+        help='JSON {"api key": tier}: those keys are accepted, and a request\'s eviction tier '
+        "(for --eviction-policy priority) is its key's",
+    )
+    g.add_argument(
+        "--refetch-window",
+        type=_non_negative,
+        default=None,
+        metavar="SECONDS",
+        help="a block prefilled again this soon after its eviction counts in "
+        "radixserve_cache_refetch_blocks_total (default: 60; 0: off)",
+    )
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
 
 
 def _port_taken(host: str, port: int) -> bool:
