@@ -198,14 +198,20 @@ def _run_bench(args: argparse.Namespace) -> int:
         return _run_compare(args, plan, progress)
     url = check_loopback(args.url)
 
+    cache_stats: list[dict[str, Any]] = []
+
     async def go() -> Any:
         async with make_client(args.api_key, args.timeout) as client:
-            return await plan.run(client, url, progress=progress)
+            cache_stats.append(await _cache_stats(client, url))
+            res = await plan.run(client, url, progress=progress)
+            cache_stats.append(await _cache_stats(client, url))
+            return res
 
     res = asyncio.run(go())
     summary = summarize(res.records, res.duration)
     title = f"{plan.workload.name} against {url} ({plan.load.describe()})"
     print(format_summary(summary, title))
+    spike = _spike_report(plan, res.records, cache_stats)
     if args.trace_out:
         _write_trace(args.trace_out, res.trace)
     if args.output_dir:
@@ -220,11 +226,47 @@ def _run_bench(args: argparse.Namespace) -> int:
             "load": dataclasses.asdict(plan.load),
             "summary": summary.to_json(),
             "records": [dataclasses.asdict(r) for r in res.records],
+            "cache_stats": cache_stats,
         }
+        if spike is not None:
+            data["spike"] = spike
         (out / "results.json").write_text(json.dumps(data, indent=1))
         plot_ttft_cdf({plan.workload.name: res.records}, out / "ttft_cdf.png")
         plot_ttft_vs_prompt({plan.workload.name: res.records}, out / "ttft_vs_prompt.png")
     return 1 if summary.errors == summary.requests else 0
+
+
+async def _cache_stats(client: Any, url: str) -> dict[str, Any]:
+    """The server's /v1/cache/stats, or {} if it has none (another server)."""
+    try:
+        r = await client.get(f"{url}/v1/cache/stats")
+        return dict(r.json()) if r.status_code == 200 else {}
+    except Exception:  # a peer server without the route, or a non-JSON answer
+        return {}
+
+
+def _spike_report(
+    plan: BenchPlan, records: list[Any], cache_stats: list[dict[str, Any]]
+) -> dict[str, object] | None:
+    """Print and return the spike workload's per-phase report (None for other workloads)."""
+    from radixserve.bench.spike import format_phases, phase_stats, to_json
+    from radixserve.bench.workloads import Spike
+
+    if not isinstance(plan.workload, Spike):
+        return None
+    before, after = cache_stats
+    block_size = int(after.get("block_size", 16))
+
+    def moved(name: str) -> int:
+        return int(after.get(name, 0)) - int(before.get(name, 0))
+
+    stats = phase_stats(records, plan.workload.hot_prefix_tokens, block_size)
+    policy = after.get("eviction_policy", "?")
+    print(f"\nspike, eviction policy {policy} (pool {after.get('total_blocks', '?')} blocks):")
+    print(format_phases(stats, moved("refetch_blocks"), moved("evicted_blocks")))
+    out = to_json(stats, moved("refetch_blocks"), moved("evicted_blocks"))
+    out["eviction_policy"] = policy
+    return out
 
 
 def _run_compare(args: argparse.Namespace, plan: BenchPlan, progress: bool) -> int:

@@ -227,7 +227,7 @@ POLICIES: dict[str, Callable[[], EvictionPolicy]] = {
     "slru": SLRUPolicy,
     "priority": PriorityLRUPolicy,
 }
-DEFAULT_POLICY = "slru"
+DEFAULT_POLICY = "fanout"
 """The engine's default, chosen by measurement (docs/eviction.md)."""
 
 
