@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from radixserve import options as types
+from radixserve.cache import DEFAULT_POLICY, POLICIES
 from radixserve.options import LOG_LEVELS
 
 if TYPE_CHECKING:
@@ -28,6 +29,10 @@ _ENGINE_OPTIONAL = (
     "max_waiting",
     "schedule_policy",
     "num_threads",
+    "eviction_policy",
+    "session_ttl",
+    "namespace_quota",
+    "refetch_window",
 )
 
 
@@ -50,12 +55,18 @@ class WorkerOptions:
     max_waiting: int | None = None
     schedule_policy: str | None = None
     num_threads: int | None = None
+    # eviction (docs/eviction.md); None keeps the engine's defaults
+    eviction_policy: str | None = None
+    session_ttl: float | None = None
+    namespace_quota: float | None = None
+    refetch_window: float | None = None
     # server
     served_model_name: str | None = None
     api_key: str | None = None
     default_max_tokens: int = 256
     shutdown_timeout: float = 30.0
     dashboard_show_text: bool = False
+    api_key_tiers: str | None = None
     log_level: str = "info"
 
     def engine_config(self) -> EngineConfig:
@@ -219,6 +230,39 @@ OPTIONS: tuple[_Option, ...] = (
         "shutdown_timeout",
         "--shutdown-timeout",
         "seconds in-flight requests may take to finish on SIGTERM/SIGINT (default: 30)",
+        types.non_negative_float,
+    ),
+    _Option(
+        "eviction_policy",
+        "--eviction-policy",
+        f"which cached prefixes go first when the pool is full (default: {DEFAULT_POLICY})",
+        choices=tuple(POLICIES),
+    ),
+    _Option(
+        "session_ttl",
+        "--session-ttl",
+        "keep the path of requests with a session id ('user' or an x-session-id header) warm "
+        "this many seconds after each turn (default: 0, off)",
+        types.non_negative_float,
+    ),
+    _Option(
+        "namespace_quota",
+        "--namespace-quota",
+        "share of the pool one namespace (cache_salt) may keep in unlocked blocks before it is "
+        "evicted from first (default: no quota)",
+        types.float_in(0.0, 1.0, lo_open=True),
+    ),
+    _Option(
+        "api_key_tiers",
+        "--api-key-tiers",
+        'JSON {"api key": tier}: those keys are accepted, and a request\'s eviction tier (for '
+        "--eviction-policy priority) is its key's",
+    ),
+    _Option(
+        "refetch_window",
+        "--refetch-window",
+        "a block prefilled again this soon after its eviction counts in "
+        "radixserve_cache_refetch_blocks_total (default: 60; 0: off)",
         types.non_negative_float,
     ),
     _Option(

@@ -3,7 +3,8 @@
 Reads a JSONL trace (see docs/bench.md), tokenizes every request the way the server does
 (chat template for messages), measures each request's longest prefix shared with any earlier
 request (exact, with a compressed token trie), and replays the trace through `RadixCache`
-with LRU eviction at several capacities (a miss-ratio curve).
+with the server's default eviction policy at several capacities (a miss-ratio curve), and
+with each policy asked for at the same capacities (one curve per policy).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from radixserve.bench.report import percentile
+from radixserve.cache import DEFAULT_POLICY
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
 WORTH_IT = 0.30  # block-aligned redundant fraction above which the cache clearly pays
@@ -151,13 +153,19 @@ class CachePoint:
     evicted_blocks: int
 
 
-def replay(seqs: Sequence[Sequence[int]], capacity_blocks: int, block_size: int) -> CachePoint:
-    """Send the trace through a `RadixCache` of `capacity_blocks` with LRU eviction; each
-    request's full blocks are inserted after it is looked up (as the server does)."""
-    from radixserve.cache import BlockPool, RadixCache
+def replay(
+    seqs: Sequence[Sequence[int]],
+    capacity_blocks: int,
+    block_size: int,
+    policy: str = DEFAULT_POLICY,
+) -> CachePoint:
+    """Send the trace through a `RadixCache` of `capacity_blocks` evicting by `policy` (a
+    name of `radixserve.cache.POLICIES`); each request's full blocks are inserted after it
+    is looked up (as the server does)."""
+    from radixserve.cache import BlockPool, RadixCache, make_policy
 
     pool = BlockPool(num_blocks=capacity_blocks)
-    cache = RadixCache(pool, block_size=block_size)
+    cache = RadixCache(pool, block_size=block_size, policy=make_policy(policy))
     hit = total = evicted = 0
     for seq in seqs:
         total += len(seq)
@@ -206,6 +214,8 @@ class Analysis:
     working_set_blocks: int
     shared_lengths: list[int] = field(repr=False)
     curve: list[CachePoint] = field(default_factory=list)
+    policy: str = DEFAULT_POLICY  # of `curve`
+    policy_curves: dict[str, list[CachePoint]] = field(default_factory=dict)
 
     @property
     def redundant_fraction(self) -> float:
@@ -278,8 +288,10 @@ def analyze_tokens(
     kv_bytes: int = 0,
     kv_dtype: str = "bfloat16",
     capacities: Sequence[int] | None = None,
+    policies: Sequence[str] = (),
 ) -> Analysis:
-    """Analyze already-tokenized prompts (in arrival order)."""
+    """Analyze already-tokenized prompts (in arrival order); with `policies`, also replay
+    each of them at the capacities of the main curve."""
     lengths = shared_prefix_lengths(seqs)
     block_shared = [lcp // block_size * block_size for lcp in lengths]
     working = sum(
@@ -297,14 +309,15 @@ def analyze_tokens(
         shared_lengths=lengths,
     )
 
-    def point(cap: int) -> CachePoint:
-        p = replay(seqs, cap, block_size)
+    def point(cap: int, policy: str = DEFAULT_POLICY) -> CachePoint:
+        p = replay(seqs, cap, block_size, policy)
         p.capacity_bytes = cap * a.bytes_per_block
         return p
 
-    a.curve = [
-        point(c) for c in (capacities if capacities is not None else default_capacities(working))
-    ]
+    grid = list(capacities if capacities is not None else default_capacities(working))
+    a.curve = [point(c) for c in grid]
+    for name in policies:
+        a.policy_curves[name] = [point(c, name) for c in grid]
     if capacities is None:
         _refine_knee(a, point)
     return a
@@ -364,4 +377,14 @@ def format_analysis(a: Analysis) -> str:
             f"{c.hit_ratio:>9.1%}  {c.hit_tokens:>22}"
         )
     lines += ["", a.verdict()]
+    if a.policy_curves:
+        names = list(a.policy_curves)
+        lines += [
+            "",
+            "hit ratio by eviction policy",
+            "cache size (blocks)  " + "  ".join(f"{n:>8}" for n in names),
+        ]
+        for i, c in enumerate(a.policy_curves[names[0]]):
+            cells = "  ".join(f"{a.policy_curves[n][i].hit_ratio:>8.1%}" for n in names)
+            lines.append(f"{c.capacity_blocks:>19}  {cells}")
     return "\n".join(lines)

@@ -217,14 +217,20 @@ def _run_bench(args: argparse.Namespace) -> int:
         return _run_compare(args, plan, progress)
     url = check_loopback(args.url)
 
+    cache_stats: list[dict[str, Any]] = []
+
     async def go() -> Any:
         async with make_client(args.api_key, args.timeout) as client:
-            return await plan.run(client, url, progress=progress)
+            cache_stats.append(await _cache_stats(client, url))
+            res = await plan.run(client, url, progress=progress)
+            cache_stats.append(await _cache_stats(client, url))
+            return res
 
     res = asyncio.run(go())
     summary = summarize(res.records, res.duration)
     title = f"{plan.workload.name} against {url} ({plan.load.describe()})"
     print(format_summary(summary, title))
+    spike = _spike_report(plan, res.records, cache_stats)
     if args.trace_out:
         _write_trace(args.trace_out, res.trace)
     if args.output_dir:
@@ -239,11 +245,47 @@ def _run_bench(args: argparse.Namespace) -> int:
             "load": dataclasses.asdict(plan.load),
             "summary": summary.to_json(),
             "records": [dataclasses.asdict(r) for r in res.records],
+            "cache_stats": cache_stats,
         }
+        if spike is not None:
+            data["spike"] = spike
         (out / "results.json").write_text(json.dumps(data, indent=1))
         plot_ttft_cdf({plan.workload.name: res.records}, out / "ttft_cdf.png")
         plot_ttft_vs_prompt({plan.workload.name: res.records}, out / "ttft_vs_prompt.png")
     return 1 if summary.errors == summary.requests else 0
+
+
+async def _cache_stats(client: Any, url: str) -> dict[str, Any]:
+    """The server's /v1/cache/stats, or {} if it has none (another server)."""
+    try:
+        r = await client.get(f"{url}/v1/cache/stats")
+        return dict(r.json()) if r.status_code == 200 else {}
+    except Exception:  # a peer server without the route, or a non-JSON answer
+        return {}
+
+
+def _spike_report(
+    plan: BenchPlan, records: list[Any], cache_stats: list[dict[str, Any]]
+) -> dict[str, object] | None:
+    """Print and return the spike workload's per-phase report (None for other workloads)."""
+    from radixserve.bench.spike import format_phases, phase_stats, to_json
+    from radixserve.bench.workloads import Spike
+
+    if not isinstance(plan.workload, Spike):
+        return None
+    before, after = cache_stats
+    block_size = int(after.get("block_size", 16))
+
+    def moved(name: str) -> int:
+        return int(after.get(name, 0)) - int(before.get(name, 0))
+
+    stats = phase_stats(records, plan.workload.hot_prefix_tokens, block_size)
+    policy = after.get("eviction_policy", "?")
+    print(f"\nspike, eviction policy {policy} (pool {after.get('total_blocks', '?')} blocks):")
+    print(format_phases(stats, moved("refetch_blocks"), moved("evicted_blocks")))
+    out = to_json(stats, moved("refetch_blocks"), moved("evicted_blocks"))
+    out["eviction_policy"] = policy
+    return out
 
 
 def _run_compare(args: argparse.Namespace, plan: BenchPlan, progress: bool) -> int:
@@ -301,6 +343,11 @@ def add_analyze_args(parser: argparse.ArgumentParser) -> None:
         "--capacities",
         help="cache sizes to replay, comma-separated: blocks (1024) or bytes (256MiB, 2GiB)",
     )
+    p.add_argument(
+        "--policy",
+        help="eviction policies to replay and compare, comma-separated (e.g. lru,fanout,slru); "
+        "adds a table and policy_curves.png",
+    )
     p.add_argument("--output-dir", help="write analysis.json and PNG plots here")
 
 
@@ -323,10 +370,15 @@ def run_analyze(args: argparse.Namespace) -> int:
         read_trace,
         tokenize,
     )
+    from radixserve.cache import POLICIES
     from radixserve.model.config import ModelConfig
     from radixserve.model.loader import resolve_model
 
     try:
+        policies = [n.strip() for n in (args.policy or "").split(",") if n.strip()]
+        for name in policies:
+            if name not in POLICIES:
+                raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
         model_dir = resolve_model(args.model, weights=False).path
         tok = load_tokenizer(args.model, args.tokenizer or str(model_dir))
         kv = kv_bytes_per_token(ModelConfig.from_dir(model_dir), args.kv_dtype)
@@ -341,17 +393,23 @@ def run_analyze(args: argparse.Namespace) -> int:
             print(f"skipped {len(skipped)} request(s), e.g. {skipped[0]}", file=sys.stderr)
         if not seqs:
             raise ValueError(f"{args.trace} holds no usable request")
-        a = analyze_tokens(seqs, args.block_size, kv, args.kv_dtype, caps)
+        a = analyze_tokens(seqs, args.block_size, kv, args.kv_dtype, caps, policies)
     except (OSError, ValueError, RadixServeError) as e:
         print(f"radixserve analyze: error: {e}", file=sys.stderr)
         return 2
     print(format_analysis(a))
     if args.output_dir:
-        from radixserve.bench.plots import plot_miss_ratio_curve, plot_shared_prefix_hist
+        from radixserve.bench.plots import (
+            plot_miss_ratio_curve,
+            plot_policy_curves,
+            plot_shared_prefix_hist,
+        )
 
         out = Path(args.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / "analysis.json").write_text(json.dumps(a.to_json(), indent=1))
         plot_shared_prefix_hist(a, out / "shared_prefix_hist.png")
         plot_miss_ratio_curve(a, out / "miss_ratio_curve.png")
+        if a.policy_curves:
+            plot_policy_curves(a, out / "policy_curves.png", f"{Path(args.trace).stem}: hit ratio")
     return 0

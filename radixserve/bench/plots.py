@@ -106,17 +106,37 @@ def plot_shared_prefix_hist(a: Analysis, path: str | Path) -> Path:
 
 
 def plot_miss_ratio_curve(a: Analysis, path: str | Path) -> Path:
-    """Projected cache hit ratio (prefill saved) against cache size, LRU replay."""
+    """Projected cache hit ratio (prefill saved) against cache size, replayed with the
+    analysis's eviction policy."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 4))
     mib = [p.capacity_bytes / 2**20 for p in a.curve]
-    ax.plot(mib, [p.hit_ratio * 100 for p in a.curve], marker="o", label="LRU replay")
+    ax.plot(mib, [p.hit_ratio * 100 for p in a.curve], marker="o", label=f"{a.policy} replay")
     ax.axhline(a.redundant_fraction_block * 100, ls="--", c="gray", label="unbounded cache")
     ax.set_xscale("log")
     ax.set_xlabel(f"cache size (MiB of KV, {a.kv_dtype})")
     ax.set_ylabel("prompt tokens served from cache (%)")
     ax.set_ylim(0, 100)
     ax.set_title("projected hit ratio vs cache size")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    return _save(plt, fig, path)
+
+
+def plot_policy_curves(a: Analysis, path: str | Path, title: str = "") -> Path:
+    """Replayed hit ratio against cache size, one line per eviction policy."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, (name, curve) in enumerate(a.policy_curves.items()):
+        mib = [p.capacity_bytes / 2**20 for p in curve]
+        ys = [p.hit_ratio * 100 for p in curve]
+        ax.plot(mib, ys, marker="os^Dv"[i % 5], label=name, alpha=0.85)
+    ax.axhline(a.redundant_fraction_block * 100, ls="--", c="gray", label="unbounded cache")
+    ax.set_xscale("log")
+    ax.set_xlabel(f"cache size (MiB of KV, {a.kv_dtype})")
+    ax.set_ylabel("prompt tokens served from cache (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title(title or "hit ratio vs cache size, by eviction policy")
     ax.grid(True, alpha=0.3)
     ax.legend()
     return _save(plt, fig, path)

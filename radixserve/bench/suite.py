@@ -34,7 +34,7 @@ from radixserve.bench.report import (
     summarize,
 )
 from radixserve.bench.servers import ServerProcess, radixserve_command
-from radixserve.bench.workloads import WORKLOADS, make_workload
+from radixserve.bench.workloads import SUITE_WORKLOADS, WORKLOADS, make_workload
 
 # Concurrency per workload in the suite: sessions interleave where a workload has them.
 SUITE_CONCURRENCY = {"multi_turn": 4, "rag": 2, "few_shot": 2, "agent": 4, "unique": 2}
@@ -242,7 +242,7 @@ def run_suite(
             async with make_client() as client:
                 for u in urls:
                     await warmup(client, u, plan_kw.get("model"))
-                for i, name in enumerate(workloads or list(WORKLOADS)):
+                for i, name in enumerate(workloads or list(SUITE_WORKLOADS)):
                     plan = suite_plan(name, scale, params, **plan_kw)
                     res = await compare(client, plan, urls, ("on", "off"), 1, progress, i)
                     results[name] = res

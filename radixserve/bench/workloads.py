@@ -282,9 +282,58 @@ class UniquePrompts(Workload):
         return self.requests
 
 
+@dataclass
+class Spike(Workload):
+    """Eviction under a load spike: steady questions behind a few hot system prompts, then a
+    burst of one-off long documents (each followed by one steady question), then steady
+    questions again. Session ids name the phase: pre-*, burst-*, post-*; `hot_prefix_tokens`
+    (filled by `sessions`) holds each hot prompt's length. The default burst is 6 x 2048 =
+    12k tokens, about twice a 256 MiB float32 pool of the default model (use docs=12 for
+    bfloat16)."""
+
+    name: ClassVar[str] = "spike"
+    default_api: ClassVar[str] = "completion"
+    summary: ClassVar[str] = "hot system prompts, then a burst of one-off long documents"
+    hot_prompts: int = 3
+    hot_tokens: int = 384
+    question_tokens: int = 24
+    steady: int = 12  # steady requests before the burst, and again after it
+    docs: int = 6
+    doc_tokens: int = 2048
+    max_tokens: int = 8
+
+    def __post_init__(self) -> None:
+        self.hot_prefix_tokens: dict[str, int] = {}  # hot prompt (h0, h1, ...) -> its tokens
+
+    def sessions(self, corpus: Corpus) -> list[Session]:
+        hot = []
+        for k in range(self.hot_prompts):
+            head = f"You are support assistant #{k} for the Python standard library. Notes:\n\n"
+            hot.append(head + corpus.passage(self.hot_tokens - corpus.counter.count(head)))
+            self.hot_prefix_tokens[f"h{k}"] = corpus.counter.count(hot[-1])
+
+        def question(phase: str, i: int) -> Session:
+            k = i % self.hot_prompts
+            q = "Question: " + corpus.passage(self.question_tokens)
+            return Session(f"{phase}-h{k}-{i}", [q], self.max_tokens, hot[k])
+
+        out = [question("pre", i) for i in range(self.steady)]
+        for j in range(self.docs):
+            doc = "Summarize this document:\n" + corpus.passage(self.doc_tokens)
+            out.append(Session(f"burst-doc{j}", [doc], self.max_tokens))
+            out.append(question("burst", j))
+        out += [question("post", i) for i in range(self.steady)]
+        return out
+
+    def num_requests(self) -> int:
+        return 2 * self.steady + 2 * self.docs
+
+
 WORKLOADS: dict[str, type[Workload]] = {
-    w.name: w for w in (MultiTurn, SharedPreamble, FewShot, AgentLoop, UniquePrompts)
+    w.name: w for w in (MultiTurn, SharedPreamble, FewShot, AgentLoop, UniquePrompts, Spike)
 }
+SUITE_WORKLOADS = ("multi_turn", "rag", "few_shot", "agent", "unique")
+"""The workloads `bench --suite` runs by default (cache on vs off)."""
 
 
 def make_workload(name: str, params: dict[str, str] | None = None) -> Workload:

@@ -1,10 +1,11 @@
-"""Which unlocked leaf to evict next: pluggable policies over a lazily maintained heap."""
+"""Which unlocked leaf to evict next: the policy interface and a lazily maintained heap."""
 
 from __future__ import annotations
 
 import heapq
 import itertools
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import TypeAlias
 
 from radixserve.cache.node import RadixNode
@@ -14,21 +15,60 @@ EvictionKey: TypeAlias = tuple[float, ...]
 
 
 class EvictionPolicy(ABC):
-    """Orders evictable leaves. Subclass it and implement `key` to add a policy.
+    """Orders evictable leaves. Subclass it, implement `key`, and override the hooks it needs.
 
-    The queue re-reads a leaf's key only when the leaf reaches the top of the heap,
-    so a key may grow between reads (a touch makes a leaf newer) but should not
-    shrink while the node is unchanged, or that leaf is evicted later than it should.
-    Keys only get compared to each other, never to a node.
+    The queue re-reads a leaf's key only when the leaf reaches the top of the heap, so a
+    key may grow at any time (a hit makes a leaf worth more). A key that shrinks must be
+    reported through `fallen`, or that leaf is evicted later than it should be. Keys are
+    only compared with each other, never with a node. The cache calls every hook under its
+    lock; a policy instance serves one cache (`bind` tells it the pool size).
     """
+
+    name = "custom"
 
     @abstractmethod
     def key(self, node: RadixNode) -> EvictionKey:
         """The priority of leaf `node`; smaller keys are evicted first."""
 
+    def bind(self, num_blocks: int) -> None:
+        """Called once by the cache that uses this policy, with its pool size."""
+        return None  # a hook: policies that need it override it
+
+    def on_hit(self, path: Sequence[RadixNode], tick: int) -> None:
+        """A lookup matched `path` (root side first) at logical time `tick`."""
+        return None  # a hook: policies that need it override it
+
+    def on_insert(
+        self,
+        path: Sequence[RadixNode],
+        new: RadixNode | None,
+        tick: int,
+        session: bool,
+        reused: bool,
+    ) -> None:
+        """An insert covered `path` at `tick`; `new` is the leaf it created (if any);
+        `session`: the request carried a session id; `reused`: some of `new`'s blocks were
+        evicted shortly before (a ghost hit: the path is in use again)."""
+        return None  # a hook: policies that need it override it
+
+    def on_split(self, upper: RadixNode, lower: RadixNode) -> None:
+        """`upper` was split off the front of `lower`; the cache already copied the
+        node fields (access time, priority, score, segment, warm time) to `upper`."""
+        return None  # a hook: policies that need it override it
+
+    def on_drop(self, node: RadixNode, num_blocks: int) -> None:
+        """`num_blocks` of `node`'s blocks were evicted (all of them when `node.removed`)."""
+        return None  # a hook: policies that need it override it
+
+    def fallen(self) -> Sequence[RadixNode]:
+        """Nodes whose key shrank since the last call (the cache re-queues them)."""
+        return ()
+
 
 class LRUPolicy(EvictionPolicy):
     """Least recently used first."""
+
+    name = "lru"
 
     def key(self, node: RadixNode) -> EvictionKey:
         """Last access time alone."""
@@ -38,8 +78,10 @@ class LRUPolicy(EvictionPolicy):
 class PriorityLRUPolicy(EvictionPolicy):
     """Lowest priority tier first, least recently used first within a tier."""
 
+    name = "priority"
+
     def key(self, node: RadixNode) -> EvictionKey:
-        """Node priority (set by `insert`), then last access time."""
+        """Node priority (the highest tier that inserted through it), then last access."""
         return (node.priority, node.last_access)
 
 
@@ -51,10 +93,10 @@ def is_evictable(node: RadixNode) -> bool:
 class EvictionQueue:
     """A min-heap of evictable leaves by policy key, with lazy deletion.
 
-    Each node has at most one entry (`node.in_heap`). Entries are not removed when a
-    node is touched, locked or given a child; `pop` drops or re-keys stale entries
-    when they reach the top. Entries of pruned nodes are discarded and compacted away,
-    so the heap never grows beyond about twice the number of nodes.
+    Each node has at most one live entry (`node.in_heap`; `node.heap_seq` names it).
+    Entries are not removed when a node is touched, locked or given a child; stale or
+    re-keyed entries are dropped or refreshed when they reach the top. Entries of pruned
+    or re-queued nodes are compacted away, so the heap stays about twice the live count.
     """
 
     def __init__(self, policy: EvictionPolicy) -> None:
@@ -72,7 +114,13 @@ class EvictionQueue:
             return
         node.in_heap = True
         self._live += 1
-        heapq.heappush(self._heap, (self.policy.key(node), next(self._seq), node))
+        self._add(node)
+
+    def requeue(self, node: RadixNode) -> None:
+        """Re-read `node`'s key now (it shrank); no-op when `node` has no entry."""
+        if node.in_heap:
+            self._add(node)
+            self._compact()
 
     def discard(self, node: RadixNode) -> None:
         """Forget `node` (it is being pruned); its entry is dropped later."""
@@ -80,17 +128,15 @@ class EvictionQueue:
             return
         node.in_heap = False
         self._live -= 1
-        if len(self._heap) > 2 * self._live + 64:
-            self._heap = [entry for entry in self._heap if entry[2].in_heap]
-            heapq.heapify(self._heap)
+        self._compact()
 
-    def pop(self) -> RadixNode | None:
-        """Remove and return the evictable leaf with the smallest key, or None if none is."""
+    def peek(self) -> EvictionKey | None:
+        """The smallest current key of an evictable leaf, or None; drops stale entries."""
         heap = self._heap
         key_of = self.policy.key
         while heap:
-            key, _, node = heap[0]
-            if not node.in_heap:
+            key, seq, node = heap[0]
+            if not node.in_heap or seq != node.heap_seq:
                 heapq.heappop(heap)
                 continue
             if not is_evictable(node):
@@ -100,14 +146,32 @@ class EvictionQueue:
                 continue
             current = key_of(node)
             if current != key:
-                heapq.heapreplace(heap, (current, next(self._seq), node))
+                seq = next(self._seq)
+                node.heap_seq = seq
+                heapq.heapreplace(heap, (current, seq, node))
                 continue
-            heapq.heappop(heap)
-            node.in_heap = False
-            self._live -= 1
-            return node
+            return key
         return None
+
+    def pop(self) -> RadixNode | None:
+        """Remove and return the evictable leaf with the smallest key, or None if none is."""
+        if self.peek() is None:
+            return None
+        node = heapq.heappop(self._heap)[2]
+        node.in_heap = False
+        self._live -= 1
+        return node
 
     def nodes(self) -> list[RadixNode]:
         """Nodes with a live entry (for invariant checks)."""
-        return [entry[2] for entry in self._heap if entry[2].in_heap]
+        return [e[2] for e in self._heap if e[2].in_heap and e[1] == e[2].heap_seq]
+
+    def _add(self, node: RadixNode) -> None:
+        seq = next(self._seq)
+        node.heap_seq = seq
+        heapq.heappush(self._heap, (self.policy.key(node), seq, node))
+
+    def _compact(self) -> None:
+        if len(self._heap) > 2 * self._live + 64:
+            self._heap = [e for e in self._heap if e[2].in_heap and e[1] == e[2].heap_seq]
+            heapq.heapify(self._heap)

@@ -11,7 +11,8 @@ class RadixNode:
     """A node of `RadixCache`: a run of tokens (whole blocks) and the blocks holding their KV.
 
     Fields are owned by the cache and must be treated as read-only outside it; the
-    eviction policies read `last_access`, `priority`, `lock_ref` and `children`.
+    eviction policies read `last_access`, `priority`, `lock_ref` and `children`, and own
+    `score`, `protected` and `warm_until` (their per-node state, copied on a split).
     `tokens` is the packed run (see `radixserve.cache.tokens`); `children` maps the
     packed first block of each child's run to the child. A root has an empty run,
     no blocks and no parent, and is never locked or evicted.
@@ -26,7 +27,11 @@ class RadixNode:
         "lock_ref",
         "last_access",
         "priority",
+        "score",
+        "protected",
+        "warm_until",
         "in_heap",
+        "heap_seq",
         "removed",
         "hit_count",
         "access_time",
@@ -49,7 +54,11 @@ class RadixNode:
         self.lock_ref = 0  # requests pinning this node (a lock pins the whole path to the root)
         self.last_access = last_access  # logical clock of the cache, bigger is more recent
         self.priority = priority  # higher is kept longer by priority-aware policies
+        self.score = 0.0  # a policy's worth of the node (fanout: log of decayed hits)
+        self.protected = False  # in a policy's protected segment (slru)
+        self.warm_until = 0.0  # kept warm for a session until this clock time
         self.in_heap = False  # has a live entry in the eviction queue
+        self.heap_seq = -1  # which entry of the eviction queue is the live one
         self.removed = False  # pruned from the tree; the handle is dead
         self.hit_count = 0  # lookups whose matched prefix covered this node (for observers)
         self.access_time = 0.0  # time.monotonic() of the last lookup or insert through it

@@ -7,12 +7,13 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
 
-from radixserve.cache.errors import CacheFullError
-from radixserve.cache.eviction import EvictionPolicy, EvictionQueue, LRUPolicy
+from radixserve.cache.errors import CacheFullError, InvariantError
+from radixserve.cache.eviction import EvictionKey, EvictionPolicy, EvictionQueue, LRUPolicy
 from radixserve.cache.invariants import check_tree
 from radixserve.cache.mirror import apply_event
 from radixserve.cache.node import RadixNode
 from radixserve.cache.pool import BlockPool
+from radixserve.cache.refetch import RefetchTracker
 from radixserve.cache.snapshot import TreeSnapshot, take_snapshot
 from radixserve.cache.tokens import TOKEN_BYTES, LazyQuery, TokenIds, decode
 from radixserve.cache.trie import path_blocks, post_order, walk
@@ -31,17 +32,45 @@ class RadixCache:
     when it evicts. Each namespace has its own root, so entries are never shared across
     namespaces. Every public method holds one re-entrant lock, so other threads may call
     `peek_prefix` and `stats` while the engine thread mutates the cache.
+
+    `policy` orders evictions (a fresh instance per cache; default LRU). With
+    `namespace_quota` q, a namespace holding more than q of the pool in unlocked blocks is
+    evicted from first, down to q, before any other namespace loses a block. Blocks cached
+    again within `refetch_window_s` seconds (of `clock`) of their eviction are counted as
+    refetched (0 turns the count off).
     """
 
     def __init__(
-        self, pool: BlockPool, block_size: int = 16, policy: EvictionPolicy | None = None
+        self,
+        pool: BlockPool,
+        block_size: int = 16,
+        policy: EvictionPolicy | None = None,
+        *,
+        namespace_quota: float | None = None,
+        refetch_window_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if namespace_quota is not None and not 0.0 < namespace_quota <= 1.0:
+            raise ValueError(f"namespace_quota must be in (0, 1], got {namespace_quota}")
         self.pool = pool
         self.block_size = block_size
         self._block_bytes = block_size * TOKEN_BYTES
-        self._queue = EvictionQueue(policy or LRUPolicy())
+        self._policy = policy or LRUPolicy()
+        self._policy.bind(pool.num_total)
+        self._quota_blocks = (
+            None if namespace_quota is None else int(namespace_quota * pool.num_total)
+        )
+        # one queue per namespace with a quota (it evicts within one), else one for all
+        self._queues: dict[Hashable, EvictionQueue] = {}
+        self._ns_cached: dict[Hashable, int] = {}
+        self._ns_locked: dict[Hashable, int] = {}
+        self._refetch = (
+            RefetchTracker(refetch_window_s, clock, 8 * pool.num_total)
+            if refetch_window_s > 0
+            else None
+        )
         self._roots: dict[Hashable, RadixNode] = {None: RadixNode(b"", [], None, None)}
         self._listeners: list[Listener] = []
         self._lock = threading.RLock()
@@ -59,7 +88,12 @@ class RadixCache:
     @property
     def policy(self) -> EvictionPolicy:
         """The eviction policy ordering unlocked leaves."""
-        return self._queue.policy
+        return self._policy
+
+    @property
+    def namespace_quota_blocks(self) -> int | None:
+        """Unlocked blocks one namespace may keep at others' expense (None: no quota)."""
+        return self._quota_blocks
 
     # ----------------------------------------------------------------- lookups
 
@@ -92,6 +126,8 @@ class RadixCache:
                 node.access_time = now
                 node.hit_count += 1
                 blocks += node.blocks
+            if path:
+                self._policy.on_hit(path, tick)
             num_tokens = matched // TOKEN_BYTES
             self._hit_tokens += num_tokens
             self._missed_tokens += len(token_ids) - num_tokens
@@ -118,6 +154,7 @@ class RadixCache:
         blocks: Sequence[int],
         namespace: Hashable = None,
         priority: int = 0,
+        session: bool = False,
     ) -> InsertResult:
         """Cache `token_ids` (len == len(blocks) * block_size) whose KV lives in `blocks`.
 
@@ -125,7 +162,9 @@ class RadixCache:
         for the already-cached prefix it keeps its own, and `duplicate_blocks` lists the
         caller's blocks there that the caller must free. Splits a node where the path
         diverges inside it. Side effects: the whole path gets a new access time and
-        priority max(old, `priority`); listeners get an "insert" event if tokens were added.
+        priority max(old, `priority`), and the policy hears of it (`session`: the request
+        carried a session id); newly cached blocks evicted shortly before count as
+        refetched; listeners get an "insert" event if tokens were added.
         """
         bs = self.block_size
         if len(token_ids) != len(blocks) * bs:
@@ -150,6 +189,8 @@ class RadixCache:
             self._clock += 1
             tick = self._clock
             events: list[CacheEvent] = []
+            leaf: RadixNode | None = None
+            reused = False
             if num_cached < len(blocks):
                 data = query.ensure(query.limit_bytes)
                 parent = path[-1] if path else root
@@ -158,7 +199,15 @@ class RadixCache:
                 path.append(leaf)
                 self._num_nodes += 1
                 self._cached_blocks += len(leaf.blocks)
+                self._ns_cached[namespace] = self._ns_cached.get(namespace, 0) + len(leaf.blocks)
                 self._inserted_blocks += len(leaf.blocks)
+                if self._refetch is not None:
+                    reused = (
+                        self._refetch.inserted(
+                            namespace, data, num_cached, len(data), self._block_bytes
+                        )
+                        > 0
+                    )
                 if self._listeners:
                     events.append(
                         CacheEvent("insert", namespace, tuple(token_ids), leaf.num_tokens)
@@ -169,8 +218,10 @@ class RadixCache:
                 node.access_time = now
                 if node.priority < priority:
                     node.priority = priority
+            if path:
+                self._policy.on_insert(path, leaf, tick, session, reused)
             if path and not path[-1].children and path[-1].lock_ref == 0:
-                self._queue.push(path[-1])
+                self._queue_of(path[-1]).push(path[-1])
             self._inserts += 1
             self._emit(events)
             return InsertResult(num_cached * bs, path[-1] if path else root, duplicates)
@@ -184,9 +235,11 @@ class RadixCache:
         with self._lock:
             if node.removed:
                 raise ValueError("cannot lock a node that was evicted")
+            ns_locked = self._ns_locked
             while node.parent is not None:
                 if node.lock_ref == 0:
                     self._locked_blocks += len(node.blocks)
+                    ns_locked[node.namespace] = ns_locked.get(node.namespace, 0) + len(node.blocks)
                 node.lock_ref += 1
                 node = node.parent
 
@@ -202,31 +255,38 @@ class RadixCache:
                 node.lock_ref -= 1
                 if node.lock_ref == 0:
                     self._locked_blocks -= len(node.blocks)
+                    self._ns_locked[node.namespace] -= len(node.blocks)
                     if not node.children:
-                        self._queue.push(node)
+                        self._queue_of(node).push(node)
                 node = node.parent
 
     def evict(self, num_blocks: int) -> int:
         """Free up to `num_blocks` blocks from unlocked leaves, in eviction-policy order.
 
-        Returns how many were freed (fewer only if fewer are evictable). A leaf with more
-        blocks than still needed loses only its tail blocks. A parent left as an unlocked
-        leaf may be evicted in the same call. Freed blocks go back to the pool; listeners
-        get one "evict" event per removed run.
+        Returns how many were freed (fewer only if fewer are evictable). With a namespace
+        quota, namespaces over it give their blocks first. A leaf with more blocks than
+        still needed loses only its tail blocks. A parent left as an unlocked leaf may be
+        evicted in the same call. Freed blocks go back to the pool; listeners get one
+        "evict" event per removed run.
         """
         with self._lock:
+            for fell in self._policy.fallen():
+                if fell.in_heap:
+                    self._queue_of(fell).requeue(fell)
             freed: list[int] = []
             events: list[CacheEvent] = []
             while len(freed) < num_blocks:
-                node = self._queue.pop()
-                if node is None:
-                    break
                 need = num_blocks - len(freed)
-                if len(node.blocks) > need:
-                    self._trim(node, need, freed, events)
-                    self._queue.push(node)
+                victim, over = self._next_victim()
+                if victim is None:
+                    break
+                if over:
+                    need = min(need, over)
+                if len(victim.blocks) > need:
+                    self._trim(victim, need, freed, events)
+                    self._queue_of(victim).push(victim)
                 else:
-                    self._detach(node, freed, events)
+                    self._detach(victim, freed, events)
             return self._release(freed, events)
 
     def evict_path(self, token_ids: TokenIds, namespace: Hashable = None) -> int:
@@ -338,6 +398,7 @@ class RadixCache:
                 evicted_blocks=self._evicted_blocks,
                 free_blocks=self.pool.num_free,
                 total_blocks=self.pool.num_total,
+                refetch_blocks=self._refetch.refetched if self._refetch else 0,
             )
 
     def check_invariants(self, num_private_blocks: int | None = None) -> None:
@@ -349,7 +410,7 @@ class RadixCache:
         with self._lock:
             check_tree(
                 roots=list(self._roots.values()),
-                heap_nodes=self._queue.nodes(),
+                heap_nodes=[n for q in self._queues.values() for n in q.nodes()],
                 pool=self.pool,
                 block_size=self.block_size,
                 counters={
@@ -359,6 +420,7 @@ class RadixCache:
                 },
                 num_private_blocks=num_private_blocks,
             )
+            self._check_namespace_counts()
 
     # ----------------------------------------------------------------- internals
 
@@ -377,46 +439,106 @@ class RadixCache:
         )  # fmt: skip
         upper.lock_ref = node.lock_ref
         upper.hit_count, upper.access_time = node.hit_count, node.access_time
+        upper.score, upper.protected, upper.warm_until = node.score, node.protected, node.warm_until
         parent.children[node.tokens[:bb]] = upper
         node.tokens = node.tokens[k * bb :]
         node.blocks = node.blocks[k:]
         node.parent = upper
         upper.children[node.tokens[:bb]] = node
         self._num_nodes += 1
+        self._policy.on_split(upper, node)
         return upper
 
     def _trim(self, node: RadixNode, n: int, freed: list[int], events: list[CacheEvent]) -> None:
         """Drop the last `n` blocks of unlocked leaf `node` (it keeps at least one)."""
-        if self._listeners:
-            path = decode(node.path_tokens())
-            events.append(CacheEvent("evict", node.namespace, path, n * self.block_size))
+        self._note_eviction(node, n, events)
         freed += node.blocks[-n:]
         del node.blocks[-n:]
         node.tokens = node.tokens[: len(node.tokens) - n * self._block_bytes]
         self._cached_blocks -= n
+        self._ns_cached[node.namespace] -= n
+        self._policy.on_drop(node, n)
 
     def _detach(self, node: RadixNode, freed: list[int], events: list[CacheEvent]) -> None:
         """Remove unlocked leaf `node` from the tree; queue its parent if now evictable."""
         parent = node.parent
         assert parent is not None and not node.children and node.lock_ref == 0
-        if self._listeners:
-            path = decode(node.path_tokens())
-            events.append(CacheEvent("evict", node.namespace, path, node.num_tokens))
+        num = len(node.blocks)
+        self._note_eviction(node, num, events)
         del parent.children[node.tokens[: self._block_bytes]]
-        self._queue.discard(node)
+        self._queue_of(node).discard(node)
         freed += node.blocks
-        self._cached_blocks -= len(node.blocks)
+        self._cached_blocks -= num
+        self._ns_cached[node.namespace] -= num
         self._num_nodes -= 1
         node.blocks = []
         node.parent = None
         node.removed = True
+        self._policy.on_drop(node, num)
         if parent.children:
             return
         if parent.parent is not None:
             if parent.lock_ref == 0:
-                self._queue.push(parent)
+                self._queue_of(parent).push(parent)
         elif parent.namespace is not None and self._roots.get(parent.namespace) is parent:
             del self._roots[parent.namespace]  # forget empty namespaces
+            self._ns_cached.pop(parent.namespace, None)
+            self._ns_locked.pop(parent.namespace, None)
+            self._queues.pop(parent.namespace, None)
+
+    def _note_eviction(self, node: RadixNode, n: int, events: list[CacheEvent]) -> None:
+        """Tell listeners and the refetch tracker that `node`'s last `n` blocks go."""
+        if not self._listeners and self._refetch is None:
+            return
+        path = node.path_tokens()
+        if self._listeners:
+            events.append(CacheEvent("evict", node.namespace, decode(path), n * self.block_size))
+        if self._refetch is not None:
+            total = len(path) // self._block_bytes
+            self._refetch.evicted(node.namespace, path, total - n, self._block_bytes)
+
+    def _queue_of(self, node: RadixNode) -> EvictionQueue:
+        """The eviction queue `node` belongs in (its namespace's, with a quota)."""
+        ns = node.namespace if self._quota_blocks is not None else None
+        queue = self._queues.get(ns)
+        if queue is None:
+            queue = self._queues[ns] = EvictionQueue(self._policy)
+        return queue
+
+    def _next_victim(self) -> tuple[RadixNode | None, int]:
+        """Pop the leaf to evict next and, when its namespace is over its quota, by how many
+        blocks it is over (else 0): from the most-over namespace, else the smallest key."""
+        quota = self._quota_blocks
+        if quota is not None:
+            over = []
+            for ns, cached in self._ns_cached.items():
+                excess = cached - self._ns_locked.get(ns, 0) - quota
+                if excess > 0 and ns in self._queues:
+                    over.append((excess, ns))
+            for excess, ns in sorted(over, key=lambda e: -e[0]):
+                node = self._queues[ns].pop()
+                if node is not None:
+                    return node, excess
+        best: EvictionQueue | None = None
+        best_key: EvictionKey | None = None
+        for queue in self._queues.values():
+            key = queue.peek()
+            if key is not None and (best_key is None or key < best_key):
+                best, best_key = queue, key
+        return (best.pop() if best is not None else None), 0
+
+    def _check_namespace_counts(self) -> None:
+        for ns, root in self._roots.items():
+            cached = locked = 0
+            for node in post_order(root):
+                if node is not root:
+                    cached += len(node.blocks)
+                    locked += len(node.blocks) if node.lock_ref else 0
+            if self._ns_cached.get(ns, 0) != cached or self._ns_locked.get(ns, 0) != locked:
+                raise InvariantError(
+                    f"namespace {ns!r}: counted {self._ns_cached.get(ns, 0)} cached / "
+                    f"{self._ns_locked.get(ns, 0)} locked blocks, tree has {cached} / {locked}"
+                )
 
     def _release(self, freed: list[int], events: list[CacheEvent]) -> int:
         """Return evicted blocks to the pool, count them and tell the listeners."""

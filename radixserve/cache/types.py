@@ -72,6 +72,7 @@ class CacheStats:
     evicted_blocks: int
     free_blocks: int
     total_blocks: int
+    refetch_blocks: int = 0  # cached again within the refetch window of their eviction
 
     @property
     def hit_rate(self) -> float:

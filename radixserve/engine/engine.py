@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from radixserve.cache import CacheEvent, TreeSnapshot
+from radixserve.cache import DEFAULT_POLICY, CacheEvent, TreeSnapshot
 from radixserve.engine.kv_manager import KVCacheManager
 from radixserve.engine.outputs import RequestMetrics
 from radixserve.engine.params import SamplingParams
@@ -73,6 +73,10 @@ class EngineConfig:
     # none | int8 | int4; None keeps a GGUF's own 4-bit weights on CPU (see loader).
     quantization: str | None = None
     attention_backend: str = "auto"  # auto | sdpa | cpu
+    eviction_policy: str = DEFAULT_POLICY  # lru | fanout | slru | priority (docs/eviction.md)
+    session_ttl: float = 0.0  # s a session request's path stays warm after each turn; 0: off
+    namespace_quota: float | None = None  # share of the pool one namespace may keep unlocked
+    refetch_window: float = 60.0  # s after an eviction within which a re-prefill is a refetch
 
 
 @dataclass
@@ -85,6 +89,7 @@ class EngineStats:
     prefix_cache_queries_total: int = 0
     prefix_cache_hits_total: int = 0
     evicted_blocks_total: int = 0
+    refetch_blocks_total: int = 0
     preemptions_total: int = 0
     num_waiting: int = 0
     num_running: int = 0
@@ -169,7 +174,7 @@ class LLMEngine:
         )
         self.kv_pool: KVPool = self.runner.kv_pool
         self.quantization = getattr(model, "quantization", "none")
-        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_cache)
+        self.kv = KVCacheManager.from_config(num_blocks, config)
         self.scheduler = Scheduler(
             self.kv, config.max_num_batched_tokens, config.max_num_seqs, config.schedule_policy
         )
@@ -227,6 +232,7 @@ class LLMEngine:
         priority: int = 0,
         on_output: OutputCallback | None = None,
         bounded: bool = False,
+        session_id: str | None = None,
     ) -> str:
         """Validate and queue a request; returns its id. With `bounded` (the HTTP bridge), a
         full waiting queue (`max_waiting`) raises QueueFullError; the offline API queues
@@ -261,6 +267,7 @@ class LLMEngine:
             detokenizer=IncrementalDetokenizer(self.tokenizer, ids),
             namespace=namespace,
             priority=priority,
+            session_id=session_id,
             generator=make_generator(params),
             metrics=RequestMetrics(arrival_time=time.monotonic()),
         )
@@ -292,6 +299,7 @@ class LLMEngine:
             prefix_cache_queries_total=kv.query_tokens,
             prefix_cache_hits_total=kv.hit_tokens,
             evicted_blocks_total=cache_stats.evicted_blocks if cache_stats else 0,
+            refetch_blocks_total=cache_stats.refetch_blocks if cache_stats else 0,
             preemptions_total=self.scheduler.num_preemptions,
             num_waiting=len(self.scheduler.waiting) + len(self._inbox),
             num_running=len(self.scheduler.running),
@@ -314,6 +322,7 @@ class LLMEngine:
             total_blocks=self.num_blocks,
             free_blocks=self.kv.pool.num_free,
             private_blocks=self.kv.num_private_blocks,
+            **self.kv.policy_info(),
         )
         return out
 

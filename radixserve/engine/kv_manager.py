@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from radixserve.cache import (
+    DEFAULT_POLICY,
     BlockPool,
     CacheEvent,
     CacheFullError,
-    PriorityLRUPolicy,
     RadixCache,
     RadixNode,
+    make_policy,
 )
 from radixserve.engine.request import Request
+
+if TYPE_CHECKING:
+    from radixserve.engine.engine import EngineConfig
 
 
 def _path_blocks(node: RadixNode) -> list[int]:
@@ -31,15 +36,57 @@ class KVCacheManager:
     with everything else identical: that is the baseline the cache is measured against.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_cache: bool) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_cache: bool,
+        eviction_policy: str = DEFAULT_POLICY,
+        session_ttl: float = 0.0,
+        namespace_quota: float | None = None,
+        refetch_window: float = 60.0,
+    ) -> None:
         self.block_size = block_size
         self.pool = BlockPool(num_blocks)
+        self.eviction_policy = eviction_policy
+        self.session_ttl = session_ttl
+        policy = make_policy(eviction_policy, session_ttl)  # raises on an unknown name
         self.cache: RadixCache | None = (
-            RadixCache(self.pool, block_size, PriorityLRUPolicy()) if enable_prefix_cache else None
+            RadixCache(
+                self.pool,
+                block_size,
+                policy,
+                namespace_quota=namespace_quota,
+                refetch_window_s=refetch_window,
+            )
+            if enable_prefix_cache
+            else None
         )
         self.num_private_blocks = 0
         self.query_tokens = 0
         self.hit_tokens = 0
+
+    @classmethod
+    def from_config(cls, num_blocks: int, config: EngineConfig) -> KVCacheManager:
+        """The manager an `EngineConfig` describes (block size, cache on/off, eviction)."""
+        return cls(
+            num_blocks,
+            config.block_size,
+            config.enable_prefix_cache,
+            config.eviction_policy,
+            config.session_ttl,
+            config.namespace_quota,
+            config.refetch_window,
+        )
+
+    def policy_info(self) -> dict[str, object]:
+        """The eviction settings, for /v1/cache/stats."""
+        quota = self.cache.namespace_quota_blocks if self.cache is not None else None
+        return {
+            "eviction_policy": self.eviction_policy,
+            "session_ttl": self.session_ttl,
+            "namespace_quota_blocks": quota,
+        }
 
     @property
     def num_blocks(self) -> int:
@@ -117,7 +164,13 @@ class KVCacheManager:
         if n_full <= req.num_shared_blocks:
             return
         tokens = req.token_ids[: n_full * self.block_size]
-        res = self.cache.insert(tokens, req.block_table[:n_full], req.namespace, req.priority)
+        res = self.cache.insert(
+            tokens,
+            req.block_table[:n_full],
+            req.namespace,
+            req.priority,
+            session=req.session_id is not None,
+        )
         self.cache.lock(res.node)
         if req.lock_node is not None:
             self.cache.unlock(req.lock_node)

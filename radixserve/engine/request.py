@@ -43,6 +43,7 @@ class Request:
     detokenizer: IncrementalDetokenizer
     namespace: Hashable = None
     priority: int = 0
+    session_id: str | None = None  # an agent loop / chat session: its path is kept warm
     token_ids: list[int] = field(default_factory=list)
     state: RequestState = RequestState.WAITING
     num_computed: int = 0

@@ -45,6 +45,7 @@ class EngineCall:
     request_id: str
     namespace: str | None = None
     priority: int = 0
+    session_id: str | None = None
 
     @property
     def prompt(self) -> str:
@@ -148,9 +149,12 @@ class RemoteBridge(EngineBridge):
         namespace: str | None = None,
         priority: int = 0,
         stream: bool = True,
+        session_id: str | None = None,
     ) -> RemoteStream:
         """Send the request; a streamed one is accepted (or refused) by a replica on return."""
-        call = EngineCall(list(prompt_token_ids), params, request_id, namespace, priority)
+        call = EngineCall(
+            list(prompt_token_ids), params, request_id, namespace, priority, session_id
+        )
         s = RemoteStream(self.handle, call, self.observer)
         if stream:
             await s.start()

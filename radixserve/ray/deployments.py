@@ -60,7 +60,12 @@ class RadixEngine:
     async def generate(self, call: EngineCall) -> AsyncIterator[Any]:
         """Yield None once the engine accepted the request, then its outputs (deltas only)."""
         stream = await self.bridge.submit(
-            call.prompt_token_ids, call.params, call.request_id, call.namespace, call.priority
+            call.prompt_token_ids,
+            call.params,
+            call.request_id,
+            call.namespace,
+            call.priority,
+            session_id=call.session_id,
         )
         try:
             yield None
@@ -72,7 +77,12 @@ class RadixEngine:
     async def complete(self, call: EngineCall) -> Any:
         """The request's final output."""
         stream = await self.bridge.submit(
-            call.prompt_token_ids, call.params, call.request_id, call.namespace, call.priority
+            call.prompt_token_ids,
+            call.params,
+            call.request_id,
+            call.namespace,
+            call.priority,
+            session_id=call.session_id,
         )
         try:
             return await stream.result()

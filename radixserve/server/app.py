@@ -27,12 +27,13 @@ if TYPE_CHECKING:
     from radixserve.engine.engine import LLMEngine
 
 
-def _auth_dependency(api_key: str) -> Callable[[Request], Awaitable[None]]:
-    expected = f"Bearer {api_key}".encode()
+def _auth_dependency(api_keys: list[str]) -> Callable[[Request], Awaitable[None]]:
+    expected = [f"Bearer {k}".encode() for k in api_keys]
 
     async def require_api_key(request: Request) -> None:
         given = request.headers.get("authorization", "").encode()
-        if not hmac.compare_digest(given, expected):
+        # compare with every key (no early exit), so timing does not tell which one matched
+        if not sum(hmac.compare_digest(given, e) for e in expected):
             raise APIError(
                 401,
                 "missing or incorrect API key; send 'Authorization: Bearer <key>'",
@@ -52,11 +53,14 @@ def build_app(
     bridge_factory: Callable[[ServerMetrics], EngineBridge] | None = None,
     cache_events: bool = True,
     dashboard_show_text: bool = False,
+    api_key_tiers: dict[str, int] | None = None,
 ) -> FastAPI:
     """An OpenAI-compatible app over a started `LLMEngine`; the caller owns the engine.
 
     `bridge_factory(metrics)` replaces the in-process bridge (the Ray ingress passes one that
     submits to engine replicas); without `cache_events` there is no /v1/cache/events route.
+    With `api_key_tiers`, those keys are accepted too, and a request's cache-retention
+    tier (its `priority`) is its key's tier.
     """
     model_name = served_model_name or engine.model_name
     metrics = ServerMetrics(engine)
@@ -65,6 +69,7 @@ def build_app(
     else:
         bridge = bridge_factory(metrics)
     serving = OpenAIServing(engine, bridge, [model_name], default_max_tokens, max_body_bytes)
+    serving.api_key_tiers = dict(api_key_tiers or {})
     hub = CacheEventHub(engine)
     created = int(time.time())
 
@@ -77,7 +82,8 @@ def build_app(
     app.add_middleware(ResponseCounter, metrics=metrics)
     app.add_middleware(Drain)  # outermost: refuses new requests once the server drains
 
-    deps = [Depends(_auth_dependency(api_key))] if api_key else []
+    keys = ([api_key] if api_key else []) + list(api_key_tiers or {})
+    deps = [Depends(_auth_dependency(keys))] if keys else []
     v1 = APIRouter(prefix="/v1", dependencies=deps)
 
     @v1.post("/chat/completions")

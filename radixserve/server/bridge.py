@@ -96,6 +96,7 @@ class EngineBridge:
         namespace: str | None = None,
         priority: int = 0,
         stream: bool = True,
+        session_id: str | None = None,
     ) -> RequestStream:
         """Add a request; raises the engine's validation errors (QueueFullError, ...) directly.
 
@@ -111,6 +112,7 @@ class EngineBridge:
             priority=priority,
             on_output=stream.on_output,
             bounded=True,
+            session_id=session_id,
         )
         return stream
 

@@ -51,6 +51,11 @@ def run_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    tiers = None
+    if args.api_key_tiers:
+        from radixserve.server.tiers import load_api_key_tiers
+
+        tiers = load_api_key_tiers(args.api_key_tiers)  # a bad file: ValueError, one line
     from radixserve.engine.engine import LLMEngine
 
     # Start-up errors propagate: radixserve.cli prints them as one line (after the checks
@@ -61,12 +66,12 @@ def run_serve(args: argparse.Namespace) -> int:
         install_fault_injection(engine, fault)  # a bad spec is a ValueError: one line, exit 2
     try:
         engine.start()
-        return _serve(engine, args)
+        return _serve(engine, args, tiers)
     finally:
         engine.shutdown()
 
 
-def _serve(engine: Any, args: argparse.Namespace) -> int:
+def _serve(engine: Any, args: argparse.Namespace, tiers: dict[str, int] | None = None) -> int:
     from radixserve.server.app import build_app
 
     app = build_app(
@@ -75,6 +80,7 @@ def _serve(engine: Any, args: argparse.Namespace) -> int:
         served_model_name=args.served_model_name,
         default_max_tokens=args.default_max_tokens,
         dashboard_show_text=args.dashboard_show_text,
+        api_key_tiers=tiers,
     )
     line = startup_line(
         engine,

@@ -58,6 +58,12 @@ class EngineCollector(Collector):
                 "Prompt tokens served from the prefix cache (not prefilled).",
             ),
             ("evicted_blocks", s.evicted_blocks_total, "KV blocks evicted from the prefix cache."),
+            (
+                "cache_refetch_blocks",
+                s.refetch_blocks_total,
+                "KV blocks prefilled again within the refetch window of their eviction "
+                "(thrashing).",
+            ),
             ("preemptions", s.preemptions_total, "Running requests preempted for lack of blocks."),
         )
         for name, value, doc in counters:

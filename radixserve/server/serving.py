@@ -24,6 +24,7 @@ from radixserve.server.protocol import (
     read_json_body,
     sse,
 )
+from radixserve.server.tiers import bearer_token, session_id
 
 if TYPE_CHECKING:
     from radixserve.engine.engine import LLMEngine
@@ -72,6 +73,7 @@ class OpenAIServing:
         self.model_names = model_names
         self.default_max_tokens = default_max_tokens
         self.max_body_bytes = max_body_bytes
+        self.api_key_tiers: dict[str, int] = {}  # api key -> cache-retention tier
 
     async def completions(self, request: Request) -> Response:
         """POST /v1/completions."""
@@ -85,7 +87,7 @@ class OpenAIServing:
         else:
             prompt_ids = req.prompt  # the engine checks the ids against the vocabulary
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        stream = await self._submit(req, prompt_ids, rid, "prompt")
+        stream = await self._submit(request, req, prompt_ids, rid, "prompt")
         base = {"id": rid, "object": "text_completion", "created": created, "model": self.name}
         if req.stream:
             return _sse_response(self._completion_events(stream, base, req.include_usage))
@@ -109,7 +111,7 @@ class OpenAIServing:
             self.engine.tokenizer.apply_chat_template, messages, size
         )
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        stream = await self._submit(req, prompt_ids, rid, "messages")
+        stream = await self._submit(request, req, prompt_ids, rid, "messages")
         base = {"id": rid, "object": "chat.completion", "created": created, "model": self.name}
         if req.stream:
             chunk_base = {**base, "object": "chat.completion.chunk"}
@@ -140,6 +142,7 @@ class OpenAIServing:
 
     async def _submit(
         self,
+        request: Request,
         req: ChatCompletionRequest | CompletionRequest,
         prompt_ids: list[int],
         rid: str,
@@ -154,12 +157,14 @@ class OpenAIServing:
             stop=[req.stop] if isinstance(req.stop, str) else list(req.stop or []),
             ignore_eos=req.ignore_eos,
         )
+        tier = self.api_key_tiers.get(bearer_token(request) or "")
         return await self.bridge.submit(
             prompt_ids,
             params,
             request_id=rid,
             namespace=req.cache_salt,
-            priority=req.priority,
+            priority=req.priority if tier is None else tier,
+            session_id=session_id(request, req.user),
             stream=bool(req.stream),
         )
 

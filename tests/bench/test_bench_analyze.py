@@ -73,8 +73,8 @@ def test_working_set_is_the_unbounded_cache_size():
 
 def test_cache_too_small_for_the_preamble_loses_it_under_lru():
     seqs = shared_preamble_trace(n=10, preamble=64, tail=32)  # 4 shared blocks + 2 own
-    big = replay(seqs, 64, 16)
-    small = replay(seqs, 2, 16)
+    big = replay(seqs, 64, 16, "lru")
+    small = replay(seqs, 2, 16, "lru")
     assert big.hit_tokens == 9 * 64
     assert small.hit_tokens < big.hit_tokens
 
@@ -168,3 +168,22 @@ def test_requests_the_template_rejects_are_skipped_or_raise():
     assert skipped and skipped[0].startswith("bad:")
     with pytest.raises(ValueError, match="request bad"):
         tokenize(reqs, StrictTokenizer())
+
+
+def test_policy_curves_replay_each_policy_at_the_same_capacities():
+    from radixserve.bench.analyze import format_analysis
+
+    hot = list(range(64))  # a 4-block preamble reused by every other request
+    seqs = []
+    for i in range(12):
+        seqs.append(hot + [5000 + i] * 16)
+        seqs.append([7000 + i] * 96)  # two one-off 6-block prompts between them
+        seqs.append([8000 + i] * 96)
+    policies = ["lru", "slru", "fanout"]
+    a = analyze_tokens(seqs, block_size=16, capacities=[12, 14, 64], policies=policies)
+    assert [p.capacity_blocks for p in a.policy_curves["lru"]] == [12, 14, 64]
+    lru, slru, fanout = ([p.hit_ratio for p in a.policy_curves[n]] for n in policies)
+    assert slru[0] > lru[0] == 0  # the preamble survives the one-offs
+    assert fanout[0] > lru[0]
+    assert slru[-1] == lru[-1] == fanout[-1]  # with room for everything, policies tie
+    assert "hit ratio by eviction policy" in format_analysis(a)

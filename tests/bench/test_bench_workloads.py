@@ -22,6 +22,7 @@ SMALL = {
     "few_shot": {"requests": "5", "exemplars": "3", "exemplar_tokens": "64", "query_tokens": "32"},
     "agent": {"agents": "2", "steps": "3", "system_tokens": "128", "tool_tokens": "48"},
     "unique": {"requests": "8", "prompt_tokens": "128"},
+    "spike": {"steady": "4", "docs": "2", "doc_tokens": "128", "hot_tokens": "64"},
 }
 
 

@@ -3,18 +3,36 @@
 The model is a dict from (namespace, block-prefix tuple) to the block id caching that
 prefix's last block, plus the logical time each prefix was last used. Block size 2 and
 a vocabulary of 3 tokens make paths collide, split and share all the time.
+
+The machine runs once per eviction policy. Under LRU the evicted prefixes must be older
+than every kept leaf (by the model's clock); under the others, every leaf an eviction took
+must have had a key no larger than every evictable leaf it kept (by the policy's keys,
+read just before the eviction). With a namespace quota the order is the quota's, and only
+the shared checks apply.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from radixserve.cache import BlockPool, CacheFullError, RadixCache, RadixNode
+from radixserve.cache import (
+    BlockPool,
+    CacheFullError,
+    EvictionKey,
+    EvictionPolicy,
+    RadixCache,
+    RadixNode,
+    SessionRetention,
+    SLRUPolicy,
+    make_policy,
+)
+from radixserve.cache.eviction import is_evictable
+from radixserve.cache.trie import post_order
 
 from .helpers import Recorder
 
@@ -44,9 +62,23 @@ class Request:
 
 
 class CacheMachine(RuleBasedStateMachine):
+    make: Callable[[Callable[[], float]], EvictionPolicy] = staticmethod(
+        lambda clock: make_policy("lru")
+    )
+    order = "lru"  # "lru": the model's clock; "keys": the policy's keys; "none": quota order
+    quota: float | None = None
+
     def __init__(self) -> None:
         super().__init__()
-        self.cache = RadixCache(BlockPool(TOTAL_BLOCKS), block_size=BS)
+        self.now = 0.0
+        self.cache = RadixCache(
+            BlockPool(TOTAL_BLOCKS),
+            block_size=BS,
+            policy=self.make(lambda: self.now),
+            namespace_quota=self.quota,
+            clock=lambda: self.now,
+        )
+        self.before: dict[RadixNode, tuple[EvictionKey, int]] = {}
         self.events = Recorder()
         self.cache.add_listener(self.events)
         self.block_of: dict[Key, int] = {}  # the model: cached prefix -> its last block
@@ -91,6 +123,25 @@ class CacheMachine(RuleBasedStateMachine):
                 leaves.append((ns, prefix))
         return leaves
 
+    def snapshot_keys(self) -> None:
+        """Remember every evictable leaf's key and size just before an eviction may run."""
+        self.now += 1.0  # session warmth runs out as the machine goes on
+        key = self.cache.policy.key
+        self.before = {
+            n: (key(n), len(n.blocks))
+            for q in self.cache._queues.values()
+            for n in q.nodes()
+            if is_evictable(n)
+        }
+
+    def check_key_order(self) -> None:
+        taken = [k for n, (k, size) in self.before.items() if n.removed or len(n.blocks) < size]
+        kept = [
+            k for n, (k, size) in self.before.items() if not n.removed and len(n.blocks) == size
+        ]
+        if taken and kept:
+            assert max(taken) <= min(kept), "evicted a leaf the policy ranks above a kept one"
+
     def apply_evict_events(self, since: int) -> set[Key]:
         removed: set[Key] = set()
         for event in self.events.events[since:]:
@@ -101,7 +152,9 @@ class CacheMachine(RuleBasedStateMachine):
         assert removed <= set(self.block_of), "evicted something that was not cached"
         assert not removed & self.locked_keys(), "evicted a locked prefix"
         survivors = [k for k in self.evictable_leaves() if k not in removed]
-        if removed and survivors:
+        if self.order == "keys":
+            self.check_key_order()
+        elif self.order == "lru" and removed and survivors:
             newest_evicted = max(self.used_at[k] for k in removed)
             oldest_kept = min(self.used_at[k] for k in survivors)
             assert newest_evicted <= oldest_kept, "evicted a more recently used leaf first"
@@ -132,6 +185,7 @@ class CacheMachine(RuleBasedStateMachine):
         assert m.blocks == [self.block_of[k] for k in matched]
         self.touch(matched)
         self.cache.lock(m.node)
+        self.snapshot_keys()
         since = len(self.events.events)
         evictable = self.cache.stats().evictable_blocks
         need = len(tokens) // BS - len(m.blocks)
@@ -148,6 +202,7 @@ class CacheMachine(RuleBasedStateMachine):
     def insert_fresh(self, tokens: list[int], namespace: Hashable) -> None:
         """Insert with all-new blocks (no prior match): every cached one is a duplicate."""
         tokens = tokens[: len(tokens) // BS * BS]
+        self.snapshot_keys()
         since = len(self.events.events)
         try:
             blocks = self.cache.allocate(len(tokens) // BS)
@@ -176,7 +231,14 @@ class CacheMachine(RuleBasedStateMachine):
         blocks = req.matched + req.private
         keys = self.prefixes(req.namespace, req.tokens)
         cached = self.model_match(req.namespace, req.tokens)
-        result = self.cache.insert(req.tokens, blocks, req.namespace)
+        # tiers and sessions vary with the request, so priority and retention have work
+        result = self.cache.insert(
+            req.tokens,
+            blocks,
+            req.namespace,
+            priority=len(req.tokens) % 3,
+            session=len(req.tokens) % 4 == 0,
+        )
         assert result.num_cached_tokens == len(cached) * BS
         expected_dups = [b for b, k in zip(blocks, cached, strict=False) if self.block_of[k] != b]
         assert result.duplicate_blocks == expected_dups
@@ -190,6 +252,7 @@ class CacheMachine(RuleBasedStateMachine):
     def evict(self, n: int) -> None:
         evictable = len(self.block_of) - len(self.locked_keys())
         assert self.cache.stats().evictable_blocks == evictable
+        self.snapshot_keys()
         since = len(self.events.events)
         freed = self.cache.evict(n)
         assert freed == min(n, evictable)
@@ -223,9 +286,24 @@ class CacheMachine(RuleBasedStateMachine):
     @invariant()
     def invariants_hold(self) -> None:
         self.cache.check_invariants(num_private_blocks=self.pinned())
+        self.policy_state_holds()
         stats = self.cache.stats()
         assert stats.cached_blocks == len(self.block_of)
         assert stats.free_blocks + stats.cached_blocks + self.pinned() == TOTAL_BLOCKS
+
+    def policy_state_holds(self) -> None:
+        """Per-node policy state agrees with the tree: a parent is worth at least its
+        child (fanout), and the protected segment's count is its nodes' blocks (slru)."""
+        policy = self.cache.policy
+        base = policy.base if isinstance(policy, SessionRetention) else policy
+        nodes = [n for root in self.cache._roots.values() for n in post_order(root)]
+        for node in nodes:
+            if node.parent is not None and node.parent.parent is not None:
+                assert node.score <= node.parent.score
+        if isinstance(base, SLRUPolicy):
+            protected = sum(len(n.blocks) for n in nodes if n.protected)
+            assert protected == base.protected_blocks
+            assert protected <= int(base.protected_fraction * TOTAL_BLOCKS)
 
     def teardown(self) -> None:
         for req in self.requests:
@@ -240,3 +318,20 @@ CacheMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_cache_matches_reference_model = CacheMachine.TestCase
+
+
+def _variant(name: str, make: Callable[[Callable[[], float]], EvictionPolicy], **attrs: object):
+    cls = type(name, (CacheMachine,), {"make": staticmethod(make), "order": "keys", **attrs})
+    cls.TestCase.settings = settings(CacheMachine.TestCase.settings, max_examples=60)
+    return cls.TestCase
+
+
+test_fanout_policy = _variant("FanoutMachine", lambda clock: make_policy("fanout"))
+test_slru_policy = _variant("SLRUMachine", lambda clock: make_policy("slru"))
+test_priority_policy = _variant("PriorityMachine", lambda clock: make_policy("priority"))
+test_session_retention_over_slru = _variant(
+    "SessionMachine", lambda clock: make_policy("slru", session_ttl=3.0, clock=clock)
+)
+test_namespace_quota = _variant(
+    "QuotaMachine", lambda clock: make_policy("fanout"), order="none", quota=0.3
+)
