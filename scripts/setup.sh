@@ -4,8 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-    "$PY" -m venv .venv
+if [ ! -f .venv/bin/activate ]; then  # absent, or left half-made by an interrupted run
+    "$PY" -m venv --clear .venv
 fi
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
