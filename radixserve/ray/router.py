@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import random
 from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
@@ -120,7 +121,9 @@ class RadixRequestRouter(RequestRouter):
         self._follow_events()
         call = _engine_call(pending_request)
         if call is None or len(candidate_replicas) < 2:
-            return [candidate_replicas]  # not a generation call: any replica, least queued
+            # Not a generation call: any replica, least queued, ties broken at random (Ray
+            # takes the first of equals, which would always be the same replica).
+            return [random.sample(candidate_replicas, len(candidate_replicas))]
         views = []
         for i, r in enumerate(candidate_replicas):
             name = r.replica_id.to_full_id_str()

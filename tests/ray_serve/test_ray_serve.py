@@ -42,11 +42,11 @@ def conversation_turns(c: openai.OpenAI, topic: str, turns: int) -> list[int]:
 def replica_caches(app: RayApp) -> dict[str, list[Any]]:
     """Each engine replica's own cached paths (asked until both have answered)."""
     out: dict[str, list[Any]] = {}
-    for _ in range(40):
+    deadline = time.monotonic() + 60  # a handle learns of a new replica within seconds
+    while len(out) < 2 and time.monotonic() < deadline:
         snap = app.handle.cache_snapshot.remote().result()
         out[snap["replica"]] = sorted(snap["paths"], key=repr)
-        if len(out) == 2:
-            break
+        time.sleep(0.05)
     return out
 
 
