@@ -42,7 +42,9 @@ def kernel_cache_dir() -> Path:
 
 def compile_flags() -> list[str]:
     """Compiler flags for this CPU: AVX2 + FMA code where the CPU has them."""
-    flags = ["-O3", "-ffast-math", "-fno-finite-math-only"]
+    # -fopenmp: at::parallel_for is an OpenMP pragma in torch's headers; without the flag
+    # the kernels silently run on one thread. The libgomp torch already loaded is reused.
+    flags = ["-O3", "-ffast-math", "-fno-finite-math-only", "-fopenmp"]
     if platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma"} <= _cpu_flags():
         flags += ["-mavx2", "-mfma"]
     return flags
@@ -72,6 +74,7 @@ def load() -> bool:
             name=f"radixserve_cpu_{key}",
             sources=[str(_SOURCE)],
             extra_cflags=flags,
+            extra_ldflags=["-fopenmp"],
             is_python_module=False,
             build_directory=str(build_dir),
         )
