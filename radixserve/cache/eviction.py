@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import TypeAlias
 
 from radixserve.cache.node import RadixNode
@@ -44,70 +45,99 @@ class PriorityLRUPolicy(EvictionPolicy):
 
 
 def is_evictable(node: RadixNode) -> bool:
-    """An unlocked leaf that is still in the tree and is not a root."""
-    return not node.children and node.lock_ref == 0 and not node.removed and node.parent is not None
+    """An unlocked pool leaf that is still in the tree and is not a root.
+
+    A pool leaf is a node in the pool whose children (if any) are all offloaded.
+    """
+    return (
+        node.lock_ref == 0
+        and not node.offloaded
+        and not node.removed
+        and node.parent is not None
+        and (not node.children or all(c.offloaded for c in node.children.values()))
+    )
+
+
+def is_droppable(node: RadixNode) -> bool:
+    """An unlocked offloaded leaf still in the tree: what the offload tier evicts."""
+    return node.offloaded and not node.children and node.lock_ref == 0 and not node.removed
+
+
+Entry: TypeAlias = tuple[EvictionKey, int, RadixNode, "EvictionQueue"]
+"""A heap entry: key, tie-breaker, node, and the queue it belongs to."""
 
 
 class EvictionQueue:
     """A min-heap of evictable leaves by policy key, with lazy deletion.
 
-    Each node has at most one entry (`node.in_heap`). Entries are not removed when a
-    node is touched, locked or given a child; `pop` drops or re-keys stale entries
-    when they reach the top. Entries of pruned nodes are discarded and compacted away,
-    so the heap never grows beyond about twice the number of nodes.
+    Each node has at most one live entry: the one `node.in_heap` is (a cache with an
+    offload tier has a second queue, and a node is live in at most one of them).
+    Entries are not removed when a node is touched, locked or given a child; `pop`
+    drops or re-keys stale entries when they reach the top. Discarded entries are
+    compacted away, so the heap never grows beyond about twice the number of nodes.
     """
 
-    def __init__(self, policy: EvictionPolicy) -> None:
+    def __init__(
+        self, policy: EvictionPolicy, evictable: Callable[[RadixNode], bool] = is_evictable
+    ) -> None:
         self.policy = policy
-        self._heap: list[tuple[EvictionKey, int, RadixNode]] = []
+        self.evictable = evictable
+        self._heap: list[Entry] = []
         self._seq = itertools.count()  # tie-breaker, so nodes are never compared
-        self._live = 0  # entries whose node has in_heap set
+        self._live = 0  # entries that are their node's `in_heap`
 
     def __len__(self) -> int:
         return self._live
 
     def push(self, node: RadixNode) -> None:
-        """Add `node` unless it already has an entry (the caller knows it is evictable)."""
-        if node.in_heap:
-            return
-        node.in_heap = True
-        self._live += 1
-        heapq.heappush(self._heap, (self.policy.key(node), next(self._seq), node))
+        """Add `node` unless it already has an entry here (the caller knows it is
+        evictable); a live entry in another queue is discarded first."""
+        entry: Entry | None = node.in_heap
+        if entry is not None:
+            if entry[3] is self:
+                return
+            entry[3].discard(node)
+        self._add(node)
 
     def discard(self, node: RadixNode) -> None:
-        """Forget `node` (it is being pruned); its entry is dropped later."""
-        if not node.in_heap:
+        """Forget `node`'s entry here, if it has one; the entry is dropped later."""
+        entry: Entry | None = node.in_heap
+        if entry is None or entry[3] is not self:
             return
-        node.in_heap = False
+        node.in_heap = None
         self._live -= 1
         if len(self._heap) > 2 * self._live + 64:
-            self._heap = [entry for entry in self._heap if entry[2].in_heap]
+            self._heap = [e for e in self._heap if e[2].in_heap is e]
             heapq.heapify(self._heap)
 
     def pop(self) -> RadixNode | None:
         """Remove and return the evictable leaf with the smallest key, or None if none is."""
         heap = self._heap
         key_of = self.policy.key
+        evictable = self.evictable
         while heap:
-            key, _, node = heap[0]
-            if not node.in_heap:
+            entry = heap[0]
+            node = entry[2]
+            if node.in_heap is not entry:
                 heapq.heappop(heap)
-                continue
-            if not is_evictable(node):
-                heapq.heappop(heap)
-                node.in_heap = False
-                self._live -= 1
-                continue
-            current = key_of(node)
-            if current != key:
-                heapq.heapreplace(heap, (current, next(self._seq), node))
                 continue
             heapq.heappop(heap)
-            node.in_heap = False
+            node.in_heap = None
             self._live -= 1
+            if not evictable(node):
+                continue
+            if key_of(node) != entry[0]:
+                self._add(node)
+                continue
             return node
         return None
 
     def nodes(self) -> list[RadixNode]:
         """Nodes with a live entry (for invariant checks)."""
-        return [entry[2] for entry in self._heap if entry[2].in_heap]
+        return [e[2] for e in self._heap if e[2].in_heap is e]
+
+    def _add(self, node: RadixNode) -> None:
+        entry = (self.policy.key(node), next(self._seq), node, self)
+        node.in_heap = entry
+        self._live += 1
+        heapq.heappush(self._heap, entry)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Hashable
+from typing import Any
 
 from radixserve.cache.tokens import TOKEN_BYTES, decode
 
@@ -12,7 +13,8 @@ class RadixNode:
 
     Fields are owned by the cache and must be treated as read-only outside it; the
     eviction policies read `last_access`, `priority`, `lock_ref` and `children`.
-    `tokens` is the packed run (see `radixserve.cache.tokens`); `children` maps the
+    An `offloaded` node's blocks live in the cache's second tier; its descendants are
+    offloaded too. `tokens` is the packed run (see `radixserve.cache.tokens`); `children` maps the
     packed first block of each child's run to the child. A root has an empty run,
     no blocks and no parent, and is never locked or evicted.
     """
@@ -28,6 +30,7 @@ class RadixNode:
         "priority",
         "in_heap",
         "removed",
+        "offloaded",
     )
 
     def __init__(
@@ -47,8 +50,9 @@ class RadixNode:
         self.lock_ref = 0  # requests pinning this node (a lock pins the whole path to the root)
         self.last_access = last_access  # logical clock of the cache, bigger is more recent
         self.priority = priority  # higher is kept longer by priority-aware policies
-        self.in_heap = False  # has a live entry in the eviction queue
+        self.in_heap: Any = None  # its live entry in an eviction queue, if any
         self.removed = False  # pruned from the tree; the handle is dead
+        self.offloaded = False  # `blocks` are ids of the offload tier, not of the pool
 
     @property
     def is_root(self) -> bool:
