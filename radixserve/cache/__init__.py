@@ -6,9 +6,17 @@ from radixserve.cache.mirror import apply_event
 from radixserve.cache.node import RadixNode
 from radixserve.cache.pool import BlockPool
 from radixserve.cache.radix import RadixCache
-from radixserve.cache.types import CacheEvent, CacheStats, InsertResult, MatchResult
+from radixserve.cache.types import (
+    BlockMover,
+    CacheEvent,
+    CacheStats,
+    InsertResult,
+    MatchResult,
+    NodeRecord,
+)
 
 __all__ = [
+    "BlockMover",
     "BlockPool",
     "CacheEvent",
     "CacheFullError",
@@ -18,6 +26,7 @@ __all__ = [
     "InvariantError",
     "LRUPolicy",
     "MatchResult",
+    "NodeRecord",
     "PriorityLRUPolicy",
     "RadixCache",
     "RadixNode",

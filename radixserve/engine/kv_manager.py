@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from radixserve.cache import (
+    BlockMover,
     BlockPool,
     CacheEvent,
     CacheFullError,
@@ -31,11 +32,22 @@ class KVCacheManager:
     with everything else identical: that is the baseline the cache is measured against.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_cache: bool) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_cache: bool,
+        tier_blocks: int = 0,
+        mover: BlockMover | None = None,
+    ) -> None:
         self.block_size = block_size
         self.pool = BlockPool(num_blocks)
+        # The offload tier (a second pool whose bytes `mover` copies) serves the cache only.
+        tier = BlockPool(tier_blocks) if tier_blocks and mover and enable_prefix_cache else None
         self.cache: RadixCache | None = (
-            RadixCache(self.pool, block_size, PriorityLRUPolicy()) if enable_prefix_cache else None
+            RadixCache(self.pool, block_size, PriorityLRUPolicy(), tier, mover if tier else None)
+            if enable_prefix_cache
+            else None
         )
         self.num_private_blocks = 0
         self.query_tokens = 0

@@ -61,6 +61,24 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
         default=30.0,
         help="seconds in-flight requests may take to finish on SIGTERM/SIGINT (default: 30)",
     )
+    # KV offload tier and warm restart (docs/kv-offload.md)
+    a(
+        "--kv-offload-memory",
+        default=None,
+        help="second KV tier under the prefix cache: evicted blocks move there instead of "
+        "being dropped (host memory, or the file of --kv-offload-dir), e.g. 8GiB",
+    )
+    a(
+        "--kv-offload-dir",
+        default=None,
+        help="put the offload tier in a memory-mapped file in this directory "
+        "(size: --kv-offload-memory, default 4x the pool)",
+    )
+    a(
+        "--kv-persist-dir",
+        default=None,
+        help="warm restart: save the prefix cache here on graceful shutdown, load it at start",
+    )
     a("--workers", type=int, default=1, help="N>1: N engine workers behind the cache-aware router")
     a("--log-level", default="info", choices=LOG_LEVELS)
 
@@ -84,6 +102,9 @@ def engine_config(args: argparse.Namespace) -> Any:
         "max_waiting": args.max_waiting,
         "schedule_policy": args.schedule_policy,
         "num_threads": args.num_threads,
+        "kv_offload_memory": getattr(args, "kv_offload_memory", None),
+        "kv_offload_dir": getattr(args, "kv_offload_dir", None),
+        "kv_persist_dir": getattr(args, "kv_persist_dir", None),
     }
     kwargs.update({k: v for k, v in optional.items() if v is not None})
     return EngineConfig(**kwargs)
@@ -105,6 +126,10 @@ def run_serve(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; in-flight requests get --shutdown-timeout to finish."""
     if args.workers > 1:
         from radixserve.router.launcher import serve_workers
+
+        if getattr(args, "kv_offload_dir", None) or getattr(args, "kv_persist_dir", None):
+            log.error("--kv-offload-dir and --kv-persist-dir take one worker (one engine a dir)")
+            return 2
 
         return int(serve_workers(args) or 0)
     logging.basicConfig(
