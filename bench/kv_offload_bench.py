@@ -175,6 +175,9 @@ def main() -> None:
     out = Path(args.out or tempfile.mkdtemp(prefix="kv-offload-bench-"))
     out.mkdir(parents=True, exist_ok=True)
     lines = []
+    if not args.skip_restart:
+        restart = run_restart(out)
+        print(restart, flush=True)
     if not args.skip_tiers:
         rows = run_tiers(out, args.pool, args.conversations, args.turns, args.user_tokens)
         base = rows[0][1]["ttft"]["p50"]
@@ -192,7 +195,7 @@ def main() -> None:
             )
     if not args.skip_restart:
         lines += ["", "| warm restart (pool 256 MiB) | result |", "|---|---|"]
-        lines += [f"| {k} | {v} |" for k, v in run_restart(out)]
+        lines += [f"| {k} | {v} |" for k, v in restart]
     report = "\n".join(lines)
     (out / "report.md").write_text(report + "\n")
     print(report)

@@ -268,8 +268,8 @@ class RadixCache:
 
         `token_ids` must be a non-empty whole number of blocks. Every unlocked node whose
         path starts with all of `token_ids` is removed and its blocks are freed; locked
-        ones stay. Returns the number of blocks freed (0 if the path is not fully cached),
-        offloaded ones included.
+        ones stay. Returns the number of pool blocks freed (0 if the path is not fully
+        cached); offloaded nodes of the subtree are dropped from the tier as well.
         """
         num_bytes = len(token_ids) * TOKEN_BYTES
         if num_bytes == 0 or num_bytes % self._block_bytes:

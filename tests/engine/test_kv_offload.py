@@ -173,3 +173,20 @@ def test_offload_hits_are_exported_as_a_prometheus_counter(make_tiny_engine) -> 
     assert hits > 0
     assert f"radixserve_prefix_cache_offload_hits_total {float(hits)}" in text
     assert 'radixserve_cache_offload_blocks{state="total"}' in text
+
+
+def test_serve_flags_reach_the_engine_config() -> None:
+    import argparse
+
+    from radixserve.server.main import add_serve_args, engine_config, run_serve
+
+    parser = argparse.ArgumentParser()
+    add_serve_args(parser)
+    args = parser.parse_args(
+        ["--kv-offload-memory", "8GiB", "--kv-offload-dir", "/x", "--kv-persist-dir", "/y"]
+    )
+    cfg = engine_config(args)
+    assert (cfg.kv_offload_memory, cfg.kv_offload_dir, cfg.kv_persist_dir) == ("8GiB", "/x", "/y")
+    assert engine_config(parser.parse_args([])).kv_offload_memory is None
+    args.workers = 2  # one engine per directory: refused before any worker starts
+    assert run_serve(args) == 2
