@@ -378,6 +378,28 @@ class RadixCache:
                 for _, _, node in found
             ]
 
+    def restore_nodes(self, records: Sequence[NodeRecord]) -> list[RadixNode | None]:
+        """Rebuild an exported tree (`export_nodes` order) into this cache, evicting nothing.
+
+        Records go into the pool while it has room, then into the tier (if any); a record
+        whose parent was not restored is skipped. Returns each record's new node or None;
+        the caller fills the nodes' blocks with the saved K/V before serving.
+        """
+        nodes: list[RadixNode | None] = []
+        into_tier = False
+        with self._lock:
+            for rec in records:
+                parent = nodes[rec.parent] if rec.parent >= 0 else None
+                node = None
+                if rec.parent < 0 or parent is not None:
+                    if not into_tier:
+                        node = self.restore_node(parent, rec, offloaded=False)
+                        into_tier = node is None
+                    if node is None and self.tier is not None:
+                        node = self.restore_node(parent, rec, offloaded=True)
+                nodes.append(node)
+        return nodes
+
     def restore_node(
         self,
         parent: RadixNode | None,

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from radixserve.cache import RadixCache, RadixNode
+from radixserve.cache import RadixCache
 from radixserve.cache.types import NodeRecord
 from radixserve.model.config import ModelConfig
 from radixserve.model.kv_tier import KVStore, gather_blocks, scatter_blocks
@@ -211,24 +211,15 @@ class KVPersistence:
         tier: KVStore | None,
     ) -> PersistReport:
         bs = cache.block_size
-        nodes: list[RadixNode | None] = []
+        records = [
+            NodeRecord(parent, namespace, tuple(tokens), [], False, last_access, priority)
+            for parent, namespace, tokens, priority, last_access in header["nodes"]
+        ]
         report = PersistReport()
-        into_tier = False
-        for parent_i, namespace, tokens, priority, last_access in header["nodes"]:
-            n = len(tokens) // bs
-            run = 2 * n * self.block_bytes
-            parent = nodes[parent_i] if parent_i >= 0 else None
-            rec = NodeRecord(parent_i, namespace, tuple(tokens), [], False, last_access, priority)
-            node = None
-            if parent_i < 0 or parent is not None:
-                if not into_tier:
-                    node = cache.restore_node(parent, rec, offloaded=False)
-                    into_tier = node is None
-                if node is None and tier is not None:
-                    node = cache.restore_node(parent, rec, offloaded=True)
-            nodes.append(node)
+        for rec, node in zip(records, cache.restore_nodes(records), strict=True):
+            n = len(rec.token_ids) // bs
             if node is None:
-                f.seek(run, os.SEEK_CUR)
+                f.seek(2 * n * self.block_bytes, os.SEEK_CUR)
                 continue
             k = self._read_blocks(f, n)
             v = self._read_blocks(f, n)
@@ -237,7 +228,7 @@ class KVPersistence:
             scatter_blocks(store, node.blocks, k, v)
             report.nodes += 1
             report.blocks += n
-            report.nbytes += run
+            report.nbytes += 2 * n * self.block_bytes
         return report
 
     def _read_blocks(self, f: io.BufferedReader, n: int) -> torch.Tensor:

@@ -207,19 +207,9 @@ def test_export_lists_parents_first_and_restore_rebuilds_the_tree() -> None:
 def restore(
     records: list[NodeRecord], old: PayloadMover, cache: RadixCache, mover: PayloadMover
 ) -> int:
-    """Load `records` into `cache` as the engine's loader does: pool first, then the tier."""
-    nodes: list[RadixNode | None] = []
-    into_tier = False
-    for rec in records:
-        parent = nodes[rec.parent] if rec.parent >= 0 else None
-        node = None
-        if rec.parent < 0 or parent is not None:
-            if not into_tier:
-                node = cache.restore_node(parent, rec, offloaded=False)
-                into_tier = node is None
-            if node is None and cache.tier is not None:
-                node = cache.restore_node(parent, rec, offloaded=True)
-        nodes.append(node)
+    """Load `records` into `cache` as the engine's loader does, copying the labels."""
+    nodes = cache.restore_nodes(records)
+    for rec, node in zip(records, nodes, strict=True):
         if node is not None:
             src = old.tier if rec.offloaded else old.pool
             dst = mover.tier if node.offloaded else mover.pool
