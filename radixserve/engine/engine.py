@@ -221,8 +221,12 @@ class LLMEngine:
         if self._crashed is not None or (self._thread is not None and self._thread.is_alive()):
             log.warning("not saving the KV cache: the engine loop did not stop cleanly")
             return
-        saved = self.kv_persist.save(self.kv.cache, self.kv_pool, self.kv_tier)
-        self.kv_persist = None  # save once
+        persist, self.kv_persist = self.kv_persist, None  # save once
+        try:
+            saved = persist.save(self.kv.cache, self.kv_pool, self.kv_tier)
+        except OSError:
+            log.exception("saving the KV cache for a warm restart failed")
+            return
         log.info(
             "saved %d cached blocks (%d nodes, %.0f MiB) for a warm restart in %.2f s",
             saved.blocks, saved.nodes, saved.nbytes / 2**20, saved.seconds,

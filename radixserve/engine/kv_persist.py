@@ -109,6 +109,17 @@ class KVPersistence:
             kept.append(rec._replace(parent=index.get(rec.parent, -1)))
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + f".tmp{os.getpid()}")
+        try:
+            nbytes = self._write(tmp, kept, pool, tier)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        os.replace(tmp, self.path)
+        blocks = sum(len(r.blocks) for r in kept)
+        return PersistReport(len(kept), blocks, nbytes, time.monotonic() - t0)
+
+    def _write(self, tmp: Path, kept: list[NodeRecord], pool: KVStore, tier: KVStore | None) -> int:
+        """Write the save file to `tmp`, fsynced; returns the K/V bytes written."""
         digest = hashlib.sha256()
         nbytes = 0
         with open(tmp, "wb") as f:
@@ -136,9 +147,7 @@ class KVPersistence:
             f.write(MAGIC)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        blocks = sum(len(r.blocks) for r in kept)
-        return PersistReport(len(kept), blocks, nbytes, time.monotonic() - t0)
+        return nbytes
 
     # ------------------------------------------------------------------ load
 
