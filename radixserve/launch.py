@@ -70,6 +70,11 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.workers > 1:
         from radixserve.router.launcher import serve_workers
 
+        if getattr(args, "kv_offload_dir", None) or getattr(args, "kv_persist_dir", None):
+            raise ValueError(
+                "--kv-offload-dir and --kv-persist-dir take one worker (one engine a directory)"
+            )
+
         return int(serve_workers(args) or 0)
     from radixserve.server.main import run_serve as run_one
 

@@ -33,6 +33,9 @@ _ENGINE_OPTIONAL = (
     "session_ttl",
     "namespace_quota",
     "refetch_window",
+    "kv_offload_memory",
+    "kv_offload_dir",
+    "kv_persist_dir",
 )
 
 
@@ -60,6 +63,10 @@ class WorkerOptions:
     session_ttl: float | None = None
     namespace_quota: float | None = None
     refetch_window: float | None = None
+    # KV offload tier and warm restart (docs/kv-offload.md); None: off
+    kv_offload_memory: str | None = None
+    kv_offload_dir: str | None = None
+    kv_persist_dir: str | None = None
     # server
     served_model_name: str | None = None
     api_key: str | None = None
@@ -264,6 +271,24 @@ OPTIONS: tuple[_Option, ...] = (
         "a block prefilled again this soon after its eviction counts in "
         "radixserve_cache_refetch_blocks_total (default: 60; 0: off)",
         types.non_negative_float,
+    ),
+    _Option(
+        "kv_offload_memory",
+        "--kv-offload-memory",
+        "second KV tier under the prefix cache: evicted blocks move there instead of being "
+        "dropped (host memory, or the file of --kv-offload-dir), e.g. 8GiB",
+        types.memory_size,
+    ),
+    _Option(
+        "kv_offload_dir",
+        "--kv-offload-dir",
+        "put the offload tier in a memory-mapped file in this directory "
+        "(size: --kv-offload-memory, default 4x the pool)",
+    ),
+    _Option(
+        "kv_persist_dir",
+        "--kv-persist-dir",
+        "warm restart: save the prefix cache here on graceful shutdown, load it at start",
     ),
     _Option(
         "dashboard_show_text",

@@ -15,11 +15,19 @@ from radixserve.cache.policies import (
 from radixserve.cache.pool import BlockPool
 from radixserve.cache.radix import RadixCache
 from radixserve.cache.snapshot import NodeRow, TreeSnapshot
-from radixserve.cache.types import CacheEvent, CacheStats, InsertResult, MatchResult
+from radixserve.cache.types import (
+    BlockMover,
+    CacheEvent,
+    CacheStats,
+    InsertResult,
+    MatchResult,
+    NodeRecord,
+)
 
 __all__ = [
     "DEFAULT_POLICY",
     "POLICIES",
+    "BlockMover",
     "BlockPool",
     "CacheEvent",
     "CacheFullError",
@@ -31,6 +39,7 @@ __all__ = [
     "InvariantError",
     "LRUPolicy",
     "MatchResult",
+    "NodeRecord",
     "NodeRow",
     "PriorityLRUPolicy",
     "RadixCache",

@@ -1,11 +1,11 @@
-"""Which unlocked leaf to evict next: the policy interface and a lazily maintained heap."""
+"""Which unlocked leaf to evict next: the policy interface and lazily maintained heaps."""
 
 from __future__ import annotations
 
 import heapq
 import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeAlias
 
 from radixserve.cache.node import RadixNode
@@ -86,47 +86,78 @@ class PriorityLRUPolicy(EvictionPolicy):
 
 
 def is_evictable(node: RadixNode) -> bool:
-    """An unlocked leaf that is still in the tree and is not a root."""
-    return not node.children and node.lock_ref == 0 and not node.removed and node.parent is not None
+    """An unlocked pool leaf that is still in the tree and is not a root.
+
+    A pool leaf is a node in the pool whose children (if any) are all offloaded.
+    """
+    return (
+        node.lock_ref == 0
+        and not node.offloaded
+        and not node.removed
+        and node.parent is not None
+        and (not node.children or all(c.offloaded for c in node.children.values()))
+    )
+
+
+def is_droppable(node: RadixNode) -> bool:
+    """An unlocked offloaded leaf still in the tree: what the offload tier evicts."""
+    return node.offloaded and not node.children and node.lock_ref == 0 and not node.removed
+
+
+Entry: TypeAlias = tuple[EvictionKey, int, RadixNode, "EvictionQueue"]
+"""A heap entry: key, tie-breaker, node, and the queue it belongs to."""
 
 
 class EvictionQueue:
     """A min-heap of evictable leaves by policy key, with lazy deletion.
 
-    Each node has at most one live entry (`node.in_heap`; `node.heap_seq` names it).
-    Entries are not removed when a node is touched, locked or given a child; stale or
-    re-keyed entries are dropped or refreshed when they reach the top. Entries of pruned
-    or re-queued nodes are compacted away, so the heap stays about twice the live count.
+    Each node has at most one live entry: the one `node.in_heap` is (a cache with an
+    offload tier has a second queue for offloaded leaves, ordered by the same policy,
+    and a node is live in at most one of them). Entries are not removed when a node is
+    touched, locked or given a child; stale or re-keyed entries are dropped or refreshed
+    when they reach the top. Entries of pruned or re-queued nodes are compacted away, so
+    the heap stays about twice the live count.
     """
 
-    def __init__(self, policy: EvictionPolicy) -> None:
+    def __init__(
+        self, policy: EvictionPolicy, evictable: Callable[[RadixNode], bool] = is_evictable
+    ) -> None:
         self.policy = policy
-        self._heap: list[tuple[EvictionKey, int, RadixNode]] = []
+        self.evictable = evictable  # which nodes this queue may hand out
+        self._heap: list[Entry] = []
         self._seq = itertools.count()  # tie-breaker, so nodes are never compared
-        self._live = 0  # entries whose node has in_heap set
+        self._live = 0  # entries that are their node's `in_heap`
 
     def __len__(self) -> int:
         return self._live
 
+    def owns(self, node: RadixNode) -> bool:
+        """`node` has its live entry in this queue."""
+        entry: Entry | None = node.in_heap
+        return entry is not None and entry[3] is self
+
     def push(self, node: RadixNode) -> None:
-        """Add `node` unless it already has an entry (the caller knows it is evictable)."""
-        if node.in_heap:
-            return
-        node.in_heap = True
+        """Add `node` unless it already has an entry here (the caller knows it is
+        evictable); a live entry in another queue is discarded first."""
+        entry: Entry | None = node.in_heap
+        if entry is not None:
+            if entry[3] is self:
+                return
+            entry[3].discard(node)
         self._live += 1
         self._add(node)
 
     def requeue(self, node: RadixNode) -> None:
-        """Re-read `node`'s key now (it shrank); no-op when `node` has no entry."""
-        if node.in_heap:
+        """Re-read `node`'s key now (it shrank); no-op unless `node` has an entry here."""
+        if self.owns(node):
             self._add(node)
             self._compact()
 
     def discard(self, node: RadixNode) -> None:
-        """Forget `node` (it is being pruned); its entry is dropped later."""
-        if not node.in_heap:
+        """Forget `node`'s entry here, if it has one; the entry is dropped later."""
+        if not self.owns(node):
             return
-        node.in_heap = False
+        node.in_heap = None
         self._live -= 1
         self._compact()
 
@@ -134,23 +165,24 @@ class EvictionQueue:
         """The smallest current key of an evictable leaf, or None; drops stale entries."""
         heap = self._heap
         key_of = self.policy.key
+        evictable = self.evictable
         while heap:
-            key, seq, node = heap[0]
-            if not node.in_heap or seq != node.heap_seq:
+            entry = heap[0]
+            node = entry[2]
+            if node.in_heap is not entry:
                 heapq.heappop(heap)
                 continue
-            if not is_evictable(node):
+            if not evictable(node):
                 heapq.heappop(heap)
-                node.in_heap = False
+                node.in_heap = None
                 self._live -= 1
                 continue
             current = key_of(node)
-            if current != key:
-                seq = next(self._seq)
-                node.heap_seq = seq
-                heapq.heapreplace(heap, (current, seq, node))
+            if current != entry[0]:
+                heapq.heappop(heap)
+                self._add(node)
                 continue
-            return key
+            return current
         return None
 
     def pop(self) -> RadixNode | None:
@@ -158,20 +190,21 @@ class EvictionQueue:
         if self.peek() is None:
             return None
         node = heapq.heappop(self._heap)[2]
-        node.in_heap = False
+        node.in_heap = None
         self._live -= 1
         return node
 
     def nodes(self) -> list[RadixNode]:
-        """Nodes with a live entry (for invariant checks)."""
-        return [e[2] for e in self._heap if e[2].in_heap and e[1] == e[2].heap_seq]
+        """Nodes with a live entry here (for invariant checks)."""
+        return [e[2] for e in self._heap if e[2].in_heap is e]
 
     def _add(self, node: RadixNode) -> None:
-        seq = next(self._seq)
-        node.heap_seq = seq
-        heapq.heappush(self._heap, (self.policy.key(node), seq, node))
+        """Push a fresh entry for `node` and make it the live one (the count is unchanged)."""
+        entry: Entry = (self.policy.key(node), next(self._seq), node, self)
+        node.in_heap = entry
+        heapq.heappush(self._heap, entry)
 
     def _compact(self) -> None:
         if len(self._heap) > 2 * self._live + 64:
-            self._heap = [e for e in self._heap if e[2].in_heap and e[1] == e[2].heap_seq]
+            self._heap = [e for e in self._heap if e[2].in_heap is e]
             heapq.heapify(self._heap)

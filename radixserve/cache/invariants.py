@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from radixserve.cache.errors import InvariantError
-from radixserve.cache.eviction import is_evictable
+from radixserve.cache.eviction import is_droppable, is_evictable
 from radixserve.cache.node import RadixNode
 from radixserve.cache.pool import BlockPool
 from radixserve.cache.tokens import TOKEN_BYTES
@@ -21,6 +21,8 @@ def check_tree(
     block_size: int,
     counters: dict[str, int],
     num_private_blocks: int | None,
+    tier: BlockPool | None = None,
+    tier_heap_nodes: list[RadixNode] | None = None,
 ) -> None:
     """Walk every tree and raise InvariantError at the first broken invariant.
 
@@ -28,12 +30,20 @@ def check_tree(
     sum of its children's), monotone access time and priority along paths, block
     ownership (each block in at most one node, none of them free in the pool), the
     cache's counters, that every unlocked leaf is queued for eviction, and, when
-    `num_private_blocks` is given, free + cached + private == total.
+    `num_private_blocks` is given, free + cached + private == total. With an offload
+    `tier`: offloaded nodes hold tier blocks (each in one node, none free), only have
+    offloaded children, and are queued in `tier_heap_nodes` when droppable; the tier's
+    used blocks are exactly the offloaded ones.
     """
     block_bytes = block_size * TOKEN_BYTES
     owner: dict[int, RadixNode] = {}
+    tier_owner: dict[int, RadixNode] = {}
     queued = {id(node) for node in heap_nodes}
     _require(len(queued) == len(heap_nodes), "a node is queued for eviction twice")
+    tier_queued = {id(node) for node in tier_heap_nodes or []}
+    _require(not tier_queued & queued, "a node is queued in both tiers")
+    _require(not any(n.offloaded for n in heap_nodes), "an offloaded node is in the pool queue")
+    _require(all(n.offloaded for n in tier_heap_nodes or []), "a pool node is in the tier queue")
     locked_blocks = 0
     num_nodes = 0
     for root in roots:
@@ -69,13 +79,21 @@ def check_tree(
                     locked_blocks += len(child.blocks)
                 if is_evictable(child):
                     _require(id(child) in queued, f"{where}: unlocked leaf not queued")
+                if is_droppable(child):
+                    _require(id(child) in tier_queued, f"{where}: offloaded leaf not queued")
+                _require(
+                    child.offloaded or not node.offloaded, f"{where}: in the pool below the tier"
+                )
+                home, owners = (tier, tier_owner) if child.offloaded else (pool, owner)
+                _require(home is not None, f"{where}: offloaded without a tier")
+                assert home is not None
                 for block_id in child.blocks:
                     _require(
-                        0 <= block_id < pool.num_total, f"{where}: block {block_id} not in pool"
+                        0 <= block_id < home.num_total, f"{where}: block {block_id} not in pool"
                     )
-                    _require(not pool.is_free(block_id), f"{where}: block {block_id} is free")
-                    _require(block_id not in owner, f"{where}: block {block_id} is shared")
-                    owner[block_id] = child
+                    _require(not home.is_free(block_id), f"{where}: block {block_id} is free")
+                    _require(block_id not in owners, f"{where}: block {block_id} is shared")
+                    owners[block_id] = child
             if node is not root:
                 _require(
                     child_locks <= node.lock_ref,
@@ -84,6 +102,10 @@ def check_tree(
     cached_blocks = len(owner)
     actual = {"cached_blocks": cached_blocks, "locked_blocks": locked_blocks}
     actual["num_nodes"] = num_nodes
+    if "offloaded_blocks" in counters:
+        actual["offloaded_blocks"] = len(tier_owner)
+    if tier is not None:
+        _require(tier.num_used == len(tier_owner), "tier blocks are used outside the tree")
     for name, value in actual.items():
         _require(counters[name] == value, f"counter {name}={counters[name]} but tree has {value}")
     _require(pool.num_used >= cached_blocks, "the tree holds more blocks than the pool lent")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Hashable
+from typing import Any
 
 from radixserve.cache.tokens import TOKEN_BYTES, decode
 
@@ -13,7 +14,8 @@ class RadixNode:
     Fields are owned by the cache and must be treated as read-only outside it; the
     eviction policies read `last_access`, `priority`, `lock_ref` and `children`, and own
     `score`, `protected` and `warm_until` (their per-node state, copied on a split).
-    `tokens` is the packed run (see `radixserve.cache.tokens`); `children` maps the
+    An `offloaded` node's blocks live in the cache's second tier; its descendants are
+    offloaded too. `tokens` is the packed run (see `radixserve.cache.tokens`); `children` maps the
     packed first block of each child's run to the child. A root has an empty run,
     no blocks and no parent, and is never locked or evicted.
     """
@@ -31,10 +33,10 @@ class RadixNode:
         "protected",
         "warm_until",
         "in_heap",
-        "heap_seq",
         "removed",
         "hit_count",
         "access_time",
+        "offloaded",
     )
 
     def __init__(
@@ -57,11 +59,11 @@ class RadixNode:
         self.score = 0.0  # a policy's worth of the node (fanout: log of decayed hits)
         self.protected = False  # in a policy's protected segment (slru)
         self.warm_until = 0.0  # kept warm for a session until this clock time
-        self.in_heap = False  # has a live entry in the eviction queue
-        self.heap_seq = -1  # which entry of the eviction queue is the live one
+        self.in_heap: Any = None  # its live entry in an eviction queue, if any
         self.removed = False  # pruned from the tree; the handle is dead
         self.hit_count = 0  # lookups whose matched prefix covered this node (for observers)
         self.access_time = 0.0  # time.monotonic() of the last lookup or insert through it
+        self.offloaded = False  # `blocks` are ids of the offload tier, not of the pool
 
     @property
     def is_root(self) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from radixserve.cache.node import RadixNode
@@ -21,6 +21,36 @@ class MatchResult(NamedTuple):
     num_tokens: int
     blocks: list[int]
     node: RadixNode
+
+
+class BlockMover(Protocol):
+    """Moves the KV bytes of blocks between the pool and the offload tier.
+
+    The cache decides which block ids move and calls these synchronously; the model side
+    (`radixserve.model.kv_tier`) implements them. `src[i]` is copied to `dst[i]`.
+    """
+
+    def demote(self, pool_blocks: list[int], tier_blocks: list[int]) -> None:
+        """Copy pool blocks into tier blocks."""
+
+    def promote(self, tier_blocks: list[int], pool_blocks: list[int]) -> None:
+        """Copy tier blocks into pool blocks."""
+
+
+class NodeRecord(NamedTuple):
+    """One node of an exported tree: its own run of tokens under record `parent`.
+
+    `parent` is the index of the parent's record in the same export, or -1 for the
+    namespace's root; `blocks` are pool ids, or tier ids if `offloaded`.
+    """
+
+    parent: int
+    namespace: Hashable
+    token_ids: tuple[int, ...]
+    blocks: list[int]
+    offloaded: bool
+    last_access: int
+    priority: int
 
 
 class InsertResult(NamedTuple):
@@ -58,6 +88,9 @@ class CacheStats:
     `hit_tokens` + `missed_tokens` is the total length of all `match_prefix` queries:
     a query's tokens beyond its matched prefix count as missed, including a trailing
     partial block (which can never be cached). `peek_prefix` is not counted.
+    With an offload tier, `cached_blocks` counts pool blocks only; `offloaded_blocks`
+    the tier's; `evicted_blocks` what left the cache for good; `offload_hit_tokens` the
+    part of `hit_tokens` promoted back from the tier.
     """
 
     cached_blocks: int
@@ -73,6 +106,11 @@ class CacheStats:
     free_blocks: int
     total_blocks: int
     refetch_blocks: int = 0  # cached again within the refetch window of their eviction
+    offloaded_blocks: int = 0
+    offload_total_blocks: int = 0
+    demoted_blocks: int = 0
+    promoted_blocks: int = 0
+    offload_hit_tokens: int = 0
 
     @property
     def hit_rate(self) -> float:

@@ -15,6 +15,7 @@ import torch
 
 from radixserve.cache import DEFAULT_POLICY, CacheEvent, TreeSnapshot
 from radixserve.engine.kv_manager import KVCacheManager
+from radixserve.engine.kv_persist import KVPersistence
 from radixserve.engine.outputs import RequestMetrics
 from radixserve.engine.params import SamplingParams
 from radixserve.engine.postprocess import check_stop
@@ -32,6 +33,7 @@ from radixserve.errors import (
 from radixserve.model.batch import SeqChunk
 from radixserve.model.config import ModelConfig
 from radixserve.model.kv_pool import KVPool, bytes_per_token, check_pool_holds_request
+from radixserve.model.kv_tier import KVTierMover, open_kv_tier
 from radixserve.model.llama import LlamaModel
 from radixserve.model.runner import ModelRunner
 
@@ -77,6 +79,9 @@ class EngineConfig:
     session_ttl: float = 0.0  # s a session request's path stays warm after each turn; 0: off
     namespace_quota: float | None = None  # share of the pool one namespace may keep unlocked
     refetch_window: float = 60.0  # s after an eviction within which a re-prefill is a refetch
+    kv_offload_memory: str | int | None = None
+    kv_offload_dir: str | None = None
+    kv_persist_dir: str | None = None
 
 
 @dataclass
@@ -97,6 +102,9 @@ class EngineStats:
     blocks_free: int = 0
     blocks_cached: int = 0
     blocks_locked: int = 0
+    prefix_cache_offload_hits_total: int = 0
+    blocks_offloaded: int = 0
+    offload_blocks_total: int = 0
 
 
 class LLMEngine:
@@ -174,7 +182,35 @@ class LLMEngine:
         )
         self.kv_pool: KVPool = self.runner.kv_pool
         self.quantization = getattr(model, "quantization", "none")
-        self.kv = KVCacheManager.from_config(num_blocks, config)
+        # KV offload tier and warm restart (docs/kv-offload.md): the cache tracks the tier's
+        # block ids, the mover copies bytes, and a save under kv_persist_dir is loaded now.
+        self.kv_tier = (
+            open_kv_tier(mc, self.kv_pool, config.kv_offload_memory, config.kv_offload_dir)
+            if config.enable_prefix_cache
+            else None
+        )
+        mover = KVTierMover(self.kv_pool, self.kv_tier) if self.kv_tier is not None else None
+        tier_blocks = self.kv_tier.num_blocks if self.kv_tier is not None else 0
+
+        def new_kv() -> KVCacheManager:
+            return KVCacheManager.from_config(num_blocks, config, tier_blocks, mover)
+
+        self.kv = new_kv()
+        self.kv_persist: KVPersistence | None = None
+        if config.kv_persist_dir and self.kv.cache is not None:
+            self.kv_persist = KVPersistence(
+                config.kv_persist_dir, model, mc, self.block_size, dtype
+            )
+            try:
+                loaded = self.kv_persist.load(self.kv.cache, self.kv_pool, self.kv_tier)
+            except Exception:
+                log.exception("loading the KV cache save failed; starting cold")
+                self.kv, loaded = new_kv(), None
+            if loaded is not None:
+                log.info(
+                    "warm start: loaded %d cached blocks (%d nodes, %.0f MiB) in %.2f s",
+                    loaded.blocks, loaded.nodes, loaded.nbytes / 2**20, loaded.seconds,
+                )  # fmt: skip
         self.scheduler = Scheduler(
             self.kv, config.max_num_batched_tokens, config.max_num_seqs, config.schedule_policy
         )
@@ -221,6 +257,25 @@ class LLMEngine:
             thread.join(timeout)
         if thread is None or not thread.is_alive():
             _running_engines.discard(self)
+        self._save_kv_cache()
+
+    def _save_kv_cache(self) -> None:
+        """Write the cache for a warm restart (with kv_persist_dir), once the loop is idle."""
+        if self.kv_persist is None or self.kv.cache is None:
+            return
+        if self._crashed is not None or (self._thread is not None and self._thread.is_alive()):
+            log.warning("not saving the KV cache: the engine loop did not stop cleanly")
+            return
+        persist, self.kv_persist = self.kv_persist, None  # save once
+        try:
+            saved = persist.save(self.kv.cache, self.kv_pool, self.kv_tier)
+        except OSError:
+            log.exception("saving the KV cache for a warm restart failed")
+            return
+        log.info(
+            "saved %d cached blocks (%d nodes, %.0f MiB) for a warm restart in %.2f s",
+            saved.blocks, saved.nodes, saved.nbytes / 2**20, saved.seconds,
+        )  # fmt: skip
 
     def add_request(
         self,
@@ -307,6 +362,9 @@ class LLMEngine:
             blocks_free=kv.pool.num_free,
             blocks_cached=cache_stats.cached_blocks if cache_stats else 0,
             blocks_locked=cache_stats.locked_blocks if cache_stats else 0,
+            prefix_cache_offload_hits_total=cache_stats.offload_hit_tokens if cache_stats else 0,
+            blocks_offloaded=cache_stats.offloaded_blocks if cache_stats else 0,
+            offload_blocks_total=cache_stats.offload_total_blocks if cache_stats else 0,
         )
 
     def cache_stats(self) -> dict[str, object]:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from radixserve.cache import (
     DEFAULT_POLICY,
+    BlockMover,
     BlockPool,
     CacheEvent,
     CacheFullError,
@@ -45,17 +46,24 @@ class KVCacheManager:
         session_ttl: float = 0.0,
         namespace_quota: float | None = None,
         refetch_window: float = 60.0,
+        tier_blocks: int = 0,
+        mover: BlockMover | None = None,
     ) -> None:
         self.block_size = block_size
         self.pool = BlockPool(num_blocks)
         self.eviction_policy = eviction_policy
         self.session_ttl = session_ttl
         policy = make_policy(eviction_policy, session_ttl)  # raises on an unknown name
+        # The offload tier (a second pool whose bytes `mover` copies) serves the cache only;
+        # the cache evicts it by the same policy as the pool.
+        tier = BlockPool(tier_blocks) if tier_blocks and mover and enable_prefix_cache else None
         self.cache: RadixCache | None = (
             RadixCache(
                 self.pool,
                 block_size,
                 policy,
+                tier,
+                mover if tier else None,
                 namespace_quota=namespace_quota,
                 refetch_window_s=refetch_window,
             )
@@ -67,8 +75,15 @@ class KVCacheManager:
         self.hit_tokens = 0
 
     @classmethod
-    def from_config(cls, num_blocks: int, config: EngineConfig) -> KVCacheManager:
-        """The manager an `EngineConfig` describes (block size, cache on/off, eviction)."""
+    def from_config(
+        cls,
+        num_blocks: int,
+        config: EngineConfig,
+        tier_blocks: int = 0,
+        mover: BlockMover | None = None,
+    ) -> KVCacheManager:
+        """The manager an `EngineConfig` describes (block size, cache on/off, eviction),
+        with an offload tier of `tier_blocks` whose bytes `mover` copies (0: none)."""
         return cls(
             num_blocks,
             config.block_size,
@@ -77,6 +92,8 @@ class KVCacheManager:
             config.session_ttl,
             config.namespace_quota,
             config.refetch_window,
+            tier_blocks,
+            mover,
         )
 
     def policy_info(self) -> dict[str, object]:

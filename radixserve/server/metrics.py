@@ -57,6 +57,11 @@ class EngineCollector(Collector):
                 s.prefix_cache_hits_total,
                 "Prompt tokens served from the prefix cache (not prefilled).",
             ),
+            (
+                "prefix_cache_offload_hits",
+                s.prefix_cache_offload_hits_total,
+                "Prompt tokens of prefix-cache hits promoted back from the KV offload tier.",
+            ),
             ("evicted_blocks", s.evicted_blocks_total, "KV blocks evicted from the prefix cache."),
             (
                 "cache_refetch_blocks",
@@ -84,6 +89,14 @@ class EngineCollector(Collector):
         blocks.add_metric(["cached"], s.blocks_cached)
         blocks.add_metric(["locked"], s.blocks_locked)
         yield blocks
+        offload = GaugeMetricFamily(
+            "radixserve_cache_offload_blocks",
+            "KV blocks of the offload tier: used (demoted prefixes) and total (0: no tier).",
+            labels=["state"],
+        )
+        offload.add_metric(["used"], s.blocks_offloaded)
+        offload.add_metric(["total"], s.offload_blocks_total)
+        yield offload
 
 
 class ServerMetrics:
