@@ -6,8 +6,10 @@
 //                  low nibble and element j + 16 in its high nibble. qs [N, K/2] uint8,
 //                  scale/min [N, K/32] float32.
 //   int8 ("Q8_0"): w = scale * q, q in [-128, 127]. qs [N, K] int8, scale [N, K/32] float32.
-// Inputs and outputs are float32; accumulation is float32 (x is never quantized), so the
-// result equals x @ dequantized(W)^T up to summation order.
+// Inputs and outputs are float32; accumulation is float32 (x is never quantized). Each weight
+// is dequantized first (scale * q + min: exact in float32, since q has at most 8 bits and the
+// scale and min come from float16), then multiplied, so the result equals
+// x @ dequantized(W)^T up to summation order: no factored min term that could cancel.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
@@ -60,14 +62,6 @@ void q4_gemm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
   const float* sp = scale.data_ptr<float>();
   const float* mp = minv.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  // Per-row group sums of x: the min term of a group is min * sum(x over the group).
-  std::vector<float> xsum(M * G);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t g = 0; g < G; ++g) {
-      float s = 0;
-      for (int64_t j = 0; j < kGroup; ++j) s += xp[m * K + g * kGroup + j];
-      xsum[m * G + g] = s;
-    }
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       const uint8_t* qrow = qp + n * (K / 2);
@@ -75,37 +69,37 @@ void q4_gemm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
       const float* mrow = mp + n * G;
 #ifdef RS_AVX2
       __m256 acc[kMaxRows];
-      float accmin[kMaxRows];
-      for (int64_t m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps(), accmin[m] = 0.f;
+      for (int64_t m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
       const __m128i low = _mm_set1_epi8(0x0F);
       for (int64_t g = 0; g < G; ++g) {
         __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qrow + g * 16));
         __m128i lo = _mm_and_si128(bytes, low);
         __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low);
-        __m256 w0 = u8x8_to_ps(lo), w1 = u8x8_to_ps(_mm_srli_si128(lo, 8));
-        __m256 w2 = u8x8_to_ps(hi), w3 = u8x8_to_ps(_mm_srli_si128(hi, 8));
-        __m256 s = _mm256_set1_ps(srow[g]);
+        const __m256 s = _mm256_set1_ps(srow[g]), mn = _mm256_set1_ps(mrow[g]);
+        const __m256 w0 = _mm256_fmadd_ps(s, u8x8_to_ps(lo), mn);
+        const __m256 w1 = _mm256_fmadd_ps(s, u8x8_to_ps(_mm_srli_si128(lo, 8)), mn);
+        const __m256 w2 = _mm256_fmadd_ps(s, u8x8_to_ps(hi), mn);
+        const __m256 w3 = _mm256_fmadd_ps(s, u8x8_to_ps(_mm_srli_si128(hi, 8)), mn);
         for (int64_t m = 0; m < M; ++m) {
           const float* xg = xp + m * K + g * kGroup;
-          __m256 d = _mm256_mul_ps(w0, _mm256_loadu_ps(xg));
-          d = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xg + 8), d);
-          d = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xg + 16), d);
-          d = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xg + 24), d);
-          acc[m] = _mm256_fmadd_ps(s, d, acc[m]);
-          accmin[m] += mrow[g] * xsum[m * G + g];
+          __m256 a = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xg), acc[m]);
+          a = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xg + 8), a);
+          a = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xg + 16), a);
+          acc[m] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xg + 24), a);
         }
       }
-      for (int64_t m = 0; m < M; ++m) op[m * N + n] = hsum(acc[m]) + accmin[m];
+      for (int64_t m = 0; m < M; ++m) op[m * N + n] = hsum(acc[m]);
 #else
       float w[kGroup];
       for (int64_t m = 0; m < M; ++m) op[m * N + n] = 0.f;
       for (int64_t g = 0; g < G; ++g) {
         unpack_q4(qrow + g * 16, w);
+        for (int j = 0; j < kGroup; ++j) w[j] = srow[g] * w[j] + mrow[g];
         for (int64_t m = 0; m < M; ++m) {
           const float* xg = xp + m * K + g * kGroup;
           float d = 0;
           for (int j = 0; j < kGroup; ++j) d += w[j] * xg[j];
-          op[m * N + n] += srow[g] * d + mrow[g] * xsum[m * G + g];
+          op[m * N + n] += d;
         }
       }
 #endif
@@ -134,16 +128,17 @@ void q8_gemm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
         const int8_t* q = qrow + g * kGroup;
         __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
         __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16));
-        __m256 w0 = i8x8_to_ps(a), w1 = i8x8_to_ps(_mm_srli_si128(a, 8));
-        __m256 w2 = i8x8_to_ps(b), w3 = i8x8_to_ps(_mm_srli_si128(b, 8));
-        __m256 s = _mm256_set1_ps(srow[g]);
+        const __m256 s = _mm256_set1_ps(srow[g]);
+        const __m256 w0 = _mm256_mul_ps(s, i8x8_to_ps(a));
+        const __m256 w1 = _mm256_mul_ps(s, i8x8_to_ps(_mm_srli_si128(a, 8)));
+        const __m256 w2 = _mm256_mul_ps(s, i8x8_to_ps(b));
+        const __m256 w3 = _mm256_mul_ps(s, i8x8_to_ps(_mm_srli_si128(b, 8)));
         for (int64_t m = 0; m < M; ++m) {
           const float* xg = xp + m * K + g * kGroup;
-          __m256 d = _mm256_mul_ps(w0, _mm256_loadu_ps(xg));
-          d = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xg + 8), d);
-          d = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xg + 16), d);
-          d = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xg + 24), d);
-          acc[m] = _mm256_fmadd_ps(s, d, acc[m]);
+          __m256 t = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xg), acc[m]);
+          t = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xg + 8), t);
+          t = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xg + 16), t);
+          acc[m] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xg + 24), t);
         }
       }
       for (int64_t m = 0; m < M; ++m) op[m * N + n] = hsum(acc[m]);
@@ -151,11 +146,7 @@ void q8_gemm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
       for (int64_t m = 0; m < M; ++m) {
         const float* xr = xp + m * K;
         float total = 0;
-        for (int64_t g = 0; g < G; ++g) {
-          float d = 0;
-          for (int j = 0; j < kGroup; ++j) d += qrow[g * kGroup + j] * xr[g * kGroup + j];
-          total += srow[g] * d;
-        }
+        for (int64_t k = 0; k < K; ++k) total += (srow[k / kGroup] * qrow[k]) * xr[k];
         op[m * N + n] = total;
       }
 #endif
@@ -212,7 +203,8 @@ inline void axpy(float a, const float* x, float* y, int64_t d) {
 }
 
 // Decode attention over the paged pool. q [B, H, D]; k_pool / v_pool [NB, BS, KVH, D];
-// block_table [B, MAXB] int32; context_lens [B] int32 (keys 0..len-1 are attended);
+// block_table [B, >= max blocks] int32, rows may be strided (a view of a larger buffer);
+// context_lens [B] int32 (keys 0..len-1 are attended);
 // out [B, H, D]. The context is split into chunks so one long sequence still uses every
 // thread; per-chunk results are merged with their log-sum-exp.
 void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
@@ -223,7 +215,9 @@ void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
   check(block_table.scalar_type() == at::kInt && context_lens.scalar_type() == at::kInt,
         "int32 block table and lengths");
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
-  const int64_t BS = k_pool.size(1), KVH = k_pool.size(2), MAXB = block_table.size(1);
+  check(block_table.stride(1) == 1 && context_lens.stride(0) == 1 && q.is_contiguous(),
+        "block table rows, lengths and q must be contiguous");
+  const int64_t BS = k_pool.size(1), KVH = k_pool.size(2), MAXB = block_table.stride(0);
   const int64_t GQ = H / KVH;
   const float* qp = q.data_ptr<float>();
   const float* kp = k_pool.data_ptr<float>();
