@@ -57,9 +57,8 @@ class RadixEngine:
         self.bridge = EngineBridge(self.engine)
         self.model_name = opts.served_model_name or self.engine.model_name
 
-    async def generate(self, call: EngineCall) -> AsyncIterator[Any]:
-        """Yield None once the engine accepted the request, then its outputs (deltas only)."""
-        stream = await self.bridge.submit(
+    async def _submit(self, call: EngineCall) -> Any:
+        return await self.bridge.submit(
             call.prompt_token_ids,
             call.params,
             call.request_id,
@@ -67,6 +66,10 @@ class RadixEngine:
             call.priority,
             session_id=call.session_id,
         )
+
+    async def generate(self, call: EngineCall) -> AsyncIterator[Any]:
+        """Yield None once the engine accepted the request, then its outputs (deltas only)."""
+        stream = await self._submit(call)
         try:
             yield None
             async for out in stream:
@@ -76,14 +79,7 @@ class RadixEngine:
 
     async def complete(self, call: EngineCall) -> Any:
         """The request's final output."""
-        stream = await self.bridge.submit(
-            call.prompt_token_ids,
-            call.params,
-            call.request_id,
-            call.namespace,
-            call.priority,
-            session_id=call.session_id,
-        )
+        stream = await self._submit(call)
         try:
             return await stream.result()
         finally:
