@@ -197,8 +197,8 @@ OPTIONS: tuple[_Option, ...] = (
     _Option(
         "attention_backend",
         "--attention-backend",
-        "attention kernels (default auto: radixserve's paged CPU kernel for float32 on CPU, "
-        "torch SDPA elsewhere)",
+        "attention kernels (default auto = sdpa: gathered blocks + torch SDPA; cpu: "
+        "radixserve's paged CPU kernel for float32, opt-in)",
         choices=("auto", "sdpa", "cpu"),
     ),
     _Option(

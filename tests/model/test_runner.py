@@ -38,7 +38,8 @@ def test_a_step_larger_than_the_buffers_gets_its_own_tensors() -> None:
 def test_backend_selection() -> None:
     assert isinstance(select_backend("sdpa", CPU, torch.float32), SdpaBackend)
     assert isinstance(select_backend("auto", CPU, torch.bfloat16), SdpaBackend)
-    assert isinstance(select_backend("auto", CPU, torch.float32), CpuPagedBackend)
+    assert isinstance(select_backend("auto", CPU, torch.float32), SdpaBackend)
+    assert isinstance(select_backend("cpu", CPU, torch.float32), CpuPagedBackend)
     with pytest.raises(ValueError, match="float32"):
         select_backend("cpu", CPU, torch.bfloat16)
     with pytest.raises(ValueError, match="unknown attention backend"):
