@@ -78,7 +78,9 @@ def test_pool_oversubscribed_8x_ends_every_request_within_bounded_time(
 ) -> None:
     # The tiny model's KV costs 256 bytes a token: 64 KiB is a pool of 256 tokens (16 blocks).
     # 16 requests of ~100 prompt + 28 new tokens ask for 2048 tokens at once: 8x the pool.
-    with launch("--model", str(tiny_model_dir), "--kv-cache-memory", "64KiB") as server:
+    # --max-model-len 256: one request must fit the pool (a start-up check refuses less).
+    argv = ["--model", str(tiny_model_dir), "--kv-cache-memory", "64KiB", "--max-model-len", "256"]
+    with launch(*argv) as server:
         stats = httpx.get(f"{server.url}/v1/cache/stats", timeout=10).json()
         pool_tokens = stats["total_blocks"] * block_size
         prompts = [f"request {i}: " + "tell me a story about caching " * 16 for i in range(16)]
