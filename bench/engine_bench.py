@@ -130,7 +130,8 @@ def case_step_vs_weights(llm: LLM, ctx: int = 2048, steps: int = 16) -> dict[str
     )
     n_params = c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)
     n_params += c.num_layers * per_layer
-    blob = torch.empty(n_params // 2, dtype=torch.float32)  # the bytes of bf16 weights
+    # The bytes of bf16 weights, written once: untouched pages would all read the one zero page.
+    blob = torch.ones(n_params // 2, dtype=torch.float32)
     reads = []
     for _ in range(7):
         t = time.perf_counter()

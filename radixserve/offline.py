@@ -15,7 +15,12 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", type=options.device, default="auto", help="auto | cpu | cuda")
     p.add_argument("--kv-cache-memory", type=options.memory_size, default="256MiB")
     p.add_argument("--quantization", "-q", default=None, choices=["none", "int8", "int4"])
-    p.add_argument("--attention-backend", default="auto", choices=["auto", "sdpa", "cpu"])
+    p.add_argument("--attention-backend", default="auto", choices=options.ATTENTION_BACKENDS)
+    p.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="run every step eagerly (no compiled decode step, no CUDA graphs)",
+    )
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -60,6 +65,7 @@ def _run(args: argparse.Namespace, chat: bool) -> int:
             kv_cache_memory=args.kv_cache_memory,
             quantization=args.quantization,
             attention_backend=args.attention_backend,
+            enforce_eager=args.enforce_eager,
         ) as llm:
             t1 = time.perf_counter()
             if chat:

@@ -52,6 +52,7 @@ class WorkerOptions:
     enable_prefix_cache: bool = True
     quantization: str | None = None
     attention_backend: str = "auto"
+    enforce_eager: bool = False
     max_num_batched_tokens: int | None = None
     max_num_seqs: int | None = None
     max_model_len: int | None = None
@@ -89,6 +90,7 @@ class WorkerOptions:
             "enable_prefix_cache": self.enable_prefix_cache,
             "quantization": self.quantization,
             "attention_backend": self.attention_backend,
+            "enforce_eager": self.enforce_eager,
         }
         for name in _ENGINE_OPTIONAL:
             value = getattr(self, name)
@@ -199,7 +201,13 @@ OPTIONS: tuple[_Option, ...] = (
         "--attention-backend",
         "attention kernels (default auto = sdpa: gathered blocks + torch SDPA; cpu: "
         "radixserve's paged CPU kernel for float32, opt-in)",
-        choices=("auto", "sdpa", "cpu"),
+        choices=types.ATTENTION_BACKENDS,
+    ),
+    _Option(
+        "enforce_eager",
+        "--enforce-eager",
+        "run every step eagerly: no compiled decode step on CPU, no CUDA graphs (as vLLM's)",
+        switch=True,
     ),
     _Option(
         "max_num_batched_tokens",

@@ -74,7 +74,8 @@ class EngineConfig:
     cache_dir: str | None = None
     # none | int8 | int4; None keeps a GGUF's own 4-bit weights on CPU (see loader).
     quantization: str | None = None
-    attention_backend: str = "auto"  # auto | sdpa | cpu
+    attention_backend: str = "auto"  # radixserve.options.ATTENTION_BACKENDS
+    enforce_eager: bool = False  # no compiled decode step / CUDA graphs (vLLM's flag)
     eviction_policy: str = DEFAULT_POLICY  # lru | fanout | slru | priority (docs/eviction.md)
     session_ttl: float = 0.0  # s a session request's path stays warm after each turn; 0: off
     namespace_quota: float | None = None  # share of the pool one namespace may keep unlocked
@@ -179,6 +180,7 @@ class LLMEngine:
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=self.max_model_len,
             attention_backend=config.attention_backend,
+            enforce_eager=config.enforce_eager,
         )
         self.kv_pool: KVPool = self.runner.kv_pool
         self.quantization = getattr(model, "quantization", "none")

@@ -14,8 +14,7 @@ import torch.nn.functional as F
 
 from radixserve.model import kernels
 from radixserve.model.batch import ForwardBatch
-
-ATTENTION_BACKENDS = ("auto", "sdpa", "cpu")
+from radixserve.options import ATTENTION_BACKENDS
 
 
 @dataclass

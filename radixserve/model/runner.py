@@ -40,6 +40,7 @@ class ModelRunner:
         max_num_batched_tokens: int = 512,
         max_model_len: int | None = None,
         attention_backend: str = "auto",
+        enforce_eager: bool = False,
     ) -> None:
         p = next(model.parameters())
         self.model = model
@@ -47,6 +48,7 @@ class ModelRunner:
         self.block_size = block_size
         self.kv_pool = KVPool(model.config, num_blocks, block_size, self.dtype, self.device)
         self.attn = select_backend(attention_backend, self.device, self.dtype)
+        self.enforce_eager = enforce_eager
         max_len = max_model_len or model.config.max_position_embeddings
         self.buffers = StepBuffers(
             max(max_num_batched_tokens, max_num_seqs),
