@@ -19,7 +19,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--enforce-eager",
         action="store_true",
-        help="run every step eagerly (no compiled decode step, no CUDA graphs)",
+        help="no CUDA graphs for decode steps (CPU steps always run eagerly)",
     )
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)

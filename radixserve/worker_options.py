@@ -199,14 +199,14 @@ OPTIONS: tuple[_Option, ...] = (
     _Option(
         "attention_backend",
         "--attention-backend",
-        "attention kernels (default auto = sdpa: gathered blocks + torch SDPA; cpu: "
-        "radixserve's paged CPU kernel for float32, opt-in)",
+        "attention kernels (default auto: cpu for float32 on the CPU, else sdpa; cpu: "
+        "radixserve's paged kernel reading K/V in place; sdpa: gathered blocks + torch SDPA)",
         choices=types.ATTENTION_BACKENDS,
     ),
     _Option(
         "enforce_eager",
         "--enforce-eager",
-        "run every step eagerly: no compiled decode step on CPU, no CUDA graphs (as vLLM's)",
+        "no CUDA graphs for decode steps (as vLLM's); CPU steps always run eagerly",
         switch=True,
     ),
     _Option(

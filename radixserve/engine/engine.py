@@ -75,7 +75,7 @@ class EngineConfig:
     # none | int8 | int4; None keeps a GGUF's own 4-bit weights on CPU (see loader).
     quantization: str | None = None
     attention_backend: str = "auto"  # radixserve.options.ATTENTION_BACKENDS
-    enforce_eager: bool = False  # no compiled decode step / CUDA graphs (vLLM's flag)
+    enforce_eager: bool = False  # no CUDA graphs for decode steps (vLLM's flag)
     eviction_policy: str = DEFAULT_POLICY  # lru | fanout | slru | priority (docs/eviction.md)
     session_ttl: float = 0.0  # s a session request's path stays warm after each turn; 0: off
     namespace_quota: float | None = None  # share of the pool one namespace may keep unlocked
@@ -182,6 +182,9 @@ class LLMEngine:
             attention_backend=config.attention_backend,
             enforce_eager=config.enforce_eager,
         )
+        if self.runner.decode_mode != "eager":
+            took = self.runner.warmup()
+            log.info("decode steps: %s, captured in %.1f s", self.runner.decode_mode, took)
         self.kv_pool: KVPool = self.runner.kv_pool
         self.quantization = getattr(model, "quantization", "none")
         # KV offload tier and warm restart (docs/kv-offload.md): the cache tracks the tier's

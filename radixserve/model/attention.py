@@ -45,6 +45,20 @@ class AttentionBackend(Protocol):
         """q [T, H, D] -> [T, H * D]; k/v_blocks are one layer's pool [NB, BS, KVH, D]."""
         ...
 
+    def decode(
+        self,
+        q: torch.Tensor,
+        k_blocks: torch.Tensor,
+        v_blocks: torch.Tensor,
+        block_table: torch.Tensor,
+        context_lens: torch.Tensor,
+    ) -> torch.Tensor:
+        """One query token per sequence: q [B, H, D] -> [B, H * D], sequence b attending to
+        its first context_lens[b] tokens through block_table[b] (int32 [B, W], any width
+        covering the contexts). Tensors only, no host sync and no shape that depends on
+        their values, so compiled steps and captured graphs can call it."""
+        ...
+
 
 def gather_blocks(layer_blocks: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
     """Copy the blocks `block_ids` [...] of one layer's K or V out of the pool.
@@ -115,20 +129,50 @@ class SdpaBackend:
         d = batch.decode
         if d is not None:
             assert plan.decode_block_ids is not None
-            b, num_heads, head_dim = d.num_seqs, q.shape[1], q.shape[2]
-            num_kv = k_blocks.shape[2]
-            # One query token per sequence: fold the query heads sharing a KV head into the
-            # query-length axis, so no K/V repeat is needed.
-            qd = q[:b].view(b, num_kv, num_heads // num_kv, head_dim)
-            kd = gather_blocks(k_blocks, plan.decode_block_ids).view(b, -1, num_kv, head_dim)
-            vd = gather_blocks(v_blocks, plan.decode_block_ids).view(b, -1, num_kv, head_dim)
-            if plan.decode_mask is None:
-                kd, vd = kd[:, : d.max_len], vd[:, : d.max_len]
-            kd, vd = kd.transpose(1, 2), vd.transpose(1, 2)
-            od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=plan.decode_mask)
-            out[:b] = od.reshape(b, num_heads * head_dim)
+            b = d.num_seqs
+            max_len = None if plan.decode_mask is not None else d.max_len
+            out[:b] = _sdpa_decode(
+                q[:b], k_blocks, v_blocks, plan.decode_block_ids, plan.decode_mask, max_len
+            )
         prefill_attention(q, batch, k_blocks, v_blocks, out)
         return out
+
+    def decode(
+        self,
+        q: torch.Tensor,
+        k_blocks: torch.Tensor,
+        v_blocks: torch.Tensor,
+        block_table: torch.Tensor,
+        context_lens: torch.Tensor,
+    ) -> torch.Tensor:
+        block_ids = block_table.long()
+        span = torch.arange(block_ids.shape[1] * k_blocks.shape[1], device=q.device)
+        mask = (span[None, :] < context_lens.long()[:, None])[:, None, None, :]
+        return _sdpa_decode(q, k_blocks, v_blocks, block_ids, mask, None)
+
+
+def _sdpa_decode(
+    q: torch.Tensor,
+    k_blocks: torch.Tensor,
+    v_blocks: torch.Tensor,
+    block_ids: torch.Tensor,
+    mask: torch.Tensor | None,
+    max_len: int | None,
+) -> torch.Tensor:
+    """q [B, H, D] over the gathered blocks `block_ids` [B, W], keys masked by `mask`
+    [B, 1, 1, W * BS] or cut to `max_len` -> [B, H * D]."""
+    b, num_heads, head_dim = q.shape
+    num_kv = k_blocks.shape[2]
+    # One query token per sequence: fold the query heads sharing a KV head into the
+    # query-length axis, so no K/V repeat is needed.
+    qd = q.reshape(b, num_kv, num_heads // num_kv, head_dim)
+    kd = gather_blocks(k_blocks, block_ids).view(b, -1, num_kv, head_dim)
+    vd = gather_blocks(v_blocks, block_ids).view(b, -1, num_kv, head_dim)
+    if max_len is not None:
+        kd, vd = kd[:, :max_len], vd[:, :max_len]
+    kd, vd = kd.transpose(1, 2), vd.transpose(1, 2)
+    od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask)
+    return od.reshape(b, num_heads * head_dim)
 
 
 class CpuPagedBackend:
@@ -153,24 +197,37 @@ class CpuPagedBackend:
         d = batch.decode
         if d is not None:
             b = d.num_seqs
-            torch.ops.radixserve.paged_decode_attention(
-                q[:b].contiguous(),
-                k_blocks,
-                v_blocks,
-                d.block_table,
-                d.context_lens,
-                1.0 / math.sqrt(head_dim),
-                out[:b].view(b, num_heads, head_dim),
-            )
+            out[:b] = self.decode(q[:b], k_blocks, v_blocks, d.block_table, d.context_lens)
         prefill_attention(q, batch, k_blocks, v_blocks, out)
         return out
 
+    def decode(
+        self,
+        q: torch.Tensor,
+        k_blocks: torch.Tensor,
+        v_blocks: torch.Tensor,
+        block_table: torch.Tensor,
+        context_lens: torch.Tensor,
+    ) -> torch.Tensor:
+        b, num_heads, head_dim = q.shape
+        out = torch.empty(b, num_heads, head_dim, dtype=q.dtype, device=q.device)
+        torch.ops.radixserve.paged_decode_attention(
+            q,
+            k_blocks,
+            v_blocks,
+            block_table,
+            context_lens,
+            1.0 / math.sqrt(head_dim),
+            out,
+        )
+        return out.view(b, num_heads * head_dim)
+
 
 def select_backend(name: str, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
-    """The backend `name` asks for; `auto` is `sdpa`, which measured faster than our `cpu`
-    kernel at 2k-token contexts (91 vs 133 ms per int4 decode step on one thread; equal at
-    256), so `cpu` is opt-in until the kernel scores several tokens at once. Raises
-    ValueError for a backend this setup cannot run."""
+    """The backend `name` asks for. `auto` is `cpu` for float32 pools on the CPU when our
+    kernels load (at 2k-token contexts 4x faster than gathering for SDPA, and it needs no
+    padding to the longest sequence of a batch), otherwise `sdpa`. Raises ValueError for a
+    backend this setup cannot run."""
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; use one of {ATTENTION_BACKENDS}")
     cpu_ok = device.type == "cpu" and dtype == torch.float32
@@ -179,5 +236,7 @@ def select_backend(name: str, device: torch.device, dtype: torch.dtype) -> Atten
             raise ValueError("--attention-backend cpu runs float32 models on the CPU only")
         if not kernels.load():
             raise ValueError("--attention-backend cpu needs radixserve's CPU kernels")
+        return CpuPagedBackend()
+    if name == "auto" and cpu_ok and kernels.load():
         return CpuPagedBackend()
     return SdpaBackend()

@@ -84,9 +84,11 @@ def bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
 
 
 class KVPool:
-    """K and V tensors of shape [num_layers, num_blocks, block_size, num_kv_heads, head_dim].
+    """K and V tensors of shape [num_layers, num_blocks + 1, block_size, num_kv_heads, head_dim].
 
     Allocated once at construction; a block id indexes dim 1. Nothing is allocated later.
+    Block `scratch_block` (= num_blocks, never handed out) takes the K/V that padding rows
+    of a compiled or captured step write.
     """
 
     def __init__(
@@ -101,7 +103,14 @@ class KVPool:
             raise ValueError("num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        shape = (config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim)
+        self.scratch_block = num_blocks
+        shape = (
+            config.num_layers,
+            num_blocks + 1,
+            block_size,
+            config.num_kv_heads,
+            config.head_dim,
+        )
         nbytes = 2 * math.prod(shape) * torch.tensor([], dtype=dtype).element_size()
         check_pool_fits_memory(nbytes, torch.device(device))
         try:

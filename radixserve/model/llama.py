@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixserve.model.attention import AttentionBackend, AttentionPlan, SdpaBackend
+from radixserve.model import kernels
+from radixserve.model.attention import AttentionBackend, SdpaBackend
 from radixserve.model.batch import ForwardBatch
 from radixserve.model.config import ModelConfig
 from radixserve.model.kv_pool import KVPool
@@ -87,6 +89,12 @@ class Linear:
         return F.linear(x, self.weight, self.bias)
 
 
+def fused_kernels_apply(weight: torch.Tensor) -> bool:
+    """Whether a layer with weights like `weight` runs its elementwise steps in our CPU
+    kernels (float32 on CPU, kernels built; RADIXSERVE_CPU_KERNELS=0 turns them off)."""
+    return weight.device.type == "cpu" and weight.dtype == torch.float32 and kernels.load()
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm computed in float32, scaled in the model dtype (as transformers does).
 
@@ -102,6 +110,10 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     x1, x2 = x[..., :half], x[..., half:]
     rotated = torch.cat([-x2, x1], dim=-1)
     return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+# Attention of a layer's queries [T, H, D] over its K/V blocks -> [T, H * D].
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class DecoderLayer(nn.Module):
@@ -140,6 +152,7 @@ class DecoderLayer(nn.Module):
 
     def prepare(self) -> None:
         """(Re)build the matmul wrappers from the current weights."""
+        self.fused = fused_kernels_apply(self.input_norm)
         self.qkv_lin = Linear(self.qkv, self.qkv_bias)
         self.o_lin = Linear(self.o)
         self.gate_up_lin = Linear(self.gate_up)
@@ -150,12 +163,14 @@ class DecoderLayer(nn.Module):
         h: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        batch: ForwardBatch,
-        attn: AttentionBackend,
-        plan: AttentionPlan,
+        slot_mapping: torch.Tensor,
+        attend: Attend,
         k_blocks: torch.Tensor,
         v_blocks: torch.Tensor,
     ) -> torch.Tensor:
+        """h [T, hidden] -> [T, hidden]; writes the tokens' K/V at `slot_mapping` first."""
+        if self.fused:
+            return self._forward_fused(h, cos, sin, slot_mapping, attend, k_blocks, v_blocks)
         t = h.shape[0]
         x = rms_norm(h, self.input_norm, self.eps)
         qkv = self.qkv_lin(x)
@@ -166,12 +181,40 @@ class DecoderLayer(nn.Module):
         v = qkv[:, (nh + nkv) * self.head_dim :].view(t, nkv, self.head_dim)
         k_slots = k_blocks.view(-1, self.num_kv, self.head_dim)
         v_slots = v_blocks.view(-1, self.num_kv, self.head_dim)
-        k_slots.index_copy_(0, batch.slot_mapping, k)
-        v_slots.index_copy_(0, batch.slot_mapping, v)
-        h = h + self.o_lin(attn.forward(q, batch, plan, k_blocks, v_blocks))
+        k_slots.index_copy_(0, slot_mapping, k)
+        v_slots.index_copy_(0, slot_mapping, v)
+        h = h + self.o_lin(attend(q, k_blocks, v_blocks))
         x = rms_norm(h, self.post_norm, self.eps)
         gate, up = self.gate_up_lin(x).chunk(2, dim=-1)
         return h + self.down_lin(F.silu(gate) * up)
+
+    def _forward_fused(
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        attend: Attend,
+        k_blocks: torch.Tensor,
+        v_blocks: torch.Tensor,
+    ) -> torch.Tensor:
+        """`forward` with the elementwise steps in radixserve's CPU kernels (float32 on CPU):
+        a dozen op calls per layer instead of about fifty. Updates h in place."""
+        ops = torch.ops.radixserve
+        t, nh = h.shape[0], self.num_heads
+        x = torch.empty_like(h)
+        ops.rms_norm(h, self.input_norm, self.eps, x)
+        qkv = self.qkv_lin(x).contiguous()
+        ops.rope_kv_write(qkv, cos, sin, slot_mapping, k_blocks, v_blocks, nh)
+        h += self.o_lin(
+            attend(qkv[:, : nh * self.head_dim].view(t, nh, self.head_dim), k_blocks, v_blocks)
+        )
+        ops.rms_norm(h, self.post_norm, self.eps, x)
+        gate_up = self.gate_up_lin(x)
+        act = torch.empty(t, gate_up.shape[1] // 2, dtype=h.dtype)
+        ops.silu_mul(gate_up, act)
+        h += self.down_lin(act)
+        return h
 
 
 class LlamaModel(nn.Module):
@@ -202,17 +245,57 @@ class LlamaModel(nn.Module):
     def forward(
         self, batch: ForwardBatch, kv: KVPool, attn: AttentionBackend | None = None
     ) -> torch.Tensor:
-        attn = attn or SdpaBackend()
-        plan = attn.plan(batch)
-        h = self.embed[batch.input_ids]
-        cos, sin = self.rotary(batch.positions)
-        for i, layer in enumerate(self.decoder_layers()):
-            k_blocks, v_blocks = kv.blocks(i)
-            h = layer(h, cos, sin, batch, attn, plan, k_blocks, v_blocks)
+        backend = attn or SdpaBackend()
+        plan = backend.plan(batch)
+
+        def attend(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor) -> torch.Tensor:
+            return backend.forward(q, batch, plan, k_blocks, v_blocks)
+
+        h = self._layers(batch.input_ids, batch.positions, batch.slot_mapping, kv, attend)
         if batch.logits_rows.numel() == 0:
             return torch.empty(0, self.config.vocab_size)
-        h = rms_norm(h[batch.logits_rows], self.norm, self.config.rms_norm_eps)
-        return self.head_lin(h).float()
+        return self._logits(h[batch.logits_rows])
+
+    def decode(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        block_table: torch.Tensor,
+        context_lens: torch.Tensor,
+        kv: KVPool,
+        attn: AttentionBackend,
+    ) -> torch.Tensor:
+        """One new token for each of B sequences -> float32 logits [B, vocab].
+
+        Only tensors go in, and no output shape depends on their values, so the step can be
+        compiled or captured as a graph: `block_table` [B, W] int32 is any width that covers
+        every context (columns past a context are not read), `context_lens` [B] int32 counts
+        the new token.
+        """
+
+        def attend(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor) -> torch.Tensor:
+            return attn.decode(q, k_blocks, v_blocks, block_table, context_lens)
+
+        return self._logits(self._layers(input_ids, positions, slot_mapping, kv, attend))
+
+    def _layers(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        kv: KVPool,
+        attend: Attend,
+    ) -> torch.Tensor:
+        h = self.embed[input_ids]
+        cos, sin = self.rotary(positions)
+        for i, layer in enumerate(self.decoder_layers()):
+            k_blocks, v_blocks = kv.blocks(i)
+            h = layer(h, cos, sin, slot_mapping, attend, k_blocks, v_blocks)
+        return h
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.head_lin(rms_norm(h, self.norm, self.config.rms_norm_eps)).float()
 
     def prepare(self) -> None:
         """Build the matmul wrappers; call after loading weights or moving the model."""

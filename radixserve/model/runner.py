@@ -3,17 +3,23 @@
 It owns the model, the paged KV pool, the step's input buffers (allocated once, refilled in
 place), the attention backend, and batched sampling. The engine hands it the step's chunks
 and how to sample each row; it returns the sampled token ids.
+
+On CUDA, steps where every sequence decodes one token replay CUDA graphs captured per
+batch-size bucket over the runner's buffers, unless `enforce_eager`. On CPU every step runs
+eagerly: the layers' elementwise steps are fused in radixserve's kernels instead (see
+DESIGN.md: torch.compile measured slower or far too slow to compile on the 2-core CPUs).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from radixserve.model.attention import select_backend
-from radixserve.model.batch import SeqChunk, StepBuffers, build_batch
+from radixserve.model.batch import ForwardBatch, SeqChunk, StepBuffers, build_batch
 from radixserve.model.kv_pool import KVPool
 from radixserve.model.llama import LlamaModel
 from radixserve.model.sampling import SamplingRow, sample_rows
@@ -25,6 +31,22 @@ class StepResult:
 
     token_ids: dict[int, int] = field(default_factory=dict)  # chunk index -> token id
     logits: dict[int, torch.Tensor] = field(default_factory=dict)  # chunk index -> [V] float32
+
+
+def graph_buckets(max_num_seqs: int) -> list[int]:
+    """Decode batch sizes that get a CUDA graph: 1, 2, 4, 8, then every 8 up to
+    `max_num_seqs` (which is always the last); a batch runs in the smallest that holds it."""
+    sizes = [s for s in (1, 2, 4, 8) if s < max_num_seqs]
+    sizes += list(range(16, max_num_seqs, 8))
+    return sizes + [max_num_seqs]
+
+
+def bucket_for(num_seqs: int, buckets: Sequence[int]) -> int | None:
+    """The smallest bucket holding `num_seqs` sequences, or None when none does."""
+    for size in buckets:
+        if size >= num_seqs:
+            return size
+    return None
 
 
 class ModelRunner:
@@ -48,14 +70,31 @@ class ModelRunner:
         self.block_size = block_size
         self.kv_pool = KVPool(model.config, num_blocks, block_size, self.dtype, self.device)
         self.attn = select_backend(attention_backend, self.device, self.dtype)
-        self.enforce_eager = enforce_eager
         max_len = max_model_len or model.config.max_position_embeddings
+        self.max_num_seqs = max_num_seqs
         self.buffers = StepBuffers(
             max(max_num_batched_tokens, max_num_seqs),
             max_num_seqs,
             -(-max_len // block_size),
             self.device,
         )
+        self.enforce_eager = enforce_eager
+        self.decode_mode = "eager"  # eager | cuda-graphs
+        self._graphs: CudaGraphDecoder | None = None
+        if not enforce_eager and self.device.type == "cuda":
+            self._graphs = CudaGraphDecoder(self, graph_buckets(max_num_seqs))
+            self.decode_mode = "cuda-graphs"
+
+    def warmup(self) -> float:
+        """Capture the decode graphs now (not at the first request); seconds taken.
+
+        The captured warm-up steps write their K/V into the pool's scratch block only, so
+        the pool's contents are untouched.
+        """
+        t0 = time.perf_counter()
+        if self._graphs is not None:
+            self._graphs.capture()
+        return time.perf_counter() - t0
 
     def run(
         self,
@@ -66,7 +105,7 @@ class ModelRunner:
         """One forward step over `chunks`; each chunk with `need_logits` gets a token drawn
         as `sampling[i]` says, and its logits row too where `keep_logits[i]`."""
         batch = build_batch(chunks, self.block_size, self.device, self.buffers)
-        logits = self.model(batch, self.kv_pool, self.attn)
+        logits = self._forward(batch)
         result = StepResult()
         if not batch.logits_chunk_index:
             return result
@@ -80,3 +119,81 @@ class ModelRunner:
             if keep_logits is not None and keep_logits[i]:
                 result.logits[i] = logits[r].cpu()
         return result
+
+    def _forward(self, batch: ForwardBatch) -> torch.Tensor:
+        d = batch.decode
+        graph_step = (
+            d is not None
+            and not batch.prefills
+            and len(batch.logits_chunk_index) == d.num_seqs
+            and batch.input_ids.data_ptr() == self.buffers.input_ids.data_ptr()
+        )
+        if graph_step and d is not None and self._graphs is not None and self._graphs.ready:
+            return self._graphs.run(d.num_seqs)
+        logits: torch.Tensor = self.model(batch, self.kv_pool, self.attn)
+        return logits
+
+    def _pad_rows(self, start: int, stop: int) -> None:
+        """Make buffer rows [start, stop) harmless decode rows: token 0 at position 0,
+        writing its K/V into the scratch block and attending to that one token."""
+        if stop <= start:
+            return
+        b = self.buffers
+        scratch = self.kv_pool.scratch_block
+        b.input_ids[start:stop] = 0
+        b.positions[start:stop] = 0
+        b.slot_mapping[start:stop] = scratch * self.block_size
+        b.block_table[start:stop] = scratch
+        b.context_lens[start:stop] = 1
+
+
+class CudaGraphDecoder:
+    """Decode steps replayed from CUDA graphs, one per batch-size bucket, captured over the
+    runner's buffers; a batch is padded up to its bucket with harmless rows."""
+
+    def __init__(self, runner: ModelRunner, buckets: Sequence[int]) -> None:
+        self.runner = runner
+        self.buckets = list(buckets)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.ready = False
+
+    def _step(self, size: int) -> torch.Tensor:
+        r, b = self.runner, self.runner.buffers
+        return r.model.decode(
+            b.input_ids[:size],
+            b.positions[:size],
+            b.slot_mapping[:size],
+            b.block_table[:size],
+            b.context_lens[:size],
+            r.kv_pool,
+            r.attn,
+        )
+
+    def capture(self) -> None:
+        """Capture every bucket's graph (largest first, sharing one memory pool)."""
+        self.runner._pad_rows(0, max(self.buckets))
+        pool = None
+        stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.inference_mode(), torch.cuda.stream(stream):
+            for size in sorted(self.buckets, reverse=True):
+                for _ in range(2):  # warm up: lazy init, autotuning, allocator
+                    self._step(size)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=stream):
+                    self.outputs[size] = self._step(size)
+                pool = graph.pool()
+                self.graphs[size] = graph
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        self.ready = True
+
+    def run(self, num_seqs: int) -> torch.Tensor:
+        """Logits [num_seqs, vocab] of the decode step in the buffers' first rows."""
+        size = bucket_for(num_seqs, self.buckets)
+        if size is None:
+            raise ValueError(f"{num_seqs} sequences exceed the largest graph ({self.buckets[-1]})")
+        self.runner._pad_rows(num_seqs, size)
+        self.graphs[size].replay()
+        return self.outputs[size][:num_seqs]

@@ -7,7 +7,7 @@ import torch
 
 from radixserve.model.attention import CpuPagedBackend, SdpaBackend, select_backend
 from radixserve.model.batch import SeqChunk, StepBuffers, build_batch
-from radixserve.model.runner import ModelRunner
+from radixserve.model.runner import ModelRunner, bucket_for, graph_buckets
 from radixserve.model.sampling import SamplingRow
 
 CPU = torch.device("cpu")
@@ -38,7 +38,8 @@ def test_a_step_larger_than_the_buffers_gets_its_own_tensors() -> None:
 def test_backend_selection() -> None:
     assert isinstance(select_backend("sdpa", CPU, torch.float32), SdpaBackend)
     assert isinstance(select_backend("auto", CPU, torch.bfloat16), SdpaBackend)
-    assert isinstance(select_backend("auto", CPU, torch.float32), SdpaBackend)
+    # float32 on the CPU: our paged kernel (the kernels build on every machine the suite runs)
+    assert isinstance(select_backend("auto", CPU, torch.float32), CpuPagedBackend)
     assert isinstance(select_backend("cpu", CPU, torch.float32), CpuPagedBackend)
     with pytest.raises(ValueError, match="float32"):
         select_backend("cpu", CPU, torch.bfloat16)
@@ -76,3 +77,107 @@ def test_batched_decode_through_the_runner_is_the_same_on_both_backends(tiny_pai
         res = runner.run(chunks, [SamplingRow(0.0)] * 4, [True] * 4)
         outs.append(torch.stack([res.logits[i] for i in range(4)]))
     assert (outs[0] - outs[1]).abs().max() <= 1e-4
+
+
+def test_graph_buckets_cover_every_batch_size_with_the_smallest_bucket() -> None:
+    assert graph_buckets(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+    assert graph_buckets(6) == [1, 2, 4, 6]
+    assert graph_buckets(1) == [1]
+    for max_seqs in (1, 3, 8, 20, 64):
+        buckets = graph_buckets(max_seqs)
+        assert buckets == sorted(set(buckets)) and buckets[-1] == max_seqs
+        for n in range(1, max_seqs + 1):
+            size = bucket_for(n, buckets)
+            assert size is not None and size >= n
+            assert all(b < n for b in buckets if b < size)  # no smaller bucket holds n
+        assert bucket_for(max_seqs + 1, buckets) is None
+
+
+def _decode_inputs(runner: ModelRunner, chunks: list[SeqChunk]) -> tuple[torch.Tensor, ...]:
+    batch = build_batch(chunks, runner.block_size, CPU, runner.buffers)
+    n, b = len(chunks), runner.buffers
+    assert batch.decode is not None and batch.input_ids.data_ptr() == b.input_ids.data_ptr()
+    return (
+        b.input_ids[:n],
+        b.positions[:n],
+        b.slot_mapping[:n],
+        b.block_table[:n],  # the buffer's full width, as a captured graph reads it
+        b.context_lens[:n],
+    )
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "cpu"])
+def test_decode_entry_equals_the_general_forward(tiny_pair, backend: str) -> None:
+    """`LlamaModel.decode` (tensors only, what a CUDA graph captures) gives the logits of the
+    general forward for the same decode step, with padding rows riding along harmlessly."""
+    _, model = tiny_pair
+    seqs = [[(5 * i + j) % 97 for j in range(n)] for i, n in enumerate((6, 17, 3))]
+    tables = [list(range(8 * i, 8 * i + 8)) for i in range(3)]
+    runs = []
+    for path in ("forward", "decode"):
+        runner = ModelRunner(model, 32, 4, max_num_seqs=8, attention_backend=backend)
+        for s, t in zip(seqs, tables, strict=True):
+            runner.run([SeqChunk(s, 0, t)], [SamplingRow(0.0)])
+        chunks = [SeqChunk([11], len(s), t) for s, t in zip(seqs, tables, strict=True)]
+        if path == "forward":
+            res = runner.run(chunks, [SamplingRow(0.0)] * 3, [True] * 3)
+            runs.append(torch.stack([res.logits[i] for i in range(3)]))
+            continue
+        pool_before = runner.kv_pool.k[:, :32].clone()
+        inputs = _decode_inputs(runner, chunks)
+        runner._pad_rows(3, 5)  # two padding rows, as a bucket of 5 would have
+        b = runner.buffers
+        padded = [t[:5] for t in (b.input_ids, b.positions, b.slot_mapping, b.block_table)]
+        with torch.inference_mode():
+            logits = model.decode(*padded, b.context_lens[:5], runner.kv_pool, runner.attn)
+        runs.append(logits[:3])
+        changed = (runner.kv_pool.k[:, :32] != pool_before).any(dim=(0, 2, 3, 4))
+        written = {t[len(s) // 4] for s, t in zip(seqs, tables, strict=True)}
+        assert set(changed.nonzero().flatten().tolist()) <= written  # padding: scratch only
+        assert inputs[0].shape[0] == 3
+    torch.testing.assert_close(runs[0], runs[1], rtol=1e-5, atol=1e-5)
+
+
+def test_fused_cpu_layers_equal_the_torch_layers(tiny_pair) -> None:
+    _, model = tiny_pair
+    layers = model.decoder_layers()
+    assert all(layer.fused for layer in layers)  # float32 on the CPU with kernels built
+    chunks = [SeqChunk(list(range(3, 40)), 0, list(range(10))), SeqChunk([4, 5], 0, [12])]
+    outs = []
+    try:
+        for fused in (True, False):
+            for layer in layers:
+                layer.fused = fused
+            runner = ModelRunner(model, 16, 4, max_num_batched_tokens=64)
+            res = runner.run(chunks, [SamplingRow(0.0)] * 2, [True, True])
+            step = runner.run([SeqChunk([7], 37, list(range(10)))], [SamplingRow(0.0)], [True])
+            outs.append(torch.stack([res.logits[0], res.logits[1], step.logits[0]]))
+    finally:
+        for layer in layers:
+            layer.fused = True
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graph_decode_equals_eager_decode(tiny_pair_factory) -> None:
+    _, model = tiny_pair_factory()
+    model = model.to("cuda")
+    model.prepare()
+    seqs = [[(3 * i + j) % 89 for j in range(n)] for i, n in enumerate((9, 4, 21))]
+    tables = [list(range(8 * i, 8 * i + 8)) for i in range(3)]
+    outs = []
+    for eager in (True, False):
+        runner = ModelRunner(model, 32, 4, max_num_seqs=4, enforce_eager=eager)
+        runner.warmup()
+        assert runner.decode_mode == ("eager" if eager else "cuda-graphs")
+        for s, t in zip(seqs, tables, strict=True):
+            runner.run([SeqChunk(s, 0, t)], [SamplingRow(0.0)])
+        rows = []
+        for step in range(3):  # several replays: the graph reads the refilled buffers
+            chunks = [
+                SeqChunk([5 + step], len(s) + step, t) for s, t in zip(seqs, tables, strict=True)
+            ]
+            res = runner.run(chunks, [SamplingRow(0.0)] * 3, [True] * 3)
+            rows.append(torch.stack([res.logits[i] for i in range(3)]))
+        outs.append(torch.stack(rows))
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -27,7 +28,6 @@
 namespace {
 
 constexpr int64_t kGroup = 32;
-constexpr int64_t kMaxRows = 16;
 
 void check(bool ok, const char* what) { TORCH_CHECK(ok, "radixserve kernel: ", what); }
 
@@ -51,162 +51,298 @@ inline void unpack_q4(const uint8_t* q, float* w) {
   }
 }
 
+// Dequantize rows [n, n + nr) of an int4 weight into buf [nr, K] float32.
+void dequant_rows_q4(const uint8_t* qp, const float* sp, const float* mp, int64_t n, int64_t nr,
+                     int64_t K, float* buf) {
+  const int64_t G = K / kGroup;
+  for (int64_t r = 0; r < nr; ++r) {
+    const uint8_t* q = qp + (n + r) * (K / 2);
+    const float* s = sp + (n + r) * G;
+    const float* mn = mp + (n + r) * G;
+    float* o = buf + r * K;
+    for (int64_t g = 0; g < G; ++g, q += 16, o += kGroup) {
+#ifdef RS_AVX2
+      const __m128i low = _mm_set1_epi8(0x0F);
+      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+      const __m128i lo = _mm_and_si128(bytes, low);
+      const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low);
+      const __m256 sc = _mm256_set1_ps(s[g]), mv = _mm256_set1_ps(mn[g]);
+      _mm256_storeu_ps(o, _mm256_fmadd_ps(sc, u8x8_to_ps(lo), mv));
+      _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(sc, u8x8_to_ps(_mm_srli_si128(lo, 8)), mv));
+      _mm256_storeu_ps(o + 16, _mm256_fmadd_ps(sc, u8x8_to_ps(hi), mv));
+      _mm256_storeu_ps(o + 24, _mm256_fmadd_ps(sc, u8x8_to_ps(_mm_srli_si128(hi, 8)), mv));
+#else
+      unpack_q4(q, o);
+      for (int j = 0; j < kGroup; ++j) o[j] = s[g] * o[j] + mn[g];
+#endif
+    }
+  }
+}
+
+// Dequantize rows [n, n + nr) of an int8 weight into buf [nr, K] float32.
+void dequant_rows_q8(const int8_t* qp, const float* sp, int64_t n, int64_t nr, int64_t K,
+                     float* buf) {
+  const int64_t G = K / kGroup;
+  for (int64_t r = 0; r < nr; ++r) {
+    const int8_t* q = qp + (n + r) * K;
+    const float* s = sp + (n + r) * G;
+    float* o = buf + r * K;
+    for (int64_t g = 0; g < G; ++g, q += kGroup, o += kGroup) {
+#ifdef RS_AVX2
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16));
+      const __m256 sc = _mm256_set1_ps(s[g]);
+      _mm256_storeu_ps(o, _mm256_mul_ps(sc, i8x8_to_ps(a)));
+      _mm256_storeu_ps(o + 8, _mm256_mul_ps(sc, i8x8_to_ps(_mm_srli_si128(a, 8))));
+      _mm256_storeu_ps(o + 16, _mm256_mul_ps(sc, i8x8_to_ps(b)));
+      _mm256_storeu_ps(o + 24, _mm256_mul_ps(sc, i8x8_to_ps(_mm_srli_si128(b, 8))));
+#else
+      for (int j = 0; j < kGroup; ++j) o[j] = s[g] * static_cast<float>(q[j]);
+#endif
+    }
+  }
+}
+
+constexpr int64_t kRowBlock = 4;  // weight rows dequantized together (kept in L1)
+
+// out[m, n + r] = x[m, :] . w[r, :] for the nr <= 4 dequantized rows w = buf [nr, K].
+// Two input rows x four weight rows per pass: 8 independent accumulators, 6 loads per 8 FMAs.
+void dot_block(const float* buf, int64_t nr, const float* x, int64_t M, int64_t K, float* out,
+               int64_t N, int64_t n) {
+  int64_t m = 0;
+#ifdef RS_AVX2
+  if (nr == kRowBlock && K % 8 == 0) {
+    const float *w0 = buf, *w1 = buf + K, *w2 = buf + 2 * K, *w3 = buf + 3 * K;
+    for (; m + 2 <= M; m += 2) {
+      const float *xa = x + m * K, *xb = xa + K;
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+      for (int64_t k = 0; k < K; k += 8) {
+        const __m256 u = _mm256_loadu_ps(xa + k), v = _mm256_loadu_ps(xb + k);
+        __m256 w = _mm256_loadu_ps(w0 + k);
+        a0 = _mm256_fmadd_ps(w, u, a0);
+        b0 = _mm256_fmadd_ps(w, v, b0);
+        w = _mm256_loadu_ps(w1 + k);
+        a1 = _mm256_fmadd_ps(w, u, a1);
+        b1 = _mm256_fmadd_ps(w, v, b1);
+        w = _mm256_loadu_ps(w2 + k);
+        a2 = _mm256_fmadd_ps(w, u, a2);
+        b2 = _mm256_fmadd_ps(w, v, b2);
+        w = _mm256_loadu_ps(w3 + k);
+        a3 = _mm256_fmadd_ps(w, u, a3);
+        b3 = _mm256_fmadd_ps(w, v, b3);
+      }
+      float* oa = out + m * N + n;
+      float* ob = oa + N;
+      oa[0] = hsum(a0), oa[1] = hsum(a1), oa[2] = hsum(a2), oa[3] = hsum(a3);
+      ob[0] = hsum(b0), ob[1] = hsum(b1), ob[2] = hsum(b2), ob[3] = hsum(b3);
+    }
+    for (; m < M; ++m) {
+      const float* xa = x + m * K;
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      for (int64_t k = 0; k < K; k += 8) {
+        const __m256 u = _mm256_loadu_ps(xa + k);
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + k), u, a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + k), u, a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + k), u, a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + k), u, a3);
+      }
+      float* oa = out + m * N + n;
+      oa[0] = hsum(a0), oa[1] = hsum(a1), oa[2] = hsum(a2), oa[3] = hsum(a3);
+    }
+    return;
+  }
+#endif
+  for (; m < M; ++m)
+    for (int64_t r = 0; r < nr; ++r) {
+      const float* w = buf + r * K;
+      const float* xa = x + m * K;
+      float d = 0;
+      for (int64_t k = 0; k < K; ++k) d += w[k] * xa[k];
+      out[m * N + n + r] = d;
+    }
+}
+
+// y = x W^T for a quantized W: each thread dequantizes 4 weight rows at a time into a buffer
+// that stays in L1 and multiplies every input row by them.
+template <typename Dequant>
+void quant_gemm(const at::Tensor& x, int64_t N, const at::Tensor& out, Dequant dequant) {
+  const int64_t M = x.size(0), K = x.size(1);
+  check(x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be contiguous float32");
+  check(out.is_contiguous() && out.size(0) == M && out.size(1) == N, "out shape");
+  check(K % kGroup == 0, "K must be a multiple of 32");
+  const float* xp = x.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t blocks = (N + kRowBlock - 1) / kRowBlock;
+  at::parallel_for(0, blocks, 8, [&](int64_t b0, int64_t b1) {
+    std::vector<float> buf(kRowBlock * K);
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n = b * kRowBlock, nr = std::min(kRowBlock, N - n);
+      dequant(n, nr, buf.data());
+      dot_block(buf.data(), nr, xp, M, K, op, N, n);
+    }
+  });
+}
+
 void q4_gemm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
              const at::Tensor& minv, const at::Tensor& out) {
-  const int64_t M = x.size(0), K = x.size(1), N = qs.size(0), G = K / kGroup;
-  check(x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be contiguous float32");
-  check(K % kGroup == 0 && qs.size(1) == K / 2, "qs shape");
-  check(M <= kMaxRows, "at most 16 rows");
-  const float* xp = x.data_ptr<float>();
+  const int64_t K = x.size(1);
+  check(qs.size(1) == K / 2 && qs.is_contiguous(), "qs shape");
+  check(scale.is_contiguous() && minv.is_contiguous(), "scale and min must be contiguous");
   const uint8_t* qp = qs.data_ptr<uint8_t>();
   const float* sp = scale.data_ptr<float>();
   const float* mp = minv.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
-      const uint8_t* qrow = qp + n * (K / 2);
-      const float* srow = sp + n * G;
-      const float* mrow = mp + n * G;
-#ifdef RS_AVX2
-      __m256 acc[kMaxRows];
-      for (int64_t m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
-      const __m128i low = _mm_set1_epi8(0x0F);
-      for (int64_t g = 0; g < G; ++g) {
-        __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qrow + g * 16));
-        __m128i lo = _mm_and_si128(bytes, low);
-        __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low);
-        const __m256 s = _mm256_set1_ps(srow[g]), mn = _mm256_set1_ps(mrow[g]);
-        const __m256 w0 = _mm256_fmadd_ps(s, u8x8_to_ps(lo), mn);
-        const __m256 w1 = _mm256_fmadd_ps(s, u8x8_to_ps(_mm_srli_si128(lo, 8)), mn);
-        const __m256 w2 = _mm256_fmadd_ps(s, u8x8_to_ps(hi), mn);
-        const __m256 w3 = _mm256_fmadd_ps(s, u8x8_to_ps(_mm_srli_si128(hi, 8)), mn);
-        for (int64_t m = 0; m < M; ++m) {
-          const float* xg = xp + m * K + g * kGroup;
-          __m256 a = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xg), acc[m]);
-          a = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xg + 8), a);
-          a = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xg + 16), a);
-          acc[m] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xg + 24), a);
-        }
-      }
-      for (int64_t m = 0; m < M; ++m) op[m * N + n] = hsum(acc[m]);
-#else
-      float w[kGroup];
-      for (int64_t m = 0; m < M; ++m) op[m * N + n] = 0.f;
-      for (int64_t g = 0; g < G; ++g) {
-        unpack_q4(qrow + g * 16, w);
-        for (int j = 0; j < kGroup; ++j) w[j] = srow[g] * w[j] + mrow[g];
-        for (int64_t m = 0; m < M; ++m) {
-          const float* xg = xp + m * K + g * kGroup;
-          float d = 0;
-          for (int j = 0; j < kGroup; ++j) d += w[j] * xg[j];
-          op[m * N + n] += d;
-        }
-      }
-#endif
-    }
+  quant_gemm(x, qs.size(0), out, [&](int64_t n, int64_t nr, float* buf) {
+    dequant_rows_q4(qp, sp, mp, n, nr, K, buf);
   });
 }
 
 void q8_gemm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
              const at::Tensor& out) {
-  const int64_t M = x.size(0), K = x.size(1), N = qs.size(0), G = K / kGroup;
-  check(x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be contiguous float32");
-  check(K % kGroup == 0 && qs.size(1) == K, "qs shape");
-  check(M <= kMaxRows, "at most 16 rows");
-  const float* xp = x.data_ptr<float>();
+  const int64_t K = x.size(1);
+  check(qs.size(1) == K && qs.is_contiguous() && scale.is_contiguous(), "qs shape");
   const int8_t* qp = qs.data_ptr<int8_t>();
   const float* sp = scale.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
-      const int8_t* qrow = qp + n * K;
-      const float* srow = sp + n * G;
-#ifdef RS_AVX2
-      __m256 acc[kMaxRows];
-      for (int64_t m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
-      for (int64_t g = 0; g < G; ++g) {
-        const int8_t* q = qrow + g * kGroup;
-        __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
-        __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16));
-        const __m256 s = _mm256_set1_ps(srow[g]);
-        const __m256 w0 = _mm256_mul_ps(s, i8x8_to_ps(a));
-        const __m256 w1 = _mm256_mul_ps(s, i8x8_to_ps(_mm_srli_si128(a, 8)));
-        const __m256 w2 = _mm256_mul_ps(s, i8x8_to_ps(b));
-        const __m256 w3 = _mm256_mul_ps(s, i8x8_to_ps(_mm_srli_si128(b, 8)));
-        for (int64_t m = 0; m < M; ++m) {
-          const float* xg = xp + m * K + g * kGroup;
-          __m256 t = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xg), acc[m]);
-          t = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xg + 8), t);
-          t = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xg + 16), t);
-          acc[m] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xg + 24), t);
-        }
-      }
-      for (int64_t m = 0; m < M; ++m) op[m * N + n] = hsum(acc[m]);
-#else
-      for (int64_t m = 0; m < M; ++m) {
-        const float* xr = xp + m * K;
-        float total = 0;
-        for (int64_t k = 0; k < K; ++k) total += (srow[k / kGroup] * qrow[k]) * xr[k];
-        op[m * N + n] = total;
-      }
-#endif
-    }
+  quant_gemm(x, qs.size(0), out, [&](int64_t n, int64_t nr, float* buf) {
+    dequant_rows_q8(qp, sp, n, nr, K, buf);
   });
 }
 
-// Dequantize into out [N, K] float32 (for many-row inputs, which then use a dense GEMM).
+// Dequantize into out [N, K] float32.
 void q4_dequant(const at::Tensor& qs, const at::Tensor& scale, const at::Tensor& minv,
                 const at::Tensor& out) {
-  const int64_t N = qs.size(0), K = out.size(1), G = K / kGroup;
+  const int64_t N = qs.size(0), K = out.size(1);
   const uint8_t* qp = qs.data_ptr<uint8_t>();
   const float* sp = scale.data_ptr<float>();
   const float* mp = minv.data_ptr<float>();
   float* op = out.data_ptr<float>();
   at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
-    float w[kGroup];
-    for (int64_t n = n0; n < n1; ++n)
-      for (int64_t g = 0; g < G; ++g) {
-        unpack_q4(qp + n * (K / 2) + g * 16, w);
-        float* o = op + n * K + g * kGroup;
-        for (int j = 0; j < kGroup; ++j) o[j] = sp[n * G + g] * w[j] + mp[n * G + g];
-      }
+    dequant_rows_q4(qp, sp, mp, n0, n1 - n0, K, op + n0 * K);
   });
 }
 
 void q8_dequant(const at::Tensor& qs, const at::Tensor& scale, const at::Tensor& out) {
-  const int64_t N = qs.size(0), K = qs.size(1), G = K / kGroup;
+  const int64_t N = qs.size(0), K = qs.size(1);
   const int8_t* qp = qs.data_ptr<int8_t>();
   const float* sp = scale.data_ptr<float>();
   float* op = out.data_ptr<float>();
   at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n)
-      for (int64_t k = 0; k < K; ++k) op[n * K + k] = sp[n * G + k / kGroup] * qp[n * K + k];
+    dequant_rows_q8(qp, sp, n0, n1 - n0, K, op + n0 * K);
   });
 }
 
-inline float dot(const float* a, const float* b, int64_t d) {
 #ifdef RS_AVX2
-  if (d % 8 == 0) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < d; i += 8)
-      acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    return hsum(acc);
+// e^x for x <= 0 (softmax terms), Cephes' polynomial: within 2 ulp of expf.
+inline __m256 exp256(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+  __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
+  fx = _mm256_floor_ps(fx);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
+  const __m256i e = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+// The 8 horizontal sums of a[0..7] as one vector.
+inline __m256 hsum8(const __m256* a) {
+  const __m256 t01 = _mm256_hadd_ps(a[0], a[1]), t23 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 t45 = _mm256_hadd_ps(a[4], a[5]), t67 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 t0123 = _mm256_hadd_ps(t01, t23), t4567 = _mm256_hadd_ps(t45, t67);
+  return _mm256_add_ps(_mm256_permute2f128_ps(t0123, t4567, 0x20),
+                       _mm256_permute2f128_ps(t0123, t4567, 0x31));
+}
+#endif
+
+// scores[i] = scale * q . rows[i] for n rows of length D.
+inline void score_rows(const float* q, const float* const* rows, int64_t n, int64_t D,
+                       float scale, float* scores) {
+  int64_t i = 0;
+#ifdef RS_AVX2
+  if (D % 8 == 0) {
+    const __m256 sc = _mm256_set1_ps(scale);
+    for (; i + 8 <= n; i += 8) {
+      __m256 acc[8];
+      for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+      for (int64_t d = 0; d < D; d += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + d);
+        for (int j = 0; j < 8; ++j)
+          acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[i + j] + d), acc[j]);
+      }
+      _mm256_storeu_ps(scores + i, _mm256_mul_ps(hsum8(acc), sc));
+    }
   }
 #endif
-  float s = 0;
-  for (int64_t i = 0; i < d; ++i) s += a[i] * b[i];
-  return s;
+  for (; i < n; ++i) {
+    float d = 0;
+    for (int64_t k = 0; k < D; ++k) d += q[k] * rows[i][k];
+    scores[i] = d * scale;
+  }
 }
 
-inline void axpy(float a, const float* x, float* y, int64_t d) {
-  for (int64_t i = 0; i < d; ++i) y[i] += a * x[i];
+// In place: p[i] = exp(p[i] - max); returns (max, sum).
+inline std::pair<float, float> softmax_terms(float* p, int64_t n) {
+  float mx = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, p[i]);
+  float sum = 0;
+  int64_t i = 0;
+#ifdef RS_AVX2
+  const __m256 m = _mm256_set1_ps(mx);
+  __m256 acc = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(p + i), m));
+    _mm256_storeu_ps(p + i, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  sum = hsum(acc);
+#endif
+  for (; i < n; ++i) {
+    p[i] = std::exp(p[i] - mx);
+    sum += p[i];
+  }
+  return {mx, sum};
 }
 
-// Decode attention over the paged pool. q [B, H, D]; k_pool / v_pool [NB, BS, KVH, D];
+// acc[D] += sum_i p[i] * rows[i].
+inline void weighted_rows(const float* p, const float* const* rows, int64_t n, int64_t D,
+                          float* acc) {
+  int64_t d0 = 0;
+#ifdef RS_AVX2
+  for (; d0 + 32 <= D; d0 += 32) {  // 4 accumulators of 8 per pass over the rows
+    __m256 a0 = _mm256_loadu_ps(acc + d0), a1 = _mm256_loadu_ps(acc + d0 + 8);
+    __m256 a2 = _mm256_loadu_ps(acc + d0 + 16), a3 = _mm256_loadu_ps(acc + d0 + 24);
+    for (int64_t i = 0; i < n; ++i) {
+      const __m256 w = _mm256_set1_ps(p[i]);
+      const float* r = rows[i] + d0;
+      a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(r), a0);
+      a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(r + 8), a1);
+      a2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(r + 16), a2);
+      a3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(r + 24), a3);
+    }
+    _mm256_storeu_ps(acc + d0, a0);
+    _mm256_storeu_ps(acc + d0 + 8, a1);
+    _mm256_storeu_ps(acc + d0 + 16, a2);
+    _mm256_storeu_ps(acc + d0 + 24, a3);
+  }
+#endif
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t d = d0; d < D; ++d) acc[d] += p[i] * rows[i][d];
+}
+
+// Decode attention over the paged pool. q [B, H, D] (rows may be strided); k_pool / v_pool [NB, BS, KVH, D];
 // block_table [B, >= max blocks] int32, rows may be strided (a view of a larger buffer);
-// context_lens [B] int32 (keys 0..len-1 are attended);
-// out [B, H, D]. The context is split into chunks so one long sequence still uses every
-// thread; per-chunk results are merged with their log-sum-exp.
+// context_lens [B] int32 (keys 0..len-1 are attended); out [B, H, D].
+// Work unit = (sequence, KV head, chunk of the context): the chunk's K rows are scored 8 at a
+// time against each query head of the group (the rows stay in L1 across heads), turned into
+// softmax terms, and its V rows weighted; chunks are merged by their log-sum-exp, so one long
+// sequence still spreads over every thread.
 void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
                             const at::Tensor& v_pool, const at::Tensor& block_table,
                             const at::Tensor& context_lens, double sm_scale,
@@ -215,8 +351,12 @@ void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
   check(block_table.scalar_type() == at::kInt && context_lens.scalar_type() == at::kInt,
         "int32 block table and lengths");
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
-  check(block_table.stride(1) == 1 && context_lens.stride(0) == 1 && q.is_contiguous(),
-        "block table rows, lengths and q must be contiguous");
+  check(block_table.stride(1) == 1 && context_lens.stride(0) == 1 && q.stride(2) == 1 &&
+            q.stride(1) == D,
+        "block table rows, lengths and each q row must be contiguous");
+  const int64_t q_row = q.stride(0);  // q may be the first columns of a fused qkv
+  check(k_pool.is_contiguous() && v_pool.is_contiguous() && out.is_contiguous(),
+        "pools and out must be contiguous");
   const int64_t BS = k_pool.size(1), KVH = k_pool.size(2), MAXB = block_table.stride(0);
   const int64_t GQ = H / KVH;
   const float* qp = q.data_ptr<float>();
@@ -225,71 +365,144 @@ void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
   const int32_t* bt = block_table.data_ptr<int32_t>();
   const int32_t* lens = context_lens.data_ptr<int32_t>();
   float* op = out.data_ptr<float>();
-  const int64_t chunk_blocks = 16;  // 256 tokens at block size 16
-  const int64_t chunk = chunk_blocks * BS;
+  const int64_t chunk = std::max<int64_t>(1, 64 / BS) * BS;  // whole blocks, ~64 tokens
   int64_t max_chunks = 1;
   for (int64_t b = 0; b < B; ++b)
     max_chunks = std::max<int64_t>(max_chunks, (lens[b] + chunk - 1) / chunk);
   // Partial results per (b, kvh, chunk, head in group): max, sum, acc[D].
-  const int64_t units = B * KVH * max_chunks;
-  std::vector<float> part(units * GQ * (D + 2), 0.f);
+  const int64_t units = B * KVH * max_chunks, stride = D + 2;
+  std::vector<float> part(units * GQ * stride);
   const float scale = static_cast<float>(sm_scale);
   at::parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
-    std::vector<float> scores(GQ * chunk);
+    std::vector<float> scores(chunk);
+    std::vector<const float*> krows(chunk), vrows(chunk);
     for (int64_t u = u0; u < u1; ++u) {
-      const int64_t c = u % max_chunks, h = (u / max_chunks) % KVH, b = u / (max_chunks * KVH);
-      const int64_t len = lens[b], t0 = c * chunk, t1 = std::min(len, t0 + chunk);
-      float* pu = part.data() + u * GQ * (D + 2);
+      // The KV heads of one chunk are neighbours in memory, so they are neighbouring units.
+      const int64_t h = u % KVH, c = (u / KVH) % max_chunks, b = u / (max_chunks * KVH);
+      const int64_t t0 = c * chunk, t1 = std::min<int64_t>(lens[b], t0 + chunk);
+      float* pu = part.data() + u * GQ * stride;
       if (t0 >= t1) {
-        for (int64_t g = 0; g < GQ; ++g) pu[g * (D + 2)] = -INFINITY;
+        for (int64_t g = 0; g < GQ; ++g) pu[g * stride] = -INFINITY;
         continue;
       }
       const int64_t n = t1 - t0;
       for (int64_t t = t0; t < t1; ++t) {
-        const int64_t blk = bt[b * MAXB + t / BS];
-        const float* krow = kp + ((blk * BS + t % BS) * KVH + h) * D;
-        for (int64_t g = 0; g < GQ; ++g)
-          scores[g * chunk + (t - t0)] = dot(qp + (b * H + h * GQ + g) * D, krow, D) * scale;
+        const int64_t row = (static_cast<int64_t>(bt[b * MAXB + t / BS]) * BS + t % BS) * KVH + h;
+        krows[t - t0] = kp + row * D;
+        vrows[t - t0] = vp + row * D;
       }
       for (int64_t g = 0; g < GQ; ++g) {
-        float* s = scores.data() + g * chunk;
-        float mx = -INFINITY;
-        for (int64_t i = 0; i < n; ++i) mx = std::max(mx, s[i]);
-        float sum = 0;
-        for (int64_t i = 0; i < n; ++i) {
-          s[i] = std::exp(s[i] - mx);
-          sum += s[i];
-        }
-        float* pg = pu + g * (D + 2);
+        float* pg = pu + g * stride;
+        score_rows(qp + b * q_row + (h * GQ + g) * D, krows.data(), n, D, scale, scores.data());
+        const auto [mx, sum] = softmax_terms(scores.data(), n);
         pg[0] = mx;
         pg[1] = sum;
-      }
-      for (int64_t t = t0; t < t1; ++t) {
-        const int64_t blk = bt[b * MAXB + t / BS];
-        const float* vrow = vp + ((blk * BS + t % BS) * KVH + h) * D;
-        for (int64_t g = 0; g < GQ; ++g) axpy(scores[g * chunk + (t - t0)], vrow, pu + g * (D + 2) + 2, D);
+        std::memset(pg + 2, 0, D * sizeof(float));
+        weighted_rows(scores.data(), vrows.data(), n, D, pg + 2);
       }
     }
   });
   // Merge the chunks of each (b, head).
-  at::parallel_for(0, B * H, 1, [&](int64_t r0, int64_t r1) {
+  at::parallel_for(0, B * H, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t b = r / H, hq = r % H, h = hq / GQ, g = hq % GQ;
+      // Unit (b, c, h) is b * max_chunks * KVH + c * KVH + h; chunks of one head are KVH apart.
+      const int64_t step = KVH * GQ * stride;
+      const float* first = part.data() + (b * max_chunks * KVH + h) * GQ * stride + g * stride;
       float mx = -INFINITY;
-      for (int64_t c = 0; c < max_chunks; ++c)
-        mx = std::max(mx, part[((b * KVH + h) * max_chunks + c) * GQ * (D + 2) + g * (D + 2)]);
+      for (int64_t c = 0; c < max_chunks; ++c) mx = std::max(mx, first[c * step]);
       float* o = op + r * D;
       for (int64_t i = 0; i < D; ++i) o[i] = 0.f;
       float total = 0;
       for (int64_t c = 0; c < max_chunks; ++c) {
-        const float* pg = part.data() + ((b * KVH + h) * max_chunks + c) * GQ * (D + 2) + g * (D + 2);
+        const float* pg = first + c * step;
         if (pg[0] == -INFINITY) continue;
         const float w = std::exp(pg[0] - mx);
         total += w * pg[1];
-        axpy(w, pg + 2, o, D);
+        for (int64_t i = 0; i < D; ++i) o[i] += w * pg[2 + i];
       }
       const float inv = total > 0 ? 1.f / total : 0.f;
       for (int64_t i = 0; i < D; ++i) o[i] *= inv;
+    }
+  });
+}
+
+// ---- Fused elementwise steps of a decoder layer (float32, rows in parallel) ----
+
+// out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, as transformers' LlamaRMSNorm in float32.
+void rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, const at::Tensor& out) {
+  check(x.scalar_type() == at::kFloat && x.is_contiguous() && out.is_contiguous() &&
+            w.is_contiguous(),
+        "rms_norm: contiguous float32");
+  const int64_t T = x.size(0), D = x.size(1);
+  const float* xp = x.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* xr = xp + t * D;
+      float* orow = op + t * D;
+      float ss = 0;
+      for (int64_t i = 0; i < D; ++i) ss += xr[i] * xr[i];
+      const float r = 1.f / std::sqrt(ss / static_cast<float>(D) + static_cast<float>(eps));
+      for (int64_t i = 0; i < D; ++i) orow[i] = wp[i] * (xr[i] * r);
+    }
+  });
+}
+
+// In place on qkv [T, (H + 2 KVH) * Dh]: rotate the q and k heads by the tokens' cos/sin
+// [T, Dh] (rotate-half layout), then write each token's k and v heads into the pools'
+// slot slots[t] (pools [NB, BS, KVH, Dh], slot = block * BS + offset).
+void rope_kv_write(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
+                   const at::Tensor& slots, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                   int64_t num_heads) {
+  check(qkv.scalar_type() == at::kFloat && qkv.is_contiguous() && cos.is_contiguous() &&
+            sin.is_contiguous() && k_pool.is_contiguous() && v_pool.is_contiguous(),
+        "rope_kv_write: contiguous float32");
+  check(slots.scalar_type() == at::kLong, "rope_kv_write: int64 slots");
+  const int64_t T = qkv.size(0), KVH = k_pool.size(2), Dh = k_pool.size(3);
+  const int64_t half = Dh / 2, width = qkv.size(1);
+  check(width == (num_heads + 2 * KVH) * Dh, "rope_kv_write: qkv width");
+  float* qp = qkv.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  const int64_t slot_stride = slots.stride(0);
+  float* kp = k_pool.data_ptr<float>();
+  float* vp = v_pool.data_ptr<float>();
+  at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      float* row = qp + t * width;
+      const float* c = cp + t * Dh;
+      const float* sn = sp + t * Dh;
+      for (int64_t hd = 0; hd < num_heads + KVH; ++hd) {
+        float* x = row + hd * Dh;
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = x[i], b = x[i + half];
+          x[i] = a * c[i] - b * sn[i];
+          x[i + half] = b * c[i + half] + a * sn[i + half];
+        }
+      }
+      const int64_t s = slot[t * slot_stride];
+      std::memcpy(kp + s * KVH * Dh, row + num_heads * Dh, KVH * Dh * sizeof(float));
+      std::memcpy(vp + s * KVH * Dh, row + (num_heads + KVH) * Dh, KVH * Dh * sizeof(float));
+    }
+  });
+}
+
+// out [T, I] = silu(gate) * up for gate_up [T, 2I] = [gate | up].
+void silu_mul(const at::Tensor& gate_up, const at::Tensor& out) {
+  check(gate_up.scalar_type() == at::kFloat && gate_up.is_contiguous() && out.is_contiguous(),
+        "silu_mul: contiguous float32");
+  const int64_t T = out.size(0), I = out.size(1);
+  const float* gp = gate_up.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* g = gp + t * 2 * I;
+      const float* u = g + I;
+      float* o = op + t * I;
+      for (int64_t i = 0; i < I; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
     }
   });
 }
@@ -304,6 +517,11 @@ TORCH_LIBRARY(radixserve, m) {
   m.def(
       "paged_decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_table, "
       "Tensor context_lens, float sm_scale, Tensor(a!) out) -> ()");
+  m.def("rms_norm(Tensor x, Tensor w, float eps, Tensor(a!) out) -> ()");
+  m.def(
+      "rope_kv_write(Tensor(a!) qkv, Tensor cos, Tensor sin, Tensor slots, Tensor(b!) k_pool, "
+      "Tensor(c!) v_pool, int num_heads) -> ()");
+  m.def("silu_mul(Tensor gate_up, Tensor(a!) out) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
@@ -312,4 +530,7 @@ TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
   m.impl("q4_dequant", &q4_dequant);
   m.impl("q8_dequant", &q8_dequant);
   m.impl("paged_decode_attention", &paged_decode_attention);
+  m.impl("rms_norm", &rms_norm);
+  m.impl("rope_kv_write", &rope_kv_write);
+  m.impl("silu_mul", &silu_mul);
 }
