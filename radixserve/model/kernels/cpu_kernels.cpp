@@ -184,6 +184,55 @@ void quant_gemm(const at::Tensor& x, int64_t N, const at::Tensor& out, Dequant d
   });
 }
 
+#ifdef RS_AVX2
+// One input row (decode of a single sequence): the GEMM is bound by turning codes into
+// floats, so each weight row is used straight from its codes in the factored form
+// sum_g scale_g * (q_g . x_g) + min_g * sum(x_g), with no dequantized copy. `kind` 4 or 8.
+template <int kind>
+void gemv_codes(const float* x, const void* qv, const float* sp, const float* mp, int64_t N,
+                int64_t K, float* out) {
+  const int64_t G = K / kGroup;
+  std::vector<float> xsum(G, 0.f);  // the min term's sum(x_g), once per call
+  if (kind == 4)
+    for (int64_t g = 0; g < G; ++g)
+      for (int j = 0; j < kGroup; ++j) xsum[g] += x[g * kGroup + j];
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    const __m128i low = _mm_set1_epi8(0x0F);
+    for (int64_t n = n0; n < n1; ++n) {
+      __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+      float mins = 0;
+      for (int64_t g = 0; g < G; ++g) {
+        const float* xg = x + g * kGroup;
+        __m256 c0, c1, c2, c3;
+        if (kind == 4) {
+          const uint8_t* q = static_cast<const uint8_t*>(qv) + n * (K / 2) + g * 16;
+          const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+          const __m128i lo = _mm_and_si128(bytes, low);
+          const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low);
+          c0 = u8x8_to_ps(lo), c1 = u8x8_to_ps(_mm_srli_si128(lo, 8));
+          c2 = u8x8_to_ps(hi), c3 = u8x8_to_ps(_mm_srli_si128(hi, 8));
+          mins += mp[n * G + g] * xsum[g];
+        } else {
+          const int8_t* q = static_cast<const int8_t*>(qv) + n * K + g * kGroup;
+          const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+          const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16));
+          c0 = i8x8_to_ps(a), c1 = i8x8_to_ps(_mm_srli_si128(a, 8));
+          c2 = i8x8_to_ps(b), c3 = i8x8_to_ps(_mm_srli_si128(b, 8));
+        }
+        __m256 t0 = _mm256_mul_ps(c0, _mm256_loadu_ps(xg));
+        __m256 t1 = _mm256_mul_ps(c1, _mm256_loadu_ps(xg + 8));
+        t0 = _mm256_fmadd_ps(c2, _mm256_loadu_ps(xg + 16), t0);
+        t1 = _mm256_fmadd_ps(c3, _mm256_loadu_ps(xg + 24), t1);
+        const __m256 sc = _mm256_set1_ps(sp[n * G + g]);
+        acc0 = _mm256_fmadd_ps(sc, t0, acc0);
+        acc1 = _mm256_fmadd_ps(sc, t1, acc1);
+      }
+      out[n] = hsum(_mm256_add_ps(acc0, acc1)) + mins;
+    }
+  });
+}
+#endif
+
 void q4_gemm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
              const at::Tensor& minv, const at::Tensor& out) {
   const int64_t K = x.size(1);
@@ -192,6 +241,12 @@ void q4_gemm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
   const uint8_t* qp = qs.data_ptr<uint8_t>();
   const float* sp = scale.data_ptr<float>();
   const float* mp = minv.data_ptr<float>();
+#ifdef RS_AVX2
+  if (x.size(0) == 1 && x.is_contiguous() && out.is_contiguous() && K % kGroup == 0) {
+    gemv_codes<4>(x.data_ptr<float>(), qp, sp, mp, qs.size(0), K, out.data_ptr<float>());
+    return;
+  }
+#endif
   quant_gemm(x, qs.size(0), out, [&](int64_t n, int64_t nr, float* buf) {
     dequant_rows_q4(qp, sp, mp, n, nr, K, buf);
   });
@@ -203,6 +258,12 @@ void q8_gemm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
   check(qs.size(1) == K && qs.is_contiguous() && scale.is_contiguous(), "qs shape");
   const int8_t* qp = qs.data_ptr<int8_t>();
   const float* sp = scale.data_ptr<float>();
+#ifdef RS_AVX2
+  if (x.size(0) == 1 && x.is_contiguous() && out.is_contiguous() && K % kGroup == 0) {
+    gemv_codes<8>(x.data_ptr<float>(), qp, sp, nullptr, qs.size(0), K, out.data_ptr<float>());
+    return;
+  }
+#endif
   quant_gemm(x, qs.size(0), out, [&](int64_t n, int64_t nr, float* buf) {
     dequant_rows_q8(qp, sp, n, nr, K, buf);
   });
