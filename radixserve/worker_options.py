@@ -199,8 +199,9 @@ OPTIONS: tuple[_Option, ...] = (
     _Option(
         "attention_backend",
         "--attention-backend",
-        "attention kernels (default auto = sdpa: gathered blocks + torch SDPA; cpu: "
-        "radixserve's paged CPU kernel for float32, opt-in)",
+        "attention kernels (default auto: triton on CUDA, sdpa elsewhere; sdpa: gathered "
+        "blocks + torch SDPA; cpu: radixserve's paged CPU kernel for float32, opt-in; "
+        "triton: radixserve's paged Triton kernels, CUDA)",
         choices=types.ATTENTION_BACKENDS,
     ),
     _Option(

@@ -1,6 +1,7 @@
 """Attention backends over the paged KV pool: plan a step's metadata once, then attend per
 layer. `sdpa` (torch's scaled_dot_product_attention over gathered blocks) runs anywhere;
-`cpu` reads decode K/V from the pool in place with our kernel. `select_backend` picks one.
+`cpu` reads decode K/V from the pool in place with our kernel; `triton` (attention_triton.py)
+reads it in place on CUDA. `select_backend` picks one.
 """
 
 from __future__ import annotations
@@ -166,13 +167,31 @@ class CpuPagedBackend:
         return out
 
 
+def triton_unavailable(device: torch.device) -> str | None:
+    """Why the `triton` backend cannot run on `device` here (None when it can); imports
+    triton, so call it only when that backend is asked for or CUDA is in use."""
+    try:
+        from radixserve.model import attention_triton
+    except ImportError as e:
+        return f"it needs the triton package ({e}); pip install 'radixserve[gpu]'"
+    return attention_triton.unavailable_reason(device)
+
+
 def select_backend(name: str, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
-    """The backend `name` asks for; `auto` is `sdpa`, which measured faster than our `cpu`
-    kernel at 2k-token contexts (91 vs 133 ms per int4 decode step on one thread; equal at
-    256), so `cpu` is opt-in until the kernel scores several tokens at once. Raises
-    ValueError for a backend this setup cannot run."""
+    """The backend `name` asks for. `auto` is `triton` on CUDA where triton imports, else
+    `sdpa`, which measured faster than our `cpu` kernel at 2k-token contexts (91 vs 133 ms
+    per int4 decode step on one thread; equal at 256), so `cpu` is opt-in until the kernel
+    scores several tokens at once. Raises ValueError for a backend this setup cannot run."""
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; use one of {ATTENTION_BACKENDS}")
+    if name == "triton" or (name == "auto" and device.type == "cuda"):
+        reason = triton_unavailable(device)
+        if reason is None:
+            from radixserve.model.attention_triton import TritonPagedBackend
+
+            return TritonPagedBackend()
+        if name == "triton":
+            raise ValueError(f"--attention-backend triton cannot run here: {reason}")
     cpu_ok = device.type == "cpu" and dtype == torch.float32
     if name == "cpu":
         if not cpu_ok:
