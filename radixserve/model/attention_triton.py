@@ -113,7 +113,11 @@ def _decode_partition_kernel(
         off = pos % BLOCK_SIZE
         kv_ok = p_ok[:, None] & d_ok[None, :]
         k = tl.load(
-            k_ptr + blk[:, None] * stride_kb + off[:, None] * stride_ks + kvh * stride_kh + d,
+            k_ptr
+            + blk[:, None] * stride_kb
+            + off[:, None] * stride_ks
+            + kvh * stride_kh
+            + d[None, :],
             mask=kv_ok,
             other=0.0,
         ).to(tl.float32)
@@ -123,7 +127,11 @@ def _decode_partition_kernel(
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(scores - m_new[:, None])
         v = tl.load(
-            v_ptr + blk[:, None] * stride_vb + off[:, None] * stride_vs + kvh * stride_vh + d,
+            v_ptr
+            + blk[:, None] * stride_vb
+            + off[:, None] * stride_vs
+            + kvh * stride_vh
+            + d[None, :],
             mask=kv_ok,
             other=0.0,
         ).to(tl.float32)
@@ -133,7 +141,9 @@ def _decode_partition_kernel(
     row = (seq * num_heads + heads) * num_parts + part  # [GROUP_PAD]
     tl.store(max_ptr + row, m, mask=g_ok)
     tl.store(sum_ptr + row, s_sum, mask=g_ok)
-    tl.store(acc_ptr + row[:, None] * HEAD_DIM + d[None, :], acc, mask=g_ok[:, None] & d_ok)
+    tl.store(
+        acc_ptr + row[:, None] * HEAD_DIM + d[None, :], acc, mask=g_ok[:, None] & d_ok[None, :]
+    )
 
 
 @triton.jit
@@ -230,12 +240,20 @@ def _prefill_kernel(
         off = k_pos % BLOCK_SIZE
         kv_ok = k_ok[:, None] & d_ok[None, :]
         k = tl.load(
-            k_ptr + blk[:, None] * stride_kb + off[:, None] * stride_ks + kvh * stride_kh + d,
+            k_ptr
+            + blk[:, None] * stride_kb
+            + off[:, None] * stride_ks
+            + kvh * stride_kh
+            + d[None, :],
             mask=kv_ok,
             other=0.0,
         )
         v = tl.load(
-            v_ptr + blk[:, None] * stride_vb + off[:, None] * stride_vs + kvh * stride_vh + d,
+            v_ptr
+            + blk[:, None] * stride_vb
+            + off[:, None] * stride_vs
+            + kvh * stride_vh
+            + d[None, :],
             mask=kv_ok,
             other=0.0,
         )
