@@ -335,3 +335,27 @@ def test_the_model_gives_the_same_logits_on_triton_and_sdpa(tri, tiny_pair) -> N
         dec = runner.run([SeqChunk([7], 17, ta), SeqChunk([8], 10, tb)], [greedy] * 2, [True] * 2)
         logits.append(torch.stack([r.logits[i] for r in (step, dec) for i in (0, 1)]))
     assert (logits[0] - logits[1]).abs().max().item() <= 1e-4
+
+
+@kernel_test
+def test_default_tiles_at_the_default_models_head_shape(tri) -> None:
+    """The sizes a GPU runs (16-token blocks, partitions of 256, 64x64 prefill tiles) at
+    SmolLM2-135M's heads (9 query, 3 KV, head_dim 64): decode over 3 partitions, a 2-tile
+    chunk over a cached prefix, a fresh chunk."""
+    bs, h, kvh, d, nb = 16, 9, 3, 64, 64
+    g = torch.Generator().manual_seed(3)
+    k = torch.randn(nb, bs, kvh, d, generator=g).to(DEVICE)
+    v = torch.randn(nb, bs, kvh, d, generator=g).to(DEVICE)
+    t = torch.randperm(nb, generator=g).tolist()
+    chunks = [
+        SeqChunk([1], 599, t[:38]),
+        SeqChunk([2], 16, t[38:40]),
+        SeqChunk([3] * 70, 30, t[40:47]),
+        SeqChunk([4] * 5, 0, t[47:48]),
+    ]
+    batch = build_batch(chunks, bs, DEVICE)
+    q = torch.randn(batch.input_ids.shape[0], h + kvh, d, generator=g).to(DEVICE)[:, :h]
+    b = tri.TritonPagedBackend()
+    got = b.forward(q, batch, b.plan(batch), k, v)
+    want = reference(q, batch, k, v)
+    assert (got.cpu().double() - want).abs().max().item() <= 1e-5
