@@ -45,6 +45,7 @@ from radixserve.engine.params import SamplingParams  # noqa: E402
 from radixserve.engine.tokenizer import Tokenizer  # noqa: E402
 from radixserve.model.config import ModelConfig  # noqa: E402
 from radixserve.model.llama import LlamaModel  # noqa: E402
+from radixserve.options import ATTENTION_BACKENDS  # noqa: E402
 
 # SmolLM2-135M-Instruct's config.json (the default model), as transformers reads it.
 SMOLLM2_135M: dict[str, Any] = dict(
@@ -325,7 +326,7 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     ap.add_argument("--model", default=None, help="HF directory or GGUF (default: random)")
     ap.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
     ap.add_argument("--dtype", default="bfloat16", help="the served dtype (bfloat16)")
-    ap.add_argument("--attention-backend", default="auto", help="as serve's flag")
+    ap.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
     ap.add_argument("--quick", action="store_true", help="tiny sizes (a CPU smoke run)")
     args = ap.parse_args(argv)
     from radixserve.model.loader import resolve_device

@@ -1,3 +1,5 @@
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+# (Triton reads kernel parameter annotations itself: its kernels stay unannotated.)
 """Paged attention as Triton kernels of our own (`--attention-backend triton`).
 
 Both kernels read K/V straight from the pool, [num_blocks, block_size, num_kv_heads, head_dim],
