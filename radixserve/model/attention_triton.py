@@ -55,6 +55,22 @@ def unavailable_reason(device: torch.device) -> str | None:
 
 
 @triton.jit
+def _token_rows(
+    head_ptr, table_ptr, pos, ok, d, d_ok, stride_b, stride_s, BLOCK_SIZE: tl.constexpr
+):
+    """[len(pos), BLOCK_D] rows of one head's K or V (`head_ptr`: the pool at that head) at
+    context positions `pos`, their block ids read from `table_ptr` (a block-table row); zeros
+    where not `ok`."""
+    blk = tl.load(table_ptr + pos // BLOCK_SIZE, mask=ok, other=0).to(tl.int64)
+    off = pos % BLOCK_SIZE
+    return tl.load(
+        head_ptr + blk[:, None] * stride_b + off[:, None] * stride_s + d[None, :],
+        mask=ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )
+
+
+@triton.jit
 def _decode_partition_kernel(
     q_ptr,
     k_ptr,
@@ -107,35 +123,20 @@ def _decode_partition_kernel(
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     s_sum = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
+    table_row = table_ptr + seq * stride_table
     for t0 in range(start, end, TILE):
         pos = t0 + tl.arange(0, TILE)
         p_ok = pos < end
-        blk = tl.load(table_ptr + seq * stride_table + pos // BLOCK_SIZE, mask=p_ok, other=0)
-        blk = blk.to(tl.int64)
-        off = pos % BLOCK_SIZE
-        kv_ok = p_ok[:, None] & d_ok[None, :]
-        k = tl.load(
-            k_ptr
-            + blk[:, None] * stride_kb
-            + off[:, None] * stride_ks
-            + kvh * stride_kh
-            + d[None, :],
-            mask=kv_ok,
-            other=0.0,
+        k = _token_rows(
+            k_ptr + kvh * stride_kh, table_row, pos, p_ok, d, d_ok, stride_kb, stride_ks, BLOCK_SIZE
         ).to(tl.float32)
         scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale  # [GROUP_PAD, TILE]
         scores = tl.where(p_ok[None, :], scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=1))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(scores - m_new[:, None])
-        v = tl.load(
-            v_ptr
-            + blk[:, None] * stride_vb
-            + off[:, None] * stride_vs
-            + kvh * stride_vh
-            + d[None, :],
-            mask=kv_ok,
-            other=0.0,
+        v = _token_rows(
+            v_ptr + kvh * stride_vh, table_row, pos, p_ok, d, d_ok, stride_vb, stride_vs, BLOCK_SIZE
         ).to(tl.float32)
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
         s_sum = s_sum * alpha + tl.sum(p, axis=1)
@@ -234,31 +235,18 @@ def _prefill_kernel(
     s_sum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     hi = pos0 + num_rows  # keys up to the tile's last query position (causal)
+    chunk_blocks = blocks_ptr + block_off
     for n0 in range(0, hi, BLOCK_N):
         k_pos = n0 + tl.arange(0, BLOCK_N)
         k_ok = k_pos < hi
-        blk = tl.load(blocks_ptr + block_off + k_pos // BLOCK_SIZE, mask=k_ok, other=0)
-        blk = blk.to(tl.int64)
-        off = k_pos % BLOCK_SIZE
-        kv_ok = k_ok[:, None] & d_ok[None, :]
-        k = tl.load(
-            k_ptr
-            + blk[:, None] * stride_kb
-            + off[:, None] * stride_ks
-            + kvh * stride_kh
-            + d[None, :],
-            mask=kv_ok,
-            other=0.0,
-        )
-        v = tl.load(
-            v_ptr
-            + blk[:, None] * stride_vb
-            + off[:, None] * stride_vs
-            + kvh * stride_vh
-            + d[None, :],
-            mask=kv_ok,
-            other=0.0,
-        )
+        k = _token_rows(
+            k_ptr + kvh * stride_kh, chunk_blocks, k_pos, k_ok, d, d_ok, stride_kb, stride_ks,
+            BLOCK_SIZE,
+        )  # fmt: skip
+        v = _token_rows(
+            v_ptr + kvh * stride_vh, chunk_blocks, k_pos, k_ok, d, d_ok, stride_vb, stride_vs,
+            BLOCK_SIZE,
+        )  # fmt: skip
         if DOT_F32:
             scores = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
         else:
