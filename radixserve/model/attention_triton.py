@@ -141,11 +141,13 @@ def _decode_partition_kernel(
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
         s_sum = s_sum * alpha + tl.sum(p, axis=1)
         m = m_new
+    # Partitions past the length store nothing: the reduce reads only the ones it reaches.
     row = (seq * num_heads + heads) * num_parts + part  # [GROUP_PAD]
-    tl.store(max_ptr + row, m, mask=g_ok)
-    tl.store(sum_ptr + row, s_sum, mask=g_ok)
+    live = g_ok & (start + 0 * g < ctx)
+    tl.store(max_ptr + row, m, mask=live)
+    tl.store(sum_ptr + row, s_sum, mask=live)
     tl.store(
-        acc_ptr + row[:, None] * HEAD_DIM + d[None, :], acc, mask=g_ok[:, None] & d_ok[None, :]
+        acc_ptr + row[:, None] * HEAD_DIM + d[None, :], acc, mask=live[:, None] & d_ok[None, :]
     )
 
 
@@ -154,33 +156,46 @@ def _decode_reduce_kernel(
     acc_ptr,
     max_ptr,
     sum_ptr,
+    lens_ptr,
     out_ptr,
     stride_ot,
+    table_cols,
     num_parts,
+    BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    PARTS_PAD: tl.constexpr,
+    PART: tl.constexpr,
+    CHUNK: tl.constexpr,
 ):
-    """Merge one (sequence, head)'s partition partials into its output row."""
+    """Merge one (sequence, head)'s partials into its output row, reading only the
+    partitions its length reaches (a sequence with no context gets zeros)."""
     seq = tl.program_id(0)
     head = tl.program_id(1)
     base = (seq * tl.num_programs(1) + head) * num_parts
-    p = tl.arange(0, PARTS_PAD)
+    ctx = tl.minimum(tl.load(lens_ptr + seq), table_cols * BLOCK_SIZE)
+    used = tl.cdiv(ctx, PART)
     d = tl.arange(0, BLOCK_D)
-    p_ok = p < num_parts
     d_ok = d < HEAD_DIM
-    m = tl.load(max_ptr + base + p, mask=p_ok, other=float("-inf"))
-    s = tl.load(sum_ptr + base + p, mask=p_ok, other=0.0)
-    m_all = tl.max(m, axis=0)
-    m_all = tl.where(m_all == float("-inf"), 0.0, m_all)  # no context at all: output zeros
-    w = tl.exp2(m - m_all)
-    total = tl.sum(w * s, axis=0)
-    acc = tl.load(
-        acc_ptr + (base + p)[:, None] * HEAD_DIM + d[None, :],
-        mask=p_ok[:, None] & d_ok[None, :],
-        other=0.0,
-    )
-    o = tl.sum(acc * w[:, None], axis=0) / tl.where(total == 0.0, 1.0, total)
+    m_run = tl.max(tl.full([CHUNK], float("-inf"), tl.float32), axis=0)
+    total = tl.sum(tl.zeros([CHUNK], tl.float32), axis=0)
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for p0 in range(0, used, CHUNK):
+        p = p0 + tl.arange(0, CHUNK)
+        p_ok = p < used
+        m = tl.load(max_ptr + base + p, mask=p_ok, other=float("-inf"))
+        s = tl.load(sum_ptr + base + p, mask=p_ok, other=0.0)
+        part_acc = tl.load(
+            acc_ptr + (base + p)[:, None] * HEAD_DIM + d[None, :],
+            mask=p_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        )
+        m_new = tl.maximum(m_run, tl.max(m, axis=0))  # finite: a used partition has tokens
+        old = tl.exp2(m_run - m_new)
+        w = tl.exp2(m - m_new)
+        total = total * old + tl.sum(w * s, axis=0)
+        acc = acc * old + tl.sum(part_acc * w[:, None], axis=0)
+        m_run = m_new
+    o = acc / tl.where(total == 0.0, 1.0, total)
     tl.store(out_ptr + seq * stride_ot + head * HEAD_DIM + d, o.to(out_ptr.dtype.element_ty), d_ok)
 
 
@@ -393,12 +408,16 @@ class TritonPagedBackend:
             acc,
             m,
             s,
+            meta.context_lens,
             out,
             out.stride(0),
+            cols,
             num_parts,
+            BLOCK_SIZE=block_size,
             HEAD_DIM=head_dim,
             BLOCK_D=block_d,
-            PARTS_PAD=max(2, triton.next_power_of_2(num_parts)),
+            PART=self.partition_size,
+            CHUNK=min(16, max(2, triton.next_power_of_2(num_parts))),
         )
 
     def prefill(

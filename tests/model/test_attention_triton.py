@@ -181,6 +181,27 @@ def test_padded_decode_rows_do_not_fault_or_touch_real_rows(tri) -> None:
 
 
 @kernel_test
+def test_decode_over_a_full_width_table_reads_only_the_partitions_lengths_reach(tri) -> None:
+    """As under graph capture: the table is as wide as the longest context allowed (here 6
+    partitions), most of it unused; the partials of unreached partitions are never written."""
+    lengths = [5, 30, 1]
+    batch = build_batch(decode_chunks(lengths), BS, DEVICE)
+    d = batch.decode
+    assert d is not None
+    wide = torch.zeros(3, 24, dtype=torch.int32, device=DEVICE)
+    wide[:, : d.block_table.shape[1]] = d.block_table
+    full = ForwardBatch(
+        batch.input_ids, batch.positions, batch.slot_mapping,
+        DecodeMeta(3, wide, d.context_lens, d.max_len), [], batch.logits_rows, [], BS,
+    )  # fmt: skip
+    k, v = pool(torch.float32)
+    q = queries(3, torch.float32)
+    b = backend(tri)
+    got = b.forward(q, full, b.plan(full), k, v)
+    assert (got.cpu().double() - reference(q, batch, k, v)).abs().max().item() <= 1e-5
+
+
+@kernel_test
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_prefill_without_a_cached_prefix_matches_sdpa(tri, dtype) -> None:
     check(tri, [SeqChunk(list(range(21)), 0, tables([21])[0])], dtype)
