@@ -23,6 +23,7 @@ from radixserve.engine.outputs import RequestOutput
 from radixserve.engine.params import SamplingParams
 from radixserve.model.batch import SeqChunk
 from radixserve.model.sampling import SamplingRow
+from radixserve.options import ATTENTION_BACKENDS
 
 
 @functools.cache
@@ -163,7 +164,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     ap.add_argument("--quantization", default=None, choices=["none", "int8", "int4"])
-    ap.add_argument("--attention-backend", default="auto", choices=["auto", "sdpa", "cpu"])
+    ap.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
     args = ap.parse_args()
     q = args.quick
     cases: list[tuple[str, Callable[[LLM], dict[str, float]]]] = [

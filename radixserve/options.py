@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 # --attention-backend values (radixserve.model.attention implements them).
-ATTENTION_BACKENDS = ("auto", "sdpa", "cpu")
+ATTENTION_BACKENDS = ("auto", "sdpa", "cpu", "triton")
 # vLLM accepts block sizes 1..256; larger blocks make prefix sharing too coarse to pay.
 MAX_BLOCK_SIZE = 256
 

@@ -41,6 +41,12 @@ def check_engine_args(args: argparse.Namespace) -> None:
             "--attention-backend cpu runs float32 models on the CPU only; "
             "add --dtype float32 --device cpu, or use --attention-backend sdpa"
         )
+    if getattr(args, "attention_backend", "auto") == "triton":
+        from radixserve.model.attention import triton_unavailable
+
+        reason = triton_unavailable(device)
+        if reason is not None:
+            raise ConfigError(f"--attention-backend triton cannot run here: {reason}")
     from radixserve.model.kv_pool import (
         bytes_per_token,
         check_pool_fits_memory,

@@ -199,8 +199,9 @@ OPTIONS: tuple[_Option, ...] = (
     _Option(
         "attention_backend",
         "--attention-backend",
-        "attention kernels (default auto: cpu for float32 on the CPU, else sdpa; cpu: "
-        "radixserve's paged kernel reading K/V in place; sdpa: gathered blocks + torch SDPA)",
+        "attention kernels (default auto: triton on CUDA, cpu for float32 on the CPU, else "
+        "sdpa; cpu: radixserve's paged kernel reading K/V in place; sdpa: gathered blocks + "
+        "torch SDPA; triton: radixserve's paged Triton kernels, CUDA)",
         choices=types.ATTENTION_BACKENDS,
     ),
     _Option(

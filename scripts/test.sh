@@ -2,7 +2,7 @@
 # Set up (idempotent) and run every check: lint, format, types, tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RADIXSERVE_EXTRAS=dev,ray bash scripts/setup.sh
+RADIXSERVE_EXTRAS=dev,ray,gpu bash scripts/setup.sh
 # The dashboard's browser test drives Debian's chromium through its chromium-driver (no
 # browser download at test time); without root or apt the test skips and says why.
 if [ ! -x /usr/bin/chromedriver ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

@@ -1,6 +1,7 @@
 """Attention backends over the paged KV pool: plan a step's metadata once, then attend per
 layer. `sdpa` (torch's scaled_dot_product_attention over gathered blocks) runs anywhere;
-`cpu` reads decode K/V from the pool in place with our kernel. `select_backend` picks one.
+`cpu` reads decode K/V from the pool in place with our kernel; `triton` (attention_triton.py)
+reads it in place on CUDA. `select_backend` picks one.
 """
 
 from __future__ import annotations
@@ -223,13 +224,31 @@ class CpuPagedBackend:
         return out.view(b, num_heads * head_dim)
 
 
+def triton_unavailable(device: torch.device) -> str | None:
+    """Why the `triton` backend cannot run on `device` here (None when it can); imports
+    triton, so call it only when that backend is asked for or CUDA is in use."""
+    try:
+        from radixserve.model import attention_triton
+    except ImportError as e:
+        return f"it needs the triton package ({e}); pip install 'radixserve[gpu]'"
+    return attention_triton.unavailable_reason(device)
+
+
 def select_backend(name: str, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
-    """The backend `name` asks for. `auto` is `cpu` for float32 pools on the CPU when our
-    kernels load (at 2k-token contexts 4x faster than gathering for SDPA, and it needs no
-    padding to the longest sequence of a batch), otherwise `sdpa`. Raises ValueError for a
-    backend this setup cannot run."""
+    """The backend `name` asks for. `auto` is `triton` on CUDA where triton imports; `cpu`
+    for float32 pools on the CPU when our kernels load (at 2k-token contexts 4x faster than
+    gathering for SDPA, and it needs no padding to the longest sequence of a batch);
+    otherwise `sdpa`. Raises ValueError for a backend this setup cannot run."""
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; use one of {ATTENTION_BACKENDS}")
+    if name == "triton" or (name == "auto" and device.type == "cuda"):
+        reason = triton_unavailable(device)
+        if reason is None:
+            from radixserve.model.attention_triton import TritonPagedBackend
+
+            return TritonPagedBackend()
+        if name == "triton":
+            raise ValueError(f"--attention-backend triton cannot run here: {reason}")
     cpu_ok = device.type == "cpu" and dtype == torch.float32
     if name == "cpu":
         if not cpu_ok:

@@ -1,0 +1,476 @@
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+# (Triton reads kernel parameter annotations itself: its kernels stay unannotated.)
+"""Paged attention as Triton kernels of our own (`--attention-backend triton`).
+
+Both kernels read K/V straight from the pool, [num_blocks, block_size, num_kv_heads, head_dim],
+looking block ids up on the device; nothing is gathered or copied per layer.
+
+- Decode (flash-decoding): each (sequence, KV head, context partition) program attends the
+  query heads of one GQA group over its slice of the context, and a reduce kernel merges the
+  partitions, so one long sequence still fills the GPU. Grids depend only on q.shape and
+  block_table.shape, lengths and block ids are read on the device, and scratch is a plain
+  `torch.empty` of shape-only size: the decode step can be captured in a CUDA graph.
+- Prefill (varlen, causal, over a cached prefix): one launch for all of a step's chunks; a
+  host-built tile table (in `plan`) says where each tile of query rows starts.
+
+float16 / bfloat16 / float32 pools; scores, softmax and sums in float32. The kernels run on
+CUDA; on the CPU only under Triton's interpreter (TRITON_INTERPRET=1 set before this module
+is imported; slow, for tests).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from radixserve.model.attention import AttentionPlan
+from radixserve.model.batch import ForwardBatch
+
+# Decided when the kernels below are decorated (Triton reads the variable at that moment).
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+_LOG2E = 1.4426950408889634
+_TILE_FIELDS = 4  # prefill tile row: first query row, rows, first query position, block offset
+
+
+def unavailable_reason(device: torch.device) -> str | None:
+    """Why these kernels cannot run on `device` in this process (None when they can)."""
+    if device.type == "cuda":
+        if INTERPRETED:
+            return "TRITON_INTERPRET=1 is set: the kernels would run in Triton's interpreter"
+        return None
+    if device.type == "cpu":
+        if INTERPRETED:
+            return None
+        return (
+            "the Triton kernels run on CUDA devices (on the CPU only under Triton's "
+            "interpreter, TRITON_INTERPRET=1, which is for tests); use --attention-backend "
+            "sdpa or cpu here"
+        )
+    return f"the Triton kernels run on CUDA devices, not {device.type}"
+
+
+@triton.jit
+def _token_rows(
+    head_ptr, table_ptr, pos, ok, d, d_ok, stride_b, stride_s, BLOCK_SIZE: tl.constexpr
+):
+    """[len(pos), BLOCK_D] rows of one head's K or V (`head_ptr`: the pool at that head) at
+    context positions `pos`, their block ids read from `table_ptr` (a block-table row); zeros
+    where not `ok`."""
+    blk = tl.load(table_ptr + pos // BLOCK_SIZE, mask=ok, other=0).to(tl.int64)
+    off = pos % BLOCK_SIZE
+    return tl.load(
+        head_ptr + blk[:, None] * stride_b + off[:, None] * stride_s + d[None, :],
+        mask=ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )
+
+
+@triton.jit
+def _decode_partition_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    table_ptr,
+    lens_ptr,
+    acc_ptr,
+    max_ptr,
+    sum_ptr,
+    scale,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_table,
+    table_cols,
+    num_parts,
+    BLOCK_SIZE: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PART: tl.constexpr,
+    TILE: tl.constexpr,
+):
+    """Softmax partials (running max, sum, weighted V) of one sequence's GQA group over one
+    partition of its context."""
+    seq = tl.program_id(0)
+    kvh = tl.program_id(1)
+    part = tl.program_id(2)
+    num_heads = GROUP * tl.num_programs(1)
+    # A length beyond the table's columns (a garbage padding row) must not read past it.
+    ctx = tl.minimum(tl.load(lens_ptr + seq), table_cols * BLOCK_SIZE)
+    start = part * PART
+    end = tl.minimum(start + PART, ctx)
+    g = tl.arange(0, GROUP_PAD)
+    d = tl.arange(0, BLOCK_D)
+    g_ok = g < GROUP
+    d_ok = d < HEAD_DIM
+    heads = kvh * GROUP + g
+    q = tl.load(
+        q_ptr + seq * stride_qt + heads[:, None] * stride_qh + d[None, :],
+        mask=g_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    ).to(tl.float32)
+    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    s_sum = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
+    table_row = table_ptr + seq * stride_table
+    for t0 in range(start, end, TILE):
+        pos = t0 + tl.arange(0, TILE)
+        p_ok = pos < end
+        k = _token_rows(
+            k_ptr + kvh * stride_kh, table_row, pos, p_ok, d, d_ok, stride_kb, stride_ks, BLOCK_SIZE
+        ).to(tl.float32)
+        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale  # [GROUP_PAD, TILE]
+        scores = tl.where(p_ok[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        v = _token_rows(
+            v_ptr + kvh * stride_vh, table_row, pos, p_ok, d, d_ok, stride_vb, stride_vs, BLOCK_SIZE
+        ).to(tl.float32)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        s_sum = s_sum * alpha + tl.sum(p, axis=1)
+        m = m_new
+    # Partitions past the length store nothing: the reduce reads only the ones it reaches.
+    row = (seq * num_heads + heads) * num_parts + part  # [GROUP_PAD]
+    live = g_ok & (start + 0 * g < ctx)
+    tl.store(max_ptr + row, m, mask=live)
+    tl.store(sum_ptr + row, s_sum, mask=live)
+    tl.store(
+        acc_ptr + row[:, None] * HEAD_DIM + d[None, :], acc, mask=live[:, None] & d_ok[None, :]
+    )
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    acc_ptr,
+    max_ptr,
+    sum_ptr,
+    lens_ptr,
+    out_ptr,
+    stride_ot,
+    table_cols,
+    num_parts,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PART: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    """Merge one (sequence, head)'s partials into its output row, reading only the
+    partitions its length reaches (a sequence with no context gets zeros)."""
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    base = (seq * tl.num_programs(1) + head) * num_parts
+    ctx = tl.minimum(tl.load(lens_ptr + seq), table_cols * BLOCK_SIZE)
+    used = tl.cdiv(ctx, PART)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    m_run = tl.max(tl.full([CHUNK], float("-inf"), tl.float32), axis=0)
+    total = tl.sum(tl.zeros([CHUNK], tl.float32), axis=0)
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for p0 in range(0, used, CHUNK):
+        p = p0 + tl.arange(0, CHUNK)
+        p_ok = p < used
+        m = tl.load(max_ptr + base + p, mask=p_ok, other=float("-inf"))
+        s = tl.load(sum_ptr + base + p, mask=p_ok, other=0.0)
+        part_acc = tl.load(
+            acc_ptr + (base + p)[:, None] * HEAD_DIM + d[None, :],
+            mask=p_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        )
+        m_new = tl.maximum(m_run, tl.max(m, axis=0))  # finite: a used partition has tokens
+        old = tl.exp2(m_run - m_new)
+        w = tl.exp2(m - m_new)
+        total = total * old + tl.sum(w * s, axis=0)
+        acc = acc * old + tl.sum(part_acc * w[:, None], axis=0)
+        m_run = m_new
+    o = acc / tl.where(total == 0.0, 1.0, total)
+    tl.store(out_ptr + seq * stride_ot + head * HEAD_DIM + d, o.to(out_ptr.dtype.element_ty), d_ok)
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    out_ptr,
+    tiles_ptr,
+    blocks_ptr,
+    scale,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_ot,
+    GROUP: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    """Causal attention of one tile of a chunk's query rows (one head) over the chunk's
+    context: the cached prefix and the chunk itself, read through its block ids."""
+    tile = tl.program_id(0)
+    head = tl.program_id(1)
+    kvh = head // GROUP
+    row0 = tl.load(tiles_ptr + tile * 4)
+    num_rows = tl.load(tiles_ptr + tile * 4 + 1)
+    pos0 = tl.load(tiles_ptr + tile * 4 + 2)
+    block_off = tl.load(tiles_ptr + tile * 4 + 3)
+    r = tl.arange(0, BLOCK_M)
+    d = tl.arange(0, BLOCK_D)
+    r_ok = r < num_rows
+    d_ok = d < HEAD_DIM
+    q_pos = pos0 + r
+    q = tl.load(
+        q_ptr + (row0 + r)[:, None] * stride_qt + head * stride_qh + d[None, :],
+        mask=r_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )
+    if DOT_F32:
+        q = q.to(tl.float32)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    s_sum = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    hi = pos0 + num_rows  # keys up to the tile's last query position (causal)
+    chunk_blocks = blocks_ptr + block_off
+    for n0 in range(0, hi, BLOCK_N):
+        k_pos = n0 + tl.arange(0, BLOCK_N)
+        k_ok = k_pos < hi
+        k = _token_rows(
+            k_ptr + kvh * stride_kh, chunk_blocks, k_pos, k_ok, d, d_ok, stride_kb, stride_ks,
+            BLOCK_SIZE,
+        )  # fmt: skip
+        v = _token_rows(
+            v_ptr + kvh * stride_vh, chunk_blocks, k_pos, k_ok, d, d_ok, stride_vb, stride_vs,
+            BLOCK_SIZE,
+        )  # fmt: skip
+        if DOT_F32:
+            scores = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            scores = tl.dot(q, tl.trans(k))
+        scores = scores * scale
+        causal = (k_pos[None, :] <= q_pos[:, None]) & k_ok[None, :]
+        scores = tl.where(causal, scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        if DOT_F32:
+            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        s_sum = s_sum * alpha + tl.sum(p, axis=1)
+        m = m_new
+    o = acc / s_sum[:, None]
+    tl.store(
+        out_ptr + (row0 + r)[:, None] * stride_ot + head * HEAD_DIM + d[None, :],
+        o.to(out_ptr.dtype.element_ty),
+        mask=r_ok[:, None] & d_ok[None, :],
+    )
+
+
+@dataclass
+class TritonPlan(AttentionPlan):
+    """The step's prefill tile table and its chunks' block ids, concatenated (both None in a
+    decode-only step, whose plan does nothing and so can be captured in a graph)."""
+
+    prefill_tiles: torch.Tensor | None = None  # int32 [num_tiles, 4]
+    prefill_blocks: torch.Tensor | None = None  # int32 [sum of the chunks' blocks]
+
+
+class TritonPagedBackend:
+    """Paged decode (flash-decoding) and varlen prefill over a cached prefix, by our Triton
+    kernels. `partition_size` tokens of context per decode program; the tile sizes are the
+    kernels' blocking (the defaults suit a GPU; tests shrink them)."""
+
+    name = "triton"
+
+    def __init__(
+        self,
+        partition_size: int = 256,
+        decode_tile: int = 32,
+        prefill_block_m: int = 64,
+        prefill_block_n: int = 64,
+    ) -> None:
+        if partition_size % decode_tile:
+            raise ValueError("partition_size must be a multiple of decode_tile")
+        self.partition_size = partition_size
+        self.decode_tile = decode_tile
+        self.block_m = prefill_block_m
+        self.block_n = prefill_block_n
+
+    def plan(self, batch: ForwardBatch) -> TritonPlan:
+        """The prefill tile table (host-built, one small copy); nothing for decode."""
+        if not batch.prefills:
+            return TritonPlan()
+        device = batch.input_ids.device
+        rows: list[int] = []
+        offset = 0
+        for p in batch.prefills:
+            first_pos = p.context_len - p.num_tokens
+            for i in range(0, p.num_tokens, self.block_m):
+                n = min(self.block_m, p.num_tokens - i)
+                rows += (p.token_start + i, n, first_pos + i, offset)
+            offset += p.block_ids.shape[0]
+        tiles = torch.tensor(rows, dtype=torch.int32).view(-1, _TILE_FIELDS).to(device)
+        blocks = torch.cat([p.block_ids for p in batch.prefills]).to(torch.int32)
+        return TritonPlan(prefill_tiles=tiles, prefill_blocks=blocks)
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        batch: ForwardBatch,
+        plan: AttentionPlan,
+        k_blocks: torch.Tensor,
+        v_blocks: torch.Tensor,
+    ) -> torch.Tensor:
+        """q [T, H, D] (a view is fine) -> [T, H * D] in q's dtype."""
+        if q.stride(2) != 1:
+            q = q.contiguous()
+        out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype, device=q.device)
+        if batch.decode is not None:
+            d = batch.decode
+            self.decode_into(q, k_blocks, v_blocks, d.block_table, d.context_lens, out)
+        if batch.prefills:
+            if not isinstance(plan, TritonPlan) or plan.prefill_tiles is None:
+                plan = self.plan(batch)
+            assert plan.prefill_tiles is not None and plan.prefill_blocks is not None
+            self.prefill(q, plan.prefill_tiles, plan.prefill_blocks, k_blocks, v_blocks, out)
+        return out
+
+    def decode(
+        self,
+        q: torch.Tensor,
+        k_blocks: torch.Tensor,
+        v_blocks: torch.Tensor,
+        block_table: torch.Tensor,
+        context_lens: torch.Tensor,
+    ) -> torch.Tensor:
+        """The tensors-only decode entry (AttentionBackend.decode): capturable."""
+        if q.stride(2) != 1:
+            q = q.contiguous()
+        out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype, device=q.device)
+        self.decode_into(q, k_blocks, v_blocks, block_table, context_lens, out)
+        return out
+
+    def decode_into(
+        self,
+        q: torch.Tensor,
+        k_blocks: torch.Tensor,
+        v_blocks: torch.Tensor,
+        block_table: torch.Tensor,
+        context_lens: torch.Tensor,
+        out: torch.Tensor,
+    ) -> None:
+        """Writes out[:num_seqs] (one row per block-table row) from q[:num_seqs]; allocates
+        only the partials, whose sizes follow the shapes."""
+        num_seqs, cols = block_table.shape
+        num_heads, head_dim = q.shape[1], q.shape[2]
+        num_kv, block_size = k_blocks.shape[2], k_blocks.shape[1]
+        group = num_heads // num_kv
+        num_parts = triton.cdiv(cols * block_size, self.partition_size)
+        part_rows = num_seqs * num_heads * num_parts
+        acc = torch.empty(part_rows, head_dim, dtype=torch.float32, device=q.device)
+        m = torch.empty(part_rows, dtype=torch.float32, device=q.device)
+        s = torch.empty(part_rows, dtype=torch.float32, device=q.device)
+        block_d = triton.next_power_of_2(head_dim)
+        _decode_partition_kernel[(num_seqs, num_kv, num_parts)](
+            q,
+            k_blocks,
+            v_blocks,
+            block_table,
+            context_lens,
+            acc,
+            m,
+            s,
+            _LOG2E / math.sqrt(head_dim),
+            q.stride(0),
+            q.stride(1),
+            k_blocks.stride(0),
+            k_blocks.stride(1),
+            k_blocks.stride(2),
+            v_blocks.stride(0),
+            v_blocks.stride(1),
+            v_blocks.stride(2),
+            block_table.stride(0),
+            cols,
+            num_parts,
+            BLOCK_SIZE=block_size,
+            GROUP=group,
+            GROUP_PAD=max(2, triton.next_power_of_2(group)),
+            HEAD_DIM=head_dim,
+            BLOCK_D=block_d,
+            PART=self.partition_size,
+            TILE=self.decode_tile,
+        )
+        _decode_reduce_kernel[(num_seqs, num_heads)](
+            acc,
+            m,
+            s,
+            context_lens,
+            out,
+            out.stride(0),
+            cols,
+            num_parts,
+            BLOCK_SIZE=block_size,
+            HEAD_DIM=head_dim,
+            BLOCK_D=block_d,
+            PART=self.partition_size,
+            CHUNK=min(16, max(2, triton.next_power_of_2(num_parts))),
+        )
+
+    def prefill(
+        self,
+        q: torch.Tensor,
+        tiles: torch.Tensor,
+        blocks: torch.Tensor,
+        k_blocks: torch.Tensor,
+        v_blocks: torch.Tensor,
+        out: torch.Tensor,
+    ) -> None:
+        """Writes the rows of every prefill chunk named in `tiles` (see `plan`)."""
+        num_heads, head_dim = q.shape[1], q.shape[2]
+        _prefill_kernel[(tiles.shape[0], num_heads)](
+            q,
+            k_blocks,
+            v_blocks,
+            out,
+            tiles,
+            blocks,
+            _LOG2E / math.sqrt(head_dim),
+            q.stride(0),
+            q.stride(1),
+            k_blocks.stride(0),
+            k_blocks.stride(1),
+            k_blocks.stride(2),
+            v_blocks.stride(0),
+            v_blocks.stride(1),
+            v_blocks.stride(2),
+            out.stride(0),
+            GROUP=num_heads // k_blocks.shape[2],
+            BLOCK_SIZE=k_blocks.shape[1],
+            HEAD_DIM=head_dim,
+            BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+            BLOCK_M=self.block_m,
+            BLOCK_N=self.block_n,
+            # fp32 pools: exact products (no TF32); the interpreter has no 16-bit dot.
+            DOT_F32=q.dtype == torch.float32 or INTERPRETED,
+        )
