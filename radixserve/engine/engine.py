@@ -198,7 +198,9 @@ class LLMEngine:
         tier_blocks = self.kv_tier.num_blocks if self.kv_tier is not None else 0
 
         def new_kv() -> KVCacheManager:
-            return KVCacheManager.from_config(num_blocks, config, tier_blocks, mover)
+            return KVCacheManager.from_config(
+                num_blocks, config, tier_blocks, mover, self.runner.copy_block
+            )
 
         self.kv = new_kv()
         self.kv_persist: KVPersistence | None = None

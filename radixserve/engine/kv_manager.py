@@ -48,8 +48,12 @@ class KVCacheManager:
         refetch_window: float = 60.0,
         tier_blocks: int = 0,
         mover: BlockMover | None = None,
+        copy_block: Callable[[int, int], None] | None = None,
     ) -> None:
         self.block_size = block_size
+        # Copies one block's K/V (all layers) to another: how a prompt cached to its last
+        # token gets a private copy of its last block (see `admit`).
+        self.copy_block = copy_block
         self.pool = BlockPool(num_blocks)
         self.eviction_policy = eviction_policy
         self.session_ttl = session_ttl
@@ -81,6 +85,7 @@ class KVCacheManager:
         config: EngineConfig,
         tier_blocks: int = 0,
         mover: BlockMover | None = None,
+        copy_block: Callable[[int, int], None] | None = None,
     ) -> KVCacheManager:
         """The manager an `EngineConfig` describes (block size, cache on/off, eviction),
         with an offload tier of `tier_blocks` whose bytes `mover` copies (0: none)."""
@@ -94,6 +99,7 @@ class KVCacheManager:
             config.refetch_window,
             tier_blocks,
             mover,
+            copy_block,
         )
 
     def policy_info(self) -> dict[str, object]:
@@ -126,23 +132,45 @@ class KVCacheManager:
     def admit(self, req: Request) -> int:
         """Match `req`'s longest cached prefix, pin it, and start its block table with it.
 
-        At most len(token_ids) - 1 tokens are matched, so the last one is always computed
-        and yields the next token's logits. Returns the number of cached tokens.
+        At most len(token_ids) - 1 tokens are taken as computed, so the last one is always
+        computed and yields the next token's logits. When the whole prompt is cached (it ends
+        on a block boundary), its last block is copied into a private block, so recomputing
+        that one token writes only the copy: a repeat costs one decode step, not a block of
+        prefill. Returns the number of cached tokens.
         """
         assert not req.block_table and req.lock_node is None
-        key = self._match_key(req)
-        self.query_tokens += len(req.token_ids)
+        n = len(req.token_ids)
+        self.query_tokens += n
         if self.cache is None:
             return 0
+        key = req.token_ids if self.copy_block is not None else self._match_key(req)
         m = self.cache.match_prefix(key, req.namespace)
         if m.num_tokens:
             self.cache.lock(m.node)
             req.lock_node = m.node
-        req.block_table = list(m.blocks)
-        req.num_shared_blocks = len(m.blocks)
-        req.num_computed = m.num_tokens
-        self.hit_tokens += m.num_tokens
-        return m.num_tokens
+        blocks = list(m.blocks)
+        cached = m.num_tokens
+        if cached == n:  # matched through the last token: all of it is in the tree
+            blocks.pop()
+            cached -= self.block_size
+            assert self.copy_block is not None
+            try:
+                (copy,) = self.cache.allocate(1)  # the match is locked: not evicted for this
+            except CacheFullError:
+                copy = None
+            if copy is not None:
+                self.copy_block(m.blocks[-1], copy)
+                req.block_table = blocks + [copy]
+                req.num_shared_blocks = len(blocks)
+                self.num_private_blocks += 1
+                req.num_computed = n - 1
+                self.hit_tokens += n - 1
+                return n - 1
+        req.block_table = blocks
+        req.num_shared_blocks = len(blocks)
+        req.num_computed = cached
+        self.hit_tokens += cached
+        return cached
 
     def ensure_blocks(self, req: Request, num_tokens: int) -> bool:
         """Grow `req`'s block table to cover `num_tokens` tokens, evicting cached blocks if

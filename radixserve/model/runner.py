@@ -133,6 +133,11 @@ class ModelRunner:
         logits: torch.Tensor = self.model(batch, self.kv_pool, self.attn)
         return logits
 
+    def copy_block(self, src: int, dst: int) -> None:
+        """Copy block `src`'s K/V (every layer) into block `dst`."""
+        self.kv_pool.k[:, dst] = self.kv_pool.k[:, src]
+        self.kv_pool.v[:, dst] = self.kv_pool.v[:, src]
+
     def _pad_rows(self, start: int, stop: int) -> None:
         """Make buffer rows [start, stop) harmless decode rows: token 0 at position 0,
         writing its K/V into the scratch block and attending to that one token."""

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from radixserve.cache import CacheFullError
 from radixserve.engine.llm import LLM
 from radixserve.engine.outputs import RequestOutput
 from radixserve.engine.params import SamplingParams
@@ -59,15 +60,51 @@ def test_cached_prefix_is_reported_and_reused(make_tiny_engine) -> None:
     assert col.final(b).num_cached_tokens == 32
 
 
-def test_exact_repeat_still_computes_the_last_prompt_token(make_tiny_engine) -> None:
+def test_exact_repeat_recomputes_only_the_last_token_in_a_copy_of_its_block(
+    make_tiny_engine,
+) -> None:
+    """A prompt cached through its last token (it ends on a block boundary) takes all but that
+    token from the tree; the last block is copied, so the recomputed token's K/V goes to the
+    copy and the tree's block keeps its bytes. Output equals the cache-off engine's."""
     engine = make_tiny_engine()
     col = Collector()
     prompt = list(range(200, 216))  # exactly 4 blocks
     a = engine.add_request(prompt, greedy(4), on_output=col)
     run_until_idle(engine)
+    m = engine.kv.cache.match_prefix(prompt, None)
+    last = m.blocks[-1]
+    before = engine.kv_pool.k[:, last].clone(), engine.kv_pool.v[:, last].clone()
     b = engine.add_request(prompt, greedy(4), on_output=col)
     run_until_idle(engine)
-    assert col.final(b).num_cached_tokens == 12
+    assert col.final(b).num_cached_tokens == 15
+    assert col.final(b).token_ids == col.final(a).token_ids
+    assert engine.kv_pool.k[:, last].equal(before[0]) and engine.kv_pool.v[:, last].equal(before[1])
+    off = make_tiny_engine(enable_prefix_cache=False)
+    col_off = Collector()
+    c = off.add_request(prompt, greedy(4), on_output=col_off)
+    run_until_idle(off)
+    assert col_off.final(c).token_ids == col.final(b).token_ids
+
+
+def test_exact_repeat_without_a_free_block_for_the_copy_recomputes_the_last_block(
+    make_tiny_engine, monkeypatch
+) -> None:
+    engine = make_tiny_engine()
+    col = Collector()
+    prompt = list(range(300, 316))
+    a = engine.add_request(prompt, greedy(2), on_output=col)
+    run_until_idle(engine)
+    cache = engine.kv.cache
+    allocate = cache.allocate
+
+    def full_once(n: int) -> list[int]:
+        monkeypatch.setattr(cache, "allocate", allocate)
+        raise CacheFullError(n, 0)
+
+    monkeypatch.setattr(cache, "allocate", full_once)
+    b = engine.add_request(prompt, greedy(2), on_output=col)
+    run_until_idle(engine)
+    assert col.final(b).num_cached_tokens == 12  # no block to copy into: the last is redone
     assert col.final(b).token_ids == col.final(a).token_ids
 
 

@@ -280,9 +280,10 @@ def test_decode_is_captured_in_a_cuda_graph_and_replays_new_lengths(tri) -> None
     assert (out.cpu().double() - want).abs().max().item() <= 2e-2
 
 
-def test_auto_is_sdpa_on_cpu_and_triton_where_cuda_can_run_it(tri, monkeypatch) -> None:
+def test_auto_is_not_triton_on_cpu_and_triton_where_cuda_can_run_it(tri, monkeypatch) -> None:
     cpu = torch.device("cpu")
-    assert isinstance(select_backend("auto", cpu, torch.float32), SdpaBackend)
+    assert isinstance(select_backend("auto", cpu, torch.bfloat16), SdpaBackend)
+    assert select_backend("auto", cpu, torch.float32).name == "cpu"
     monkeypatch.setattr(tri, "unavailable_reason", lambda device: None)
     got = select_backend("auto", torch.device("cuda"), torch.bfloat16)
     assert isinstance(got, tri.TritonPagedBackend)
