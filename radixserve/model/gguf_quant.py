@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,54 @@ def _rows(raw: np.ndarray, n_head: int | None) -> np.ndarray:
     # llama.cpp stores q/k rows permuted for its RoPE; blocks never straddle rows, so the
     # row permutation applies to the packed bytes as it does to the floats.
     return raw if n_head is None else _unpermute(raw, n_head)
+
+
+def load_quantized_cached(
+    gguf_path: Path, cache_file: Path, num_heads: int, num_kv_heads: int
+) -> dict[str, QuantizedWeight]:
+    """`read_quantized`, through a safetensors copy at `cache_file` (written on first use,
+    atomically): parsing the GGUF's metadata takes ~5 s, reading the copy well under one."""
+    if cache_file.exists():
+        try:
+            return load_quantized(cache_file)
+        except Exception:  # a damaged copy: read the GGUF again and rewrite it
+            pass
+    weights = read_quantized(gguf_path, num_heads, num_kv_heads)
+    try:
+        save_quantized(weights, cache_file)
+    except OSError:  # a read-only cache: fine, just slower next time
+        pass
+    return weights
+
+
+def save_quantized(weights: dict[str, QuantizedWeight], path: Path) -> None:
+    """Write `weights` as one safetensors file (`<name>.qs|scale|minv`), atomically."""
+    from safetensors.torch import save_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    for name, w in weights.items():
+        tensors[f"{name}.qs"] = w.qs
+        tensors[f"{name}.scale"] = w.scale
+        if w.minv is not None:
+            tensors[f"{name}.minv"] = w.minv
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    save_file(tensors, str(tmp))
+    os.replace(tmp, path)
+
+
+def load_quantized(path: Path) -> dict[str, QuantizedWeight]:
+    """The weights `save_quantized` wrote (int4 codes are uint8, int8 codes int8)."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(path))
+    out: dict[str, QuantizedWeight] = {}
+    for key, qs in tensors.items():
+        if not key.endswith(".qs"):
+            continue
+        name = key.removesuffix(".qs")
+        kind = "int4" if qs.dtype == torch.uint8 else "int8"
+        out[name] = QuantizedWeight(kind, qs, tensors[name + ".scale"], tensors.get(name + ".minv"))
+    return out
 
 
 def read_quantized(path: Path, num_heads: int, num_kv_heads: int) -> dict[str, QuantizedWeight]:

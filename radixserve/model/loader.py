@@ -240,12 +240,13 @@ def load_model(
         kernels.load()
         stored = {}
         if files.gguf is not None:
-            from radixserve.model.gguf_quant import read_quantized
+            from radixserve.model.gguf_quant import load_quantized_cached
 
+            cache_file = files.path / "gguf_quantized.safetensors"
             stored = {
                 name: w
-                for name, w in read_quantized(
-                    files.gguf, config.num_heads, config.num_kv_heads
+                for name, w in load_quantized_cached(
+                    files.gguf, cache_file, config.num_heads, config.num_kv_heads
                 ).items()
                 if w.kind == kind or w.kind == "int8"  # Q8_0 is exact and at least as precise
             }

@@ -121,3 +121,45 @@ def test_gguf_blocks_equal_the_converted_weights(default_model_files) -> None:
         "model.layers.29.mlp.down_proj.weight",
     ):
         assert torch.equal(stored[name].dequantize(), dense[name]), name
+
+
+def test_quantized_weights_round_trip_through_their_safetensors_copy(tmp_path) -> None:
+    from radixserve.model.gguf_quant import load_quantized, load_quantized_cached, save_quantized
+
+    torch.manual_seed(3)
+    weights = {
+        "a.weight": quantize(torch.randn(8, 64), "int4"),
+        "b": quantize(torch.randn(4, 32), "int8"),
+    }
+    path = tmp_path / "q.safetensors"
+    save_quantized(weights, path)
+    back = load_quantized(path)
+    assert set(back) == set(weights)
+    for name, w in weights.items():
+        assert back[name].kind == w.kind
+        assert torch.equal(back[name].dequantize(), w.dequantize())
+    # With the copy present the GGUF is not read at all (a missing file would raise).
+    cached = load_quantized_cached(tmp_path / "absent.gguf", path, 9, 3)
+    assert torch.equal(cached["a.weight"].qs, weights["a.weight"].qs)
+    path.write_bytes(b"damaged")  # a damaged copy falls back to the GGUF (absent here: raises)
+    with pytest.raises(FileNotFoundError):
+        load_quantized_cached(tmp_path / "absent.gguf", path, 9, 3)
+
+
+@pytest.mark.slow
+def test_the_default_model_loads_its_4bit_weights_from_the_cached_copy_exactly(
+    default_model_files, tmp_path
+) -> None:
+    from radixserve.model.gguf_quant import load_quantized_cached, read_quantized
+
+    assert default_model_files.gguf is not None
+    copy = tmp_path / "gguf_quantized.safetensors"
+    first = load_quantized_cached(default_model_files.gguf, copy, 9, 3)
+    assert copy.exists()
+    second = load_quantized_cached(default_model_files.gguf, copy, 9, 3)
+    direct = read_quantized(default_model_files.gguf, 9, 3)
+    assert set(first) == set(second) == set(direct)
+    for name, w in direct.items():
+        for got in (first[name], second[name]):
+            assert got.kind == w.kind and torch.equal(got.qs, w.qs)
+            assert torch.equal(got.scale, w.scale)
