@@ -114,8 +114,7 @@ class SdpaBackend:
         block_ids = d.block_table.long()
         mask = None
         if d.num_seqs > 1:  # one sequence: its K/V is cut to max_len instead of masked
-            span = torch.arange(block_ids.shape[1] * batch.block_size, device=block_ids.device)
-            mask = (span[None, :] < d.context_lens.long()[:, None])[:, None, None, :]
+            mask = _context_mask(block_ids, batch.block_size, d.context_lens)
         return AttentionPlan(block_ids, mask)
 
     def forward(
@@ -147,9 +146,16 @@ class SdpaBackend:
         context_lens: torch.Tensor,
     ) -> torch.Tensor:
         block_ids = block_table.long()
-        span = torch.arange(block_ids.shape[1] * k_blocks.shape[1], device=q.device)
-        mask = (span[None, :] < context_lens.long()[:, None])[:, None, None, :]
+        mask = _context_mask(block_ids, k_blocks.shape[1], context_lens)
         return _sdpa_decode(q, k_blocks, v_blocks, block_ids, mask, None)
+
+
+def _context_mask(
+    block_ids: torch.Tensor, block_size: int, context_lens: torch.Tensor
+) -> torch.Tensor:
+    """bool [B, 1, 1, W * block_size]: which gathered key slots of each sequence are context."""
+    span = torch.arange(block_ids.shape[1] * block_size, device=block_ids.device)
+    return (span[None, :] < context_lens.long()[:, None])[:, None, None, :]
 
 
 def _sdpa_decode(
