@@ -93,12 +93,11 @@ def prefill_attention(
         vp = gather_blocks(v_blocks, p.block_ids).view(-1, num_kv, head_dim)[: p.context_len]
         kp = kp.transpose(0, 1).unsqueeze(0)
         vp = vp.transpose(0, 1).unsqueeze(0)
-        if p.causal_mask is None:
+        mask = p.causal_mask()
+        if mask is None:
             op = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, enable_gqa=True)
         else:
-            op = F.scaled_dot_product_attention(
-                qp, kp, vp, attn_mask=p.causal_mask, enable_gqa=True
-            )
+            op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, enable_gqa=True)
         out[rows] = op.squeeze(0).transpose(0, 1).reshape(p.num_tokens, num_heads * head_dim)
 
 
@@ -183,8 +182,9 @@ def _sdpa_decode(
 
 
 class CpuPagedBackend:
-    """Decode attention by our kernel, straight from the pool's blocks (no per-layer copy of
-    each sequence's context); prefill chunks as in `sdpa`. float32 pools on CPU."""
+    """Attention by our kernels, straight from the pool's blocks (no per-layer copy of each
+    sequence's context): decode rows, and prefill chunks causal over their cached prefix
+    (head sizes that are not a multiple of 16 take `sdpa`'s prefill). float32 pools on CPU."""
 
     name = "cpu"
 
@@ -205,7 +205,15 @@ class CpuPagedBackend:
         if d is not None:
             b = d.num_seqs
             out[:b] = self.decode(q[:b], k_blocks, v_blocks, d.block_table, d.context_lens)
-        prefill_attention(q, batch, k_blocks, v_blocks, out)
+        if head_dim % 16:
+            prefill_attention(q, batch, k_blocks, v_blocks, out)
+            return out
+        scale = 1.0 / math.sqrt(head_dim)
+        for p in batch.prefills:
+            rows = slice(p.token_start, p.token_start + p.num_tokens)
+            torch.ops.radixserve.paged_prefill_attention(
+                q[rows], k_blocks, v_blocks, p.block_ids, p.context_len, scale, out[rows]
+            )
         return out
 
     def decode(

@@ -30,7 +30,17 @@ class PrefillMeta:
     num_tokens: int
     context_len: int  # tokens attended to, the new ones included
     block_ids: torch.Tensor  # [ceil(context_len / block_size)] blocks holding that context
-    causal_mask: torch.Tensor | None  # [num_tokens, context_len] bool; None when square causal
+
+    def causal_mask(self) -> torch.Tensor | None:
+        """[num_tokens, context_len] bool, on the block ids' device: which keys each new token
+        attends to; None when the chunk starts its sequence (plain square causal). Built on
+        demand: backends that read the pool in place never need it."""
+        start = self.context_len - self.num_tokens
+        if start == 0:
+            return None
+        device = self.block_ids.device
+        pos = torch.arange(start, self.context_len, device=device)
+        return torch.arange(self.context_len, device=device)[None, :] <= pos[:, None]
 
 
 @dataclass
@@ -128,12 +138,8 @@ def build_batch(
             logits_rows.append(row0 + n - 1)
             logits_chunk.append(i)
         if n > 1:
-            mask = None
-            if c.start_pos > 0:
-                pos = torch.arange(c.start_pos, end)
-                mask = (torch.arange(end)[None, :] <= pos[:, None]).to(device)
             used = torch.tensor(table[: -(-end // block_size)], dtype=torch.long, device=device)
-            prefills.append(PrefillMeta(row0, n, end, used, mask))
+            prefills.append(PrefillMeta(row0, n, end, used))
     max_blocks = 0
     if decode_idx:
         lens = [chunks[i].start_pos + 1 for i in decode_idx]

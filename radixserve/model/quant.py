@@ -16,7 +16,6 @@ from radixserve.model import kernels
 
 GROUP = 32
 QUANTIZATIONS = ("none", "int8", "int4")
-MAX_KERNEL_ROWS = 16  # larger inputs (prefill) dequantize the weight and use a dense GEMM
 
 
 @dataclass
@@ -99,8 +98,9 @@ def quantize(w: torch.Tensor, kind: str) -> QuantizedWeight:
 
 
 class QuantLinear:
-    """y = x W^T (+ b) over a QuantizedWeight: our kernel for decode-sized inputs on CPU, a
-    dequantized dense GEMM otherwise."""
+    """y = x W^T (+ b) over a QuantizedWeight: our kernels on CPU (any number of rows: the
+    weight is dequantized a few rows at a time inside the GEMM, never whole), a dequantized
+    dense GEMM elsewhere."""
 
     def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None = None) -> None:
         self.weight, self.bias = weight, bias
@@ -109,11 +109,10 @@ class QuantLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
-        rows = x2.shape[0]
         w = self.weight
-        if rows <= MAX_KERNEL_ROWS and x2.device.type == "cpu" and kernels.loaded():
+        if x2.device.type == "cpu" and kernels.loaded():
             xf = x2.float().contiguous()
-            out = torch.empty(rows, self.out_features, dtype=torch.float32)
+            out = torch.empty(x2.shape[0], self.out_features, dtype=torch.float32)
             if w.kind == "int4":
                 torch.ops.radixserve.q4_gemm(xf, w.qs, w.scale, w.minv, out)
             else:

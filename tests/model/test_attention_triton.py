@@ -109,10 +109,7 @@ def reference(q, batch: ForwardBatch, k, v) -> torch.Tensor:
         d = batch.decode
         cpu.decode = DecodeMeta(d.num_seqs, d.block_table.cpu(), d.context_lens.cpu(), d.max_len)
     for p in batch.prefills:
-        mask = None if p.causal_mask is None else p.causal_mask.cpu()
-        cpu.prefills.append(
-            type(p)(p.token_start, p.num_tokens, p.context_len, p.block_ids.cpu(), mask)
-        )
+        cpu.prefills.append(type(p)(p.token_start, p.num_tokens, p.context_len, p.block_ids.cpu()))
     sdpa = SdpaBackend()
     return sdpa.forward(q.cpu().to(f), cpu, sdpa.plan(cpu), k.cpu().to(f), v.cpu().to(f))
 

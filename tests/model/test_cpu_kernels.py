@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from radixserve.model import kernels
 from radixserve.model.attention import CpuPagedBackend, SdpaBackend
+from radixserve.model.batch import SeqChunk, build_batch
 from radixserve.model.llama import apply_rope, rms_norm
 
 ops = torch.ops.radixserve
@@ -86,4 +87,48 @@ def test_paged_decode_attention_equals_sdpa_over_the_same_blocks(
     # Row 0 attends to one token: its output is that token's V, head group by head group.
     first = v_blocks[table[0, 0], 0].repeat_interleave(heads // kv_heads, dim=0)
     torch.testing.assert_close(got[0].view(heads, head_dim), first)
+    assert math.isfinite(float(got.abs().sum()))
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(9, 3), (4, 4), (6, 1)])
+@pytest.mark.parametrize("block_size", [16, 5])
+def test_paged_prefill_attention_equals_sdpa_over_the_same_blocks(
+    heads: int, kv_heads: int, block_size: int
+) -> None:
+    """Chunks that start their sequence and chunks over a cached prefix, short and long
+    (several 16-token query tiles, 64-key tiles, a 2-token chunk over 300 cached tokens whose
+    keys are split across threads), scattered blocks, q rows inside a wider (fused qkv) tensor,
+    and decode rows in the same step."""
+    torch.manual_seed(heads * block_size)
+    head_dim = 64
+    shapes = [(50, 0), (2, 300), (37, 70), (1, 20), (17, 17)]  # (new tokens, cached); 1: decode
+    nblocks = sum(-(-(start + n) // block_size) for n, start in shapes) + 3
+    order = torch.randperm(nblocks).tolist()
+    chunks = []
+    for i, (n, start) in enumerate(shapes):
+        need = -(-(start + n) // block_size)
+        chunks.append(SeqChunk([i + 1] * n, start, order[:need]))
+        order = order[need:]
+    batch = build_batch(chunks, block_size)
+    k_blocks = torch.randn(nblocks, block_size, kv_heads, head_dim)
+    v_blocks = torch.randn_like(k_blocks)
+    tokens = batch.input_ids.shape[0]
+    wide = torch.randn(tokens, heads * head_dim + 24)
+    q = wide[:, : heads * head_dim].view(tokens, heads, head_dim)
+    cpu, sdpa = CpuPagedBackend(), SdpaBackend()
+    got = cpu.forward(q, batch, cpu.plan(batch), k_blocks, v_blocks)
+    f64 = torch.float64
+    want = sdpa.forward(q.to(f64), batch, sdpa.plan(batch), k_blocks.to(f64), v_blocks.to(f64))
+    torch.testing.assert_close(got, want.float(), rtol=1e-5, atol=1e-5)
+
+
+def test_paged_prefill_attention_first_token_sees_only_itself() -> None:
+    torch.manual_seed(0)
+    k_blocks = torch.randn(4, 16, 2, 64)
+    v_blocks = torch.randn_like(k_blocks)
+    batch = build_batch([SeqChunk([1] * 20, 0, [2, 0])], 16)
+    q = torch.randn(20, 4, 64)
+    cpu = CpuPagedBackend()
+    got = cpu.forward(q, batch, cpu.plan(batch), k_blocks, v_blocks).view(20, 4, 64)
+    torch.testing.assert_close(got[0], v_blocks[2, 0].repeat_interleave(2, dim=0))
     assert math.isfinite(float(got.abs().sum()))

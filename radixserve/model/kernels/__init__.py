@@ -1,5 +1,6 @@
-"""radixserve's own CPU kernels (C++): weight-only quantized GEMM for decode-sized inputs and
-paged decode attention that reads K/V from the block pool in place.
+"""radixserve's own CPU kernels (C++): weight-only quantized GEMM for any number of input rows,
+paged decode and prefill attention that read K/V from the block pool in place, and a decoder
+layer's fused elementwise steps.
 
 Built on first use with torch's extension builder (a C++ compiler and ninja) into
 `<cache root>/kernels/`, then loaded from there in later processes (about a second). Where

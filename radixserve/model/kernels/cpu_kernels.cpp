@@ -1,5 +1,7 @@
-// CPU kernels of radixserve: weight-only quantized GEMM for few-row inputs (decode steps) and
-// paged decode attention that reads K/V from the block pool in place.
+// CPU kernels of radixserve: weight-only quantized GEMM (one row straight from the codes; few
+// rows over 4-row dequantized blocks; many rows over packed 16-row panels and a 6x16 register
+// tile), paged decode and prefill attention that read K/V from the block pool in place, and
+// the fused elementwise steps of a decoder layer.
 //
 // Quantized formats (both in groups of 32 consecutive weights along K, as llama.cpp's):
 //   int4 ("Q4_1"): w = scale * q + min, q in [0, 15]; byte j of a group holds element j in its
@@ -14,7 +16,10 @@
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <utility>
@@ -30,6 +35,24 @@ namespace {
 constexpr int64_t kGroup = 32;
 
 void check(bool ok, const char* what) { TORCH_CHECK(ok, "radixserve kernel: ", what); }
+
+// A zeroed float buffer on 64-byte (cache line) boundaries.
+class AlignedBuffer {
+ public:
+  explicit AlignedBuffer(int64_t n)
+      : p_(static_cast<float*>(std::aligned_alloc(64, ((n * 4 + 63) / 64) * 64))) {
+    check(p_ != nullptr, "out of memory");
+    std::memset(p_, 0, n * sizeof(float));
+  }
+  ~AlignedBuffer() { std::free(p_); }
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  float* data() { return p_; }
+  float* begin() { return p_; }
+
+ private:
+  float* p_;
+};
 
 #ifdef RS_AVX2
 inline float hsum(__m256 v) {
@@ -184,6 +207,124 @@ void quant_gemm(const at::Tensor& x, int64_t N, const at::Tensor& out, Dequant d
   });
 }
 
+// ---- Register-blocked GEMM tile over a packed panel (many input rows: prefill) ----
+// B is a panel of 16 weight rows packed k-major: B[k * 16 + j] = W[n + j, k].
+
+constexpr int kTileRows = 6;   // input rows per tile: 12 accumulators + 2 B + 1 broadcast
+constexpr int kPanel = 16;     // weight rows per packed panel (two 8-lane vectors)
+constexpr int64_t kPanelMinRows = 8;  // from 8 input rows on, packed panels beat dot_block
+
+// C[i, 0:16] (+)= sum_k A[i * lda + k] * B[k * ldb + 0:16] for i < MR (C row stride ldc).
+template <int MR, bool ACC>
+inline void tile_x16(const float* A, int64_t lda, const float* B, int64_t ldb, int64_t K,
+                     float* C, int64_t ldc) {
+#ifdef RS_AVX2
+  __m256 c0[MR], c1[MR];
+  for (int i = 0; i < MR; ++i) {
+    c0[i] = ACC ? _mm256_loadu_ps(C + i * ldc) : _mm256_setzero_ps();
+    c1[i] = ACC ? _mm256_loadu_ps(C + i * ldc + 8) : _mm256_setzero_ps();
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    const __m256 b0 = _mm256_loadu_ps(B + k * ldb), b1 = _mm256_loadu_ps(B + k * ldb + 8);
+    for (int i = 0; i < MR; ++i) {
+      const __m256 a = _mm256_broadcast_ss(A + i * lda + k);
+      c0[i] = _mm256_fmadd_ps(a, b0, c0[i]);
+      c1[i] = _mm256_fmadd_ps(a, b1, c1[i]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    _mm256_storeu_ps(C + i * ldc, c0[i]);
+    _mm256_storeu_ps(C + i * ldc + 8, c1[i]);
+  }
+#else
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < 16; ++j) {
+      float acc = ACC ? C[i * ldc + j] : 0.f;
+      for (int64_t k = 0; k < K; ++k) acc += A[i * lda + k] * B[k * ldb + j];
+      C[i * ldc + j] = acc;
+    }
+#endif
+}
+
+// tile_x16 for mr = 1..6 rows.
+template <bool ACC = false>
+inline void tile_rows(int mr, const float* A, int64_t lda, const float* B, int64_t ldb,
+                      int64_t K, float* C, int64_t ldc) {
+  switch (mr) {
+    case 6: return tile_x16<6, ACC>(A, lda, B, ldb, K, C, ldc);
+    case 5: return tile_x16<5, ACC>(A, lda, B, ldb, K, C, ldc);
+    case 4: return tile_x16<4, ACC>(A, lda, B, ldb, K, C, ldc);
+    case 3: return tile_x16<3, ACC>(A, lda, B, ldb, K, C, ldc);
+    case 2: return tile_x16<2, ACC>(A, lda, B, ldb, K, C, ldc);
+    default: return tile_x16<1, ACC>(A, lda, B, ldb, K, C, ldc);
+  }
+}
+
+// Transpose 16 rows of length K (K % 8 == 0) into the k-major panel [K, 16].
+inline void pack_panel(const float* const* rows, int64_t K, float* panel) {
+#ifdef RS_AVX2
+  for (int half = 0; half < 2; ++half) {
+    const float* const* r = rows + half * 8;
+    for (int64_t k = 0; k < K; k += 8) {
+      __m256 v[8];
+      for (int i = 0; i < 8; ++i) v[i] = _mm256_loadu_ps(r[i] + k);
+      const __m256 t0 = _mm256_unpacklo_ps(v[0], v[1]), t1 = _mm256_unpackhi_ps(v[0], v[1]);
+      const __m256 t2 = _mm256_unpacklo_ps(v[2], v[3]), t3 = _mm256_unpackhi_ps(v[2], v[3]);
+      const __m256 t4 = _mm256_unpacklo_ps(v[4], v[5]), t5 = _mm256_unpackhi_ps(v[4], v[5]);
+      const __m256 t6 = _mm256_unpacklo_ps(v[6], v[7]), t7 = _mm256_unpackhi_ps(v[6], v[7]);
+      const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+      const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+      const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+      const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+      float* o = panel + k * kPanel + half * 8;
+      _mm256_storeu_ps(o + 0 * kPanel, _mm256_permute2f128_ps(u0, u4, 0x20));
+      _mm256_storeu_ps(o + 1 * kPanel, _mm256_permute2f128_ps(u1, u5, 0x20));
+      _mm256_storeu_ps(o + 2 * kPanel, _mm256_permute2f128_ps(u2, u6, 0x20));
+      _mm256_storeu_ps(o + 3 * kPanel, _mm256_permute2f128_ps(u3, u7, 0x20));
+      _mm256_storeu_ps(o + 4 * kPanel, _mm256_permute2f128_ps(u0, u4, 0x31));
+      _mm256_storeu_ps(o + 5 * kPanel, _mm256_permute2f128_ps(u1, u5, 0x31));
+      _mm256_storeu_ps(o + 6 * kPanel, _mm256_permute2f128_ps(u2, u6, 0x31));
+      _mm256_storeu_ps(o + 7 * kPanel, _mm256_permute2f128_ps(u3, u7, 0x31));
+    }
+  }
+#else
+  for (int64_t k = 0; k < K; ++k)
+    for (int j = 0; j < kPanel; ++j) panel[k * kPanel + j] = rows[j][k];
+#endif
+}
+
+// y = x W^T for many input rows: each thread dequantizes 16 weight rows at a time, packs them
+// k-major (the panel stays in L2) and runs every 6-row tile of x over it.
+template <typename Dequant>
+void quant_gemm_panels(const at::Tensor& x, int64_t N, const at::Tensor& out, Dequant dequant) {
+  const int64_t M = x.size(0), K = x.size(1);
+  const float* xp = x.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t panels = (N + kPanel - 1) / kPanel;
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    std::vector<float> rows(kPanel * K), panel(kPanel * K);
+    const float* row_ptrs[kPanel];
+    for (int i = 0; i < kPanel; ++i) row_ptrs[i] = rows.data() + i * K;
+    float tile[kTileRows * kPanel];
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t n = p * kPanel, nr = std::min<int64_t>(kPanel, N - n);
+      if (nr < kPanel) std::fill(rows.begin(), rows.end(), 0.f);
+      dequant(n, nr, rows.data());
+      pack_panel(row_ptrs, K, panel.data());
+      for (int64_t m = 0; m < M; m += kTileRows) {
+        const int mr = static_cast<int>(std::min<int64_t>(kTileRows, M - m));
+        if (nr == kPanel) {
+          tile_rows(mr, xp + m * K, K, panel.data(), kPanel, K, op + m * N + n, N);
+        } else {
+          tile_rows(mr, xp + m * K, K, panel.data(), kPanel, K, tile, kPanel);
+          for (int i = 0; i < mr; ++i)
+            std::memcpy(op + (m + i) * N + n, tile + i * kPanel, nr * sizeof(float));
+        }
+      }
+    }
+  });
+}
+
 #ifdef RS_AVX2
 // One input row (decode of a single sequence): the GEMM is bound by turning codes into
 // floats, so each weight row is used straight from its codes in the factored form
@@ -247,9 +388,12 @@ void q4_gemm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
     return;
   }
 #endif
-  quant_gemm(x, qs.size(0), out, [&](int64_t n, int64_t nr, float* buf) {
+  auto dequant = [&](int64_t n, int64_t nr, float* buf) {
     dequant_rows_q4(qp, sp, mp, n, nr, K, buf);
-  });
+  };
+  if (x.size(0) >= kPanelMinRows && K % 8 == 0)
+    return quant_gemm_panels(x, qs.size(0), out, dequant);
+  quant_gemm(x, qs.size(0), out, dequant);
 }
 
 void q8_gemm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
@@ -264,9 +408,12 @@ void q8_gemm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
     return;
   }
 #endif
-  quant_gemm(x, qs.size(0), out, [&](int64_t n, int64_t nr, float* buf) {
+  auto dequant = [&](int64_t n, int64_t nr, float* buf) {
     dequant_rows_q8(qp, sp, n, nr, K, buf);
-  });
+  };
+  if (x.size(0) >= kPanelMinRows && K % 8 == 0)
+    return quant_gemm_panels(x, qs.size(0), out, dequant);
+  quant_gemm(x, qs.size(0), out, dequant);
 }
 
 // Dequantize into out [N, K] float32.
@@ -293,8 +440,10 @@ void q8_dequant(const at::Tensor& qs, const at::Tensor& scale, const at::Tensor&
 }
 
 #ifdef RS_AVX2
-// e^x for x <= 0 (softmax terms), Cephes' polynomial: within 2 ulp of expf.
+// e^x for x <= 0 (softmax terms), Cephes' polynomial: within 2 ulp of expf; 0 below -87.3
+// (where expf is subnormal) and for -inf.
 inline __m256 exp256(__m256 x) {
+  const __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);  // -> 0
   x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
   __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
   fx = _mm256_floor_ps(fx);
@@ -309,7 +458,7 @@ inline __m256 exp256(__m256 x) {
   y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
   const __m256i e = _mm256_slli_epi32(
       _mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+  return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
 }
 
 // The 8 horizontal sums of a[0..7] as one vector.
@@ -397,7 +546,8 @@ inline void weighted_rows(const float* p, const float* const* rows, int64_t n, i
     for (int64_t d = d0; d < D; ++d) acc[d] += p[i] * rows[i][d];
 }
 
-// Decode attention over the paged pool. q [B, H, D] (rows may be strided); k_pool / v_pool [NB, BS, KVH, D];
+// Decode attention over the paged pool. q [B, H, D] (rows may be strided);
+// k_pool / v_pool [NB, BS, KVH, D];
 // block_table [B, >= max blocks] int32, rows may be strided (a view of a larger buffer);
 // context_lens [B] int32 (keys 0..len-1 are attended); out [B, H, D].
 // Work unit = (sequence, KV head, chunk of the context): the chunk's K rows are scored 8 at a
@@ -484,6 +634,200 @@ void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
       }
       const float inv = total > 0 ? 1.f / total : 0.f;
       for (int64_t i = 0; i < D; ++i) o[i] *= inv;
+    }
+  });
+}
+
+// One online-softmax step over a row of scores s[0:n] (n % 16 == 0; masked keys are -inf):
+// the running max and sum take the row in, s becomes its weights exp(s - max); returns the
+// factor by which weights accumulated so far must be scaled.
+inline float softmax_step(float* s, int64_t n, float& run_max, float& run_sum) {
+  float row_max = -INFINITY;
+  int64_t i = 0;
+#ifdef RS_AVX2
+  __m256 vm = _mm256_set1_ps(-INFINITY);
+  for (; i + 8 <= n; i += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(s + i));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps(vm, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  row_max = _mm_cvtss_f32(m4);
+#endif
+  for (; i < n; ++i) row_max = std::max(row_max, s[i]);
+  const float new_max = std::max(run_max, row_max);
+  const float alpha = run_max == new_max ? 1.f : std::exp(run_max - new_max);
+  float sum = 0;
+  i = 0;
+#ifdef RS_AVX2
+  const __m256 m = _mm256_set1_ps(new_max);
+  __m256 acc = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + i), m));
+    _mm256_storeu_ps(s + i, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  sum = hsum(acc);
+#endif
+  for (; i < n; ++i) {
+    s[i] = std::exp(s[i] - new_max);
+    sum += s[i];
+  }
+  run_sum = run_sum * alpha + sum;
+  run_max = new_max;
+  return alpha;
+}
+
+// Causal attention of a chunk of n new tokens over a sequence's paged context (the chunk's
+// own K/V already written). q [n, H, D] (rows may be strided: a view of the fused qkv),
+// k_pool / v_pool [NB, BS, KVH, D], block_ids [>= ceil(context_len / BS)] int64, out [n, H * D]
+// (rows may be strided). Token i of the chunk sits at position context_len - n + i and
+// attends to keys 0..that position.
+// Flash-attention style: a work unit is (KV head, tile of 16 query tokens, slice of the keys);
+// the tile's query rows (16 tokens x the heads of the group) meet 64 keys at a time: scores
+// and probability-weighted V rows are both products by the 6x16 register tile over K/V rows
+// read from the pool (K transposed into a panel, V used in place after a copy), with an
+// online softmax between. Key slices (for short chunks over long contexts, so every thread
+// has work) are merged by log-sum-exp.
+void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
+                             const at::Tensor& v_pool, const at::Tensor& block_ids,
+                             int64_t context_len, double sm_scale, const at::Tensor& out) {
+  check(q.scalar_type() == at::kFloat && k_pool.scalar_type() == at::kFloat &&
+            out.scalar_type() == at::kFloat,
+        "float32 only");
+  check(block_ids.scalar_type() == at::kLong && block_ids.is_contiguous(), "int64 block ids");
+  const int64_t n = q.size(0), H = q.size(1), D = q.size(2);
+  check(q.stride(2) == 1 && q.stride(1) == D && out.stride(1) == 1 && out.size(1) == H * D,
+        "q rows and out rows must be contiguous");
+  check(k_pool.is_contiguous() && v_pool.is_contiguous(), "pools must be contiguous");
+  check(D % 16 == 0, "head_dim must be a multiple of 16");
+  const int64_t BS = k_pool.size(1), KVH = k_pool.size(2), GQ = H / KVH;
+  check(context_len >= n && block_ids.size(0) * BS >= context_len, "context");
+  const int64_t start = context_len - n;
+  constexpr int64_t TQ = 16, KT = 64;  // query tokens x keys per step of a unit
+  const int64_t R = TQ * GQ;  // query rows of a tile: token-major, the group's heads inner
+  const int64_t tiles = (n + TQ - 1) / TQ;
+  const int64_t nthreads = at::get_num_threads();
+  const int64_t key_tiles = (context_len + KT - 1) / KT;
+  int64_t splits = 1;
+  if (tiles * KVH < 4 * nthreads)
+    splits = std::min(key_tiles, (4 * nthreads + tiles * KVH - 1) / (tiles * KVH));
+  const int64_t units = tiles * KVH * splits;
+  const int64_t q_row = q.stride(0), o_row = out.stride(0);
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k_pool.data_ptr<float>();
+  const float* vp = v_pool.data_ptr<float>();
+  const int64_t* bid = block_ids.data_ptr<int64_t>();
+  float* op = out.data_ptr<float>();
+  const float scale = static_cast<float>(sm_scale);
+  // Per unit and row with splits: max, sum, acc[D].
+  const int64_t pstride = D + 2;
+  std::vector<float> part(splits > 1 ? units * R * pstride : 0);
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, nthreads, 1, [&](int64_t, int64_t) {
+    AlignedBuffer qt(R * D), sc(R * KT), kt(D * KT), vt(KT * D), acc(R * D), zero(D);
+    std::vector<float> mx(R), sum(R);
+    const float* krow[16];
+    for (;;) {
+      const int64_t u = next.fetch_add(1);
+      if (u >= units) break;
+      // Heaviest first: the last tiles of a chunk see the most keys.
+      const int64_t split = u % splits, h = (u / splits) % KVH;
+      const int64_t tile = tiles - 1 - u / (splits * KVH);
+      const int64_t t0 = tile * TQ, nt = std::min(TQ, n - t0), rows = nt * GQ;
+      const int64_t kend = start + t0 + nt;  // keys the tile's last token sees
+      const int64_t tile_keys = (kend + KT - 1) / KT, per = (tile_keys + splits - 1) / splits;
+      const int64_t k_begin = split * per * KT, k_end = std::min(kend, (split + 1) * per * KT);
+      for (int64_t t = 0; t < nt; ++t)
+        for (int64_t g = 0; g < GQ; ++g) {
+          const float* src = qp + (t0 + t) * q_row + (h * GQ + g) * D;
+          float* dst = qt.data() + (t * GQ + g) * D;
+          for (int64_t d = 0; d < D; ++d) dst[d] = src[d] * scale;
+        }
+      std::fill(mx.begin(), mx.end(), -INFINITY);
+      std::fill(sum.begin(), sum.end(), 0.f);
+      std::memset(acc.data(), 0, rows * D * sizeof(float));
+      for (int64_t k0 = k_begin; k0 < k_end; k0 += KT) {
+        const int64_t nk = std::min(KT, k_end - k0), nk16 = (nk + 15) / 16 * 16;
+        int64_t blk = k0 / BS, off = k0 % BS;
+        for (int64_t j = 0; j < nk16; ++j) {
+          float* vdst = vt.data() + j * D;
+          if (j < nk) {
+            const int64_t row = (bid[blk] * BS + off) * KVH + h;
+            if (++off == BS) off = 0, ++blk;
+            krow[j % 16] = kp + row * D;
+            std::memcpy(vdst, vp + row * D, D * sizeof(float));
+          } else {
+            krow[j % 16] = zero.data();
+            std::memset(vdst, 0, D * sizeof(float));
+          }
+          if (j % 16 == 15) pack_panel(krow, D, kt.data() + (j / 16) * D * 16);
+        }
+        // Scores [rows, nk16] = q . k.
+        for (int64_t s16 = 0; s16 < nk16; s16 += 16)
+          for (int64_t m = 0; m < rows; m += kTileRows)
+            tile_rows(static_cast<int>(std::min<int64_t>(kTileRows, rows - m)),
+                      qt.data() + m * D, D, kt.data() + s16 * D, 16, D,
+                      sc.data() + m * KT + s16, KT);
+        // Mask keys past each row's position (and the padding), then the online softmax.
+        for (int64_t r = 0; r < rows; ++r) {
+          float* srow = sc.data() + r * KT;
+          const int64_t visible = std::min(nk, start + t0 + r / GQ + 1 - k0);
+          if (visible <= 0) {  // every key of this tile is after the row's token
+            std::fill(srow, srow + nk16, 0.f);
+            continue;
+          }
+          for (int64_t j = visible; j < nk16; ++j) srow[j] = -INFINITY;
+          const float alpha = softmax_step(srow, nk16, mx[r], sum[r]);
+          if (alpha != 1.f) {
+            float* a = acc.data() + r * D;
+            for (int64_t d = 0; d < D; ++d) a[d] *= alpha;
+          }
+        }
+        // acc [rows, D] += p [rows, nk16] . v [nk16, D].
+        for (int64_t d0 = 0; d0 < D; d0 += 16)
+          for (int64_t m = 0; m < rows; m += kTileRows)
+            tile_rows<true>(static_cast<int>(std::min<int64_t>(kTileRows, rows - m)),
+                            sc.data() + m * KT, KT, vt.data() + d0, D, nk16,
+                            acc.data() + m * D + d0, D);
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* a = acc.data() + r * D;
+        if (splits == 1) {
+          const int64_t t = r / GQ, g = r % GQ;
+          float* o = op + (t0 + t) * o_row + (h * GQ + g) * D;
+          const float inv = sum[r] > 0 ? 1.f / sum[r] : 0.f;
+          for (int64_t d = 0; d < D; ++d) o[d] = a[d] * inv;
+        } else {
+          float* pr = part.data() + (u * R + r) * pstride;
+          pr[0] = mx[r];
+          pr[1] = sum[r];
+          std::memcpy(pr + 2, a, D * sizeof(float));
+        }
+      }
+    }
+  });
+  if (splits == 1) return;
+  // Merge the key slices of each (tile, KV head, row): units of one (tile, head) are adjacent.
+  at::parallel_for(0, tiles * KVH, 1, [&](int64_t w0, int64_t w1) {
+    for (int64_t w = w0; w < w1; ++w) {
+      const int64_t h = w % KVH, tile = tiles - 1 - w / KVH;
+      const int64_t t0 = tile * TQ, nt = std::min(TQ, n - t0);
+      for (int64_t r = 0; r < nt * GQ; ++r) {
+        float m = -INFINITY;
+        for (int64_t s = 0; s < splits; ++s)
+          m = std::max(m, part[((w * splits + s) * R + r) * pstride]);
+        float* o = op + (t0 + r / GQ) * o_row + (h * GQ + r % GQ) * D;
+        for (int64_t d = 0; d < D; ++d) o[d] = 0.f;
+        float total = 0;
+        for (int64_t s = 0; s < splits; ++s) {
+          const float* pr = part.data() + ((w * splits + s) * R + r) * pstride;
+          if (pr[0] == -INFINITY) continue;
+          const float wgt = std::exp(pr[0] - m);
+          total += wgt * pr[1];
+          for (int64_t d = 0; d < D; ++d) o[d] += wgt * pr[2 + d];
+        }
+        const float inv = total > 0 ? 1.f / total : 0.f;
+        for (int64_t d = 0; d < D; ++d) o[d] *= inv;
+      }
     }
   });
 }
@@ -591,6 +935,9 @@ TORCH_LIBRARY(radixserve, m) {
   m.def(
       "paged_decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_table, "
       "Tensor context_lens, float sm_scale, Tensor(a!) out) -> ()");
+  m.def(
+      "paged_prefill_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_ids, "
+      "int context_len, float sm_scale, Tensor(a!) out) -> ()");
   m.def("rms_norm(Tensor x, Tensor w, float eps, Tensor(a!) out) -> ()");
   m.def(
       "rope_kv_write(Tensor(a!) qkv, Tensor cos, Tensor sin, Tensor slots, Tensor(b!) k_pool, "
@@ -604,6 +951,7 @@ TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
   m.impl("q4_dequant", &q4_dequant);
   m.impl("q8_dequant", &q8_dequant);
   m.impl("paged_decode_attention", &paged_decode_attention);
+  m.impl("paged_prefill_attention", &paged_prefill_attention);
   m.impl("rms_norm", &rms_norm);
   m.impl("rope_kv_write", &rope_kv_write);
   m.impl("silu_mul", &silu_mul);
