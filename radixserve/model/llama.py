@@ -295,7 +295,12 @@ class LlamaModel(nn.Module):
         return h
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.head_lin(rms_norm(h, self.norm, self.config.rms_norm_eps)).float()
+        x = rms_norm(h, self.norm, self.config.rms_norm_eps)
+        if isinstance(self.head_lin, QuantLinear):
+            # Our kernels' float32 sums, not rounded to a 16-bit model dtype first: at bf16's
+            # resolution (0.125 at 25) close logits tie and greedy picks the lower token id.
+            return self.head_lin(x, out_dtype=torch.float32)
+        return self.head_lin(x).float()
 
     def prepare(self) -> None:
         """Build the matmul wrappers; call after loading weights or moving the model."""

@@ -106,7 +106,10 @@ class QuantLinear:
         self.weight, self.bias = weight, bias
         self.out_features, self.in_features = weight.shape
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """x [..., in] -> [..., out] in `out_dtype` (default: x's dtype). The CPU kernels sum
+        in float32, so asking for float32 (logits of a bfloat16 model) skips a rounding."""
+        out_dtype = out_dtype or x.dtype
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         w = self.weight
@@ -117,9 +120,9 @@ class QuantLinear:
                 torch.ops.radixserve.q4_gemm(xf, w.qs, w.scale, w.minv, out)
             else:
                 torch.ops.radixserve.q8_gemm(xf, w.qs, w.scale, out)
-            y = out.to(x.dtype)
+            y = out.to(out_dtype)
             if self.bias is not None:
                 y = y + self.bias
         else:
-            y = F.linear(x2, w.dequantize().to(x.dtype), self.bias)
+            y = F.linear(x2, w.dequantize().to(x.dtype), self.bias).to(out_dtype)
         return y.view(*lead, self.out_features)

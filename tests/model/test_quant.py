@@ -166,3 +166,18 @@ def test_the_default_model_loads_its_4bit_weights_from_the_cached_copy_exactly(
         for got in (first[name], second[name]):
             assert got.kind == w.kind and torch.equal(got.qs, w.qs)
             assert torch.equal(got.scale, w.scale)
+
+
+def test_float32_output_of_a_bfloat16_input_is_not_rounded_to_bfloat16() -> None:
+    """Logits of a bf16 model come from the kernel's float32 sums: bf16's resolution (0.125
+    at 25) would tie close logits."""
+    torch.manual_seed(5)
+    q = quantize(torch.randn(64, 96), "int8")
+    x = torch.randn(3, 96).to(torch.bfloat16)
+    want = F.linear(x.float(), q.dequantize())
+    got = QuantLinear(q)(x, out_dtype=torch.float32)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    rounded = QuantLinear(q)(x)
+    assert rounded.dtype == torch.bfloat16
+    assert not torch.equal(rounded.float(), got)
