@@ -96,7 +96,7 @@ def test_paged_prefill_attention_equals_sdpa_over_the_same_blocks(
     heads: int, kv_heads: int, block_size: int
 ) -> None:
     """Chunks that start their sequence and chunks over a cached prefix, short and long
-    (several 16-token query tiles, 64-key tiles, a 2-token chunk over 300 cached tokens whose
+    (several 32-token query tiles, 64-key tiles, a 2-token chunk over 300 cached tokens whose
     keys are split across threads), scattered blocks, q rows inside a wider (fused qkv) tensor,
     and decode rows in the same step."""
     torch.manual_seed(heads * block_size)

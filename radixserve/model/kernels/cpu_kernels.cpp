@@ -681,8 +681,8 @@ inline float softmax_step(float* s, int64_t n, float& run_max, float& run_sum) {
 // k_pool / v_pool [NB, BS, KVH, D], block_ids [>= ceil(context_len / BS)] int64, out [n, H * D]
 // (rows may be strided). Token i of the chunk sits at position context_len - n + i and
 // attends to keys 0..that position.
-// Flash-attention style: a work unit is (KV head, tile of 16 query tokens, slice of the keys);
-// the tile's query rows (16 tokens x the heads of the group) meet 64 keys at a time: scores
+// Flash-attention style: a work unit is (KV head, tile of 32 query tokens, slice of the keys);
+// the tile's query rows (32 tokens x the heads of the group) meet 64 keys at a time: scores
 // and probability-weighted V rows are both products by the 6x16 register tile over K/V rows
 // read from the pool (K transposed into a panel, V used in place after a copy), with an
 // online softmax between. Key slices (for short chunks over long contexts, so every thread
@@ -702,7 +702,7 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
   const int64_t BS = k_pool.size(1), KVH = k_pool.size(2), GQ = H / KVH;
   check(context_len >= n && block_ids.size(0) * BS >= context_len, "context");
   const int64_t start = context_len - n;
-  constexpr int64_t TQ = 16, KT = 64;  // query tokens x keys per step of a unit
+  constexpr int64_t TQ = 32, KT = 64;  // query tokens x keys per step of a unit
   const int64_t R = TQ * GQ;  // query rows of a tile: token-major, the group's heads inner
   const int64_t tiles = (n + TQ - 1) / TQ;
   const int64_t nthreads = at::get_num_threads();
