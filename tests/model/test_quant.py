@@ -34,8 +34,9 @@ def test_quantize_error_is_at_most_half_a_step(kind: str) -> None:
 # 1: codes straight into the dot product; 2-7: 4-row blocks; 8+: packed 16-row panels,
 # tiles of 6 input rows (13 and 50 end on partial tiles)
 @pytest.mark.parametrize("rows", [1, 2, 3, 7, 8, 13, 50])
-# 78: a last 4-row block and a last 16-row panel that are partial
-@pytest.mark.parametrize("out_features", [80, 78])
+# 78: a last 4-row block and a last 16-row panel that are partial; 77: also an odd row count
+# (one input row takes weight rows in pairs)
+@pytest.mark.parametrize("out_features", [80, 78, 77])
 def test_quant_linear_equals_dense_gemm_of_dequantized_weight(
     kind: str, rows: int, out_features: int
 ) -> None:
