@@ -627,10 +627,14 @@ void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
         continue;
       }
       const int64_t n = t1 - t0;
-      for (int64_t t = t0; t < t1; ++t) {
-        const int64_t row = (static_cast<int64_t>(bt[b * MAXB + t / BS]) * BS + t % BS) * KVH + h;
-        krows[t - t0] = kp + row * D;
-        vrows[t - t0] = vp + row * D;
+      // Chunks are whole blocks: walk them block by block (no division per key).
+      for (int64_t t = t0, blk = t0 / BS; t < t1; ++blk) {
+        const int64_t base = static_cast<int64_t>(bt[b * MAXB + blk]) * BS;
+        for (int64_t off = 0; off < BS && t < t1; ++off, ++t) {
+          const int64_t row = (base + off) * KVH + h;
+          krows[t - t0] = kp + row * D;
+          vrows[t - t0] = vp + row * D;
+        }
       }
       for (int64_t g = 0; g < GQ; ++g) {
         float* pg = pu + g * stride;
