@@ -6,7 +6,9 @@ reads it in place on CUDA. `select_backend` picks one.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -200,8 +202,10 @@ class CpuPagedBackend:
         v_blocks: torch.Tensor,
     ) -> torch.Tensor:
         num_tokens, num_heads, head_dim = q.shape
-        out = torch.empty(num_tokens, num_heads * head_dim, dtype=q.dtype)
         d = batch.decode
+        if d is not None and not batch.prefills:  # a decode step: no copy into a wider out
+            return self.decode(q, k_blocks, v_blocks, d.block_table, d.context_lens)
+        out = torch.empty(num_tokens, num_heads * head_dim, dtype=q.dtype)
         if d is not None:
             b = d.num_seqs
             out[:b] = self.decode(q[:b], k_blocks, v_blocks, d.block_table, d.context_lens)
@@ -226,7 +230,7 @@ class CpuPagedBackend:
     ) -> torch.Tensor:
         b, num_heads, head_dim = q.shape
         out = torch.empty(b, num_heads, head_dim, dtype=q.dtype, device=q.device)
-        torch.ops.radixserve.paged_decode_attention(
+        _paged_decode_attention()(
             q,
             k_blocks,
             v_blocks,
@@ -236,6 +240,13 @@ class CpuPagedBackend:
             out,
         )
         return out.view(b, num_heads * head_dim)
+
+
+@functools.cache
+def _paged_decode_attention() -> Callable[..., None]:
+    """Our decode kernel's op, looked up once (called every layer of every step)."""
+    op: Callable[..., None] = torch.ops.radixserve.paged_decode_attention.default
+    return op
 
 
 def triton_unavailable(device: torch.device) -> str | None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -200,7 +202,7 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         """`forward` with the elementwise steps in radixserve's CPU kernels (float32 on CPU):
         a dozen op calls per layer instead of about fifty. Updates h in place."""
-        ops = torch.ops.radixserve
+        ops = _fused_ops()
         t, nh = h.shape[0], self.num_heads
         x = torch.empty_like(h)
         ops.rms_norm(h, self.input_norm, self.eps, x)
@@ -215,6 +217,21 @@ class DecoderLayer(nn.Module):
         ops.silu_mul(gate_up, act)
         h += self.down_lin(act)
         return h
+
+
+@dataclass(frozen=True)
+class _FusedOps:
+    rms_norm: Callable[..., None]
+    rope_kv_write: Callable[..., None]
+    silu_mul: Callable[..., None]
+
+
+@functools.cache
+def _fused_ops() -> _FusedOps:
+    """The fused layer's kernels, looked up once (torch.ops attribute lookups cost ~1 us each,
+    a dozen times a layer)."""
+    ops = torch.ops.radixserve
+    return _FusedOps(ops.rms_norm.default, ops.rope_kv_write.default, ops.silu_mul.default)
 
 
 class LlamaModel(nn.Module):
