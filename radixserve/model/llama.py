@@ -270,7 +270,7 @@ class LlamaModel(nn.Module):
 
         h = self._layers(batch.input_ids, batch.positions, batch.slot_mapping, kv, attend)
         if batch.logits_rows.numel() == 0:
-            return torch.empty(0, self.config.vocab_size)
+            return torch.empty(0, self.config.vocab_size, device=h.device)
         return self._logits(h[batch.logits_rows])
 
     def decode(
