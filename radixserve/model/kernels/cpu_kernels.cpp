@@ -527,10 +527,8 @@ inline void score_rows(const float* q, const float* const* rows, int64_t n, int6
   }
 }
 
-// In place: p[i] = exp(p[i] - max); returns (max, sum).
-inline std::pair<float, float> softmax_terms(float* p, int64_t n) {
-  float mx = -INFINITY;
-  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, p[i]);
+// In place: p[i] = exp(p[i] - mx); returns their sum.
+inline float exp_shifted(float* p, int64_t n, float mx) {
   float sum = 0;
   int64_t i = 0;
 #ifdef RS_AVX2
@@ -547,7 +545,14 @@ inline std::pair<float, float> softmax_terms(float* p, int64_t n) {
     p[i] = std::exp(p[i] - mx);
     sum += p[i];
   }
-  return {mx, sum};
+  return sum;
+}
+
+// In place: p[i] = exp(p[i] - max); returns (max, sum).
+inline std::pair<float, float> softmax_terms(float* p, int64_t n) {
+  float mx = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, p[i]);
+  return {mx, exp_shifted(p, n, mx)};
 }
 
 // acc[D] += sum_i p[i] * rows[i].
@@ -689,22 +694,7 @@ inline float softmax_step(float* s, int64_t n, float& run_max, float& run_sum) {
   for (; i < n; ++i) row_max = std::max(row_max, s[i]);
   const float new_max = std::max(run_max, row_max);
   const float alpha = run_max == new_max ? 1.f : std::exp(run_max - new_max);
-  float sum = 0;
-  i = 0;
-#ifdef RS_AVX2
-  const __m256 m = _mm256_set1_ps(new_max);
-  __m256 acc = _mm256_setzero_ps();
-  for (; i + 8 <= n; i += 8) {
-    const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + i), m));
-    _mm256_storeu_ps(s + i, e);
-    acc = _mm256_add_ps(acc, e);
-  }
-  sum = hsum(acc);
-#endif
-  for (; i < n; ++i) {
-    s[i] = std::exp(s[i] - new_max);
-    sum += s[i];
-  }
+  const float sum = exp_shifted(s, n, new_max);
   run_sum = run_sum * alpha + sum;
   run_max = new_max;
   return alpha;
