@@ -51,6 +51,7 @@ def save_quantized(weights: dict[str, QuantizedWeight], path: Path) -> None:
         tensors[f"{name}.scale"] = w.scale
         if w.minv is not None:
             tensors[f"{name}.minv"] = w.minv
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     save_file(tensors, str(tmp))
     os.replace(tmp, path)

@@ -217,6 +217,20 @@ def resolve_quantization(quantization: str | None, files: ModelFiles, device: to
     return "none"
 
 
+def quantized_copy_path(model_dir: Path) -> Path:
+    """Where the GGUF's 4-bit blocks are kept beside a converted model: in a subdirectory,
+    because vLLM loads every top-level *.safetensors file of a model directory (a copy there
+    broke `vllm serve <dir>`: "Attempted to load nested weight 'embed_tokens.weight.qs'").
+    A copy left at the top level by an earlier version is removed."""
+    stale = model_dir / "gguf_quantized.safetensors"
+    if stale.exists():
+        try:
+            stale.unlink()
+        except OSError:
+            pass
+    return model_dir / "radixserve" / "gguf_quantized.safetensors"
+
+
 def load_model(
     files: ModelFiles,
     dtype: torch.dtype,
@@ -242,7 +256,7 @@ def load_model(
         if files.gguf is not None:
             from radixserve.model.gguf_quant import load_quantized_cached
 
-            cache_file = files.path / "gguf_quantized.safetensors"
+            cache_file = quantized_copy_path(files.path)
             stored = {
                 name: w
                 for name, w in load_quantized_cached(

@@ -182,3 +182,31 @@ def test_float32_output_of_a_bfloat16_input_is_not_rounded_to_bfloat16() -> None
     rounded = QuantLinear(q)(x)
     assert rounded.dtype == torch.bfloat16
     assert not torch.equal(rounded.float(), got)
+
+
+def test_the_4bit_copy_stays_out_of_the_model_directorys_top_level(tmp_path) -> None:
+    """vLLM loads every top-level *.safetensors file of a model directory, so the copy lives
+    in a subdirectory (and one an earlier version left at the top is removed)."""
+    from radixserve.model.gguf_quant import save_quantized
+    from radixserve.model.loader import quantized_copy_path
+
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    (tmp_path / "gguf_quantized.safetensors").write_bytes(b"stale")
+    path = quantized_copy_path(tmp_path)
+    save_quantized({"a.weight": quantize(torch.randn(4, 32), "int4")}, path)
+    assert path.exists() and path.parent != tmp_path
+    assert [p.name for p in tmp_path.glob("*.safetensors")] == ["model.safetensors"]
+
+
+@pytest.mark.slow
+def test_the_converted_default_model_directory_holds_only_hf_weights_at_its_top(
+    default_model_files,
+) -> None:
+    """The directory radixserve converts the GGUF into is what a user hands vLLM or
+    transformers: after a quantized load, its top-level safetensors are the HF weights only."""
+    from radixserve.model.loader import load_model
+
+    load_model(default_model_files, torch.float32, torch.device("cpu"), "int4")
+    top = sorted(p.name for p in default_model_files.path.glob("*.safetensors"))
+    assert top == ["model.safetensors"]
+    assert (default_model_files.path / "radixserve" / "gguf_quantized.safetensors").exists()
