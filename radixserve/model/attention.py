@@ -6,9 +6,7 @@ reads it in place on CUDA. `select_backend` picks one.
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -215,7 +213,7 @@ class CpuPagedBackend:
         scale = 1.0 / math.sqrt(head_dim)
         for p in batch.prefills:
             rows = slice(p.token_start, p.token_start + p.num_tokens)
-            torch.ops.radixserve.paged_prefill_attention(
+            kernels.op("paged_prefill_attention")(
                 q[rows], k_blocks, v_blocks, p.block_ids, p.context_len, scale, out[rows]
             )
         return out
@@ -230,7 +228,7 @@ class CpuPagedBackend:
     ) -> torch.Tensor:
         b, num_heads, head_dim = q.shape
         out = torch.empty(b, num_heads, head_dim, dtype=q.dtype, device=q.device)
-        _paged_decode_attention()(
+        kernels.op("paged_decode_attention")(
             q,
             k_blocks,
             v_blocks,
@@ -240,13 +238,6 @@ class CpuPagedBackend:
             out,
         )
         return out.view(b, num_heads * head_dim)
-
-
-@functools.cache
-def _paged_decode_attention() -> Callable[..., None]:
-    """Our decode kernel's op, looked up once (called every layer of every step)."""
-    op: Callable[..., None] = torch.ops.radixserve.paged_decode_attention.default
-    return op
 
 
 def triton_unavailable(device: torch.device) -> str | None:

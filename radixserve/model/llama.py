@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -202,36 +200,21 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         """`forward` with the elementwise steps in radixserve's CPU kernels (float32 on CPU):
         a dozen op calls per layer instead of about fifty. Updates h in place."""
-        ops = _fused_ops()
+        rms_norm_into = kernels.op("rms_norm")
         t, nh = h.shape[0], self.num_heads
         x = torch.empty_like(h)
-        ops.rms_norm(h, self.input_norm, self.eps, x)
+        rms_norm_into(h, self.input_norm, self.eps, x)
         qkv = self.qkv_lin(x).contiguous()
-        ops.rope_kv_write(qkv, cos, sin, slot_mapping, k_blocks, v_blocks, nh)
+        kernels.op("rope_kv_write")(qkv, cos, sin, slot_mapping, k_blocks, v_blocks, nh)
         h += self.o_lin(
             attend(qkv[:, : nh * self.head_dim].view(t, nh, self.head_dim), k_blocks, v_blocks)
         )
-        ops.rms_norm(h, self.post_norm, self.eps, x)
+        rms_norm_into(h, self.post_norm, self.eps, x)
         gate_up = self.gate_up_lin(x)
         act = torch.empty(t, gate_up.shape[1] // 2, dtype=h.dtype)
-        ops.silu_mul(gate_up, act)
+        kernels.op("silu_mul")(gate_up, act)
         h += self.down_lin(act)
         return h
-
-
-@dataclass(frozen=True)
-class _FusedOps:
-    rms_norm: Callable[..., None]
-    rope_kv_write: Callable[..., None]
-    silu_mul: Callable[..., None]
-
-
-@functools.cache
-def _fused_ops() -> _FusedOps:
-    """The fused layer's kernels, looked up once (torch.ops attribute lookups cost ~1 us each,
-    a dozen times a layer)."""
-    ops = torch.ops.radixserve
-    return _FusedOps(ops.rms_norm.default, ops.rope_kv_write.default, ops.silu_mul.default)
 
 
 class LlamaModel(nn.Module):

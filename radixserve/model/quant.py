@@ -42,9 +42,9 @@ class QuantizedWeight:
         out = torch.empty(self.shape, dtype=torch.float32, device=self.qs.device)
         if self.qs.device.type == "cpu" and kernels.loaded():
             if self.kind == "int4":
-                torch.ops.radixserve.q4_dequant(self.qs, self.scale, self.minv, out)
+                kernels.op("q4_dequant")(self.qs, self.scale, self.minv, out)
             else:
-                torch.ops.radixserve.q8_dequant(self.qs, self.scale, out)
+                kernels.op("q8_dequant")(self.qs, self.scale, out)
             return out
         n, k = self.shape
         if self.kind == "int4":
@@ -109,15 +109,15 @@ class QuantLinear:
         self._kernel: Callable[[torch.Tensor, torch.Tensor], None] | None = None
 
     def _cpu_kernel(self) -> Callable[[torch.Tensor, torch.Tensor], None] | None:
-        """kernel(x, out) for float32 x [M, in] on the CPU, bound once (a decode step makes
-        ~120 of these calls: the op lookups alone were a few percent of it)."""
+        """kernel(x, out) for float32 x [M, in] on the CPU, bound to this weight once (a
+        decode step makes ~120 of these calls)."""
         if self._kernel is None and kernels.loaded() and self.weight.qs.device.type == "cpu":
             w = self.weight
             if w.kind == "int4":
-                q4, qs, scale, minv = torch.ops.radixserve.q4_gemm.default, w.qs, w.scale, w.minv
+                q4, qs, scale, minv = kernels.op("q4_gemm"), w.qs, w.scale, w.minv
                 self._kernel = lambda x, out: q4(x, qs, scale, minv, out)
             else:
-                q8, qs, scale = torch.ops.radixserve.q8_gemm.default, w.qs, w.scale
+                q8, qs, scale = kernels.op("q8_gemm"), w.qs, w.scale
                 self._kernel = lambda x, out: q8(x, qs, scale, out)
         return self._kernel
 

@@ -9,11 +9,14 @@ they cannot be built, callers fall back to plain torch code that computes the sa
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
 import platform
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -84,6 +87,14 @@ def load() -> bool:
         return False
     _loaded = True
     return True
+
+
+@functools.cache
+def op(name: str) -> Callable[..., Any]:
+    """Our kernel `name` (e.g. "q4_gemm"), looked up once: a torch.ops attribute lookup costs
+    about a microsecond, and a decode step calls our kernels hundreds of times."""
+    found: Callable[..., Any] = getattr(torch.ops.radixserve, name).default
+    return found
 
 
 def loaded() -> bool:
