@@ -548,10 +548,25 @@ inline float exp_shifted(float* p, int64_t n, float mx) {
   return sum;
 }
 
+// max(p[0:n]) (-inf for n == 0).
+inline float row_max(const float* p, int64_t n) {
+  float mx = -INFINITY;
+  int64_t i = 0;
+#ifdef RS_AVX2
+  __m256 vm = _mm256_set1_ps(-INFINITY);
+  for (; i + 8 <= n; i += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(p + i));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps(vm, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  mx = _mm_cvtss_f32(m4);
+#endif
+  for (; i < n; ++i) mx = std::max(mx, p[i]);
+  return mx;
+}
+
 // In place: p[i] = exp(p[i] - max); returns (max, sum).
 inline std::pair<float, float> softmax_terms(float* p, int64_t n) {
-  float mx = -INFINITY;
-  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, p[i]);
+  const float mx = row_max(p, n);
   return {mx, exp_shifted(p, n, mx)};
 }
 
@@ -579,6 +594,26 @@ inline void weighted_rows(const float* p, const float* const* rows, int64_t n, i
 #endif
   for (int64_t i = 0; i < n; ++i)
     for (int64_t d = d0; d < D; ++d) acc[d] += p[i] * rows[i][d];
+}
+
+// Partial attention results over disjoint key ranges, each [max, sum, acc[D]] (acc not yet
+// divided by sum; max -inf where the range held no visible key), the i-th at first + i * step:
+// o[D] = their softmax-weighted merge (by log-sum-exp).
+inline void merge_partials(const float* first, int64_t count, int64_t step, int64_t D,
+                           float* o) {
+  float mx = -INFINITY;
+  for (int64_t i = 0; i < count; ++i) mx = std::max(mx, first[i * step]);
+  for (int64_t d = 0; d < D; ++d) o[d] = 0.f;
+  float total = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const float* p = first + i * step;
+    if (p[0] == -INFINITY) continue;
+    const float w = std::exp(p[0] - mx);
+    total += w * p[1];
+    for (int64_t d = 0; d < D; ++d) o[d] += w * p[2 + d];
+  }
+  const float inv = total > 0 ? 1.f / total : 0.f;
+  for (int64_t d = 0; d < D; ++d) o[d] *= inv;
 }
 
 // Decode attention over the paged pool. q [B, H, D] (rows may be strided);
@@ -659,20 +694,7 @@ void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
       // Unit (b, c, h) is b * max_chunks * KVH + c * KVH + h; chunks of one head are KVH apart.
       const int64_t step = KVH * GQ * stride;
       const float* first = part.data() + (b * max_chunks * KVH + h) * GQ * stride + g * stride;
-      float mx = -INFINITY;
-      for (int64_t c = 0; c < max_chunks; ++c) mx = std::max(mx, first[c * step]);
-      float* o = op + r * D;
-      for (int64_t i = 0; i < D; ++i) o[i] = 0.f;
-      float total = 0;
-      for (int64_t c = 0; c < max_chunks; ++c) {
-        const float* pg = first + c * step;
-        if (pg[0] == -INFINITY) continue;
-        const float w = std::exp(pg[0] - mx);
-        total += w * pg[1];
-        for (int64_t i = 0; i < D; ++i) o[i] += w * pg[2 + i];
-      }
-      const float inv = total > 0 ? 1.f / total : 0.f;
-      for (int64_t i = 0; i < D; ++i) o[i] *= inv;
+      merge_partials(first, max_chunks, step, D, op + r * D);
     }
   });
 }
@@ -681,18 +703,7 @@ void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
 // the running max and sum take the row in, s becomes its weights exp(s - max); returns the
 // factor by which weights accumulated so far must be scaled.
 inline float softmax_step(float* s, int64_t n, float& run_max, float& run_sum) {
-  float row_max = -INFINITY;
-  int64_t i = 0;
-#ifdef RS_AVX2
-  __m256 vm = _mm256_set1_ps(-INFINITY);
-  for (; i + 8 <= n; i += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(s + i));
-  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps(vm, 1));
-  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-  row_max = _mm_cvtss_f32(m4);
-#endif
-  for (; i < n; ++i) row_max = std::max(row_max, s[i]);
-  const float new_max = std::max(run_max, row_max);
+  const float new_max = std::max(run_max, row_max(s, n));
   const float alpha = run_max == new_max ? 1.f : std::exp(run_max - new_max);
   const float sum = exp_shifted(s, n, new_max);
   run_sum = run_sum * alpha + sum;
@@ -835,23 +846,9 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
     for (int64_t w = w0; w < w1; ++w) {
       const int64_t h = w % KVH, tile = tiles - 1 - w / KVH;
       const int64_t t0 = tile * TQ, nt = std::min(TQ, n - t0);
-      for (int64_t r = 0; r < nt * GQ; ++r) {
-        float m = -INFINITY;
-        for (int64_t s = 0; s < splits; ++s)
-          m = std::max(m, part[((w * splits + s) * R + r) * pstride]);
-        float* o = op + (t0 + r / GQ) * o_row + (h * GQ + r % GQ) * D;
-        for (int64_t d = 0; d < D; ++d) o[d] = 0.f;
-        float total = 0;
-        for (int64_t s = 0; s < splits; ++s) {
-          const float* pr = part.data() + ((w * splits + s) * R + r) * pstride;
-          if (pr[0] == -INFINITY) continue;
-          const float wgt = std::exp(pr[0] - m);
-          total += wgt * pr[1];
-          for (int64_t d = 0; d < D; ++d) o[d] += wgt * pr[2 + d];
-        }
-        const float inv = total > 0 ? 1.f / total : 0.f;
-        for (int64_t d = 0; d < D; ++d) o[d] *= inv;
-      }
+      for (int64_t r = 0; r < nt * GQ; ++r)
+        merge_partials(part.data() + (w * splits * R + r) * pstride, splits, R * pstride, D,
+                       op + (t0 + r / GQ) * o_row + (h * GQ + r % GQ) * D);
     }
   });
 }
