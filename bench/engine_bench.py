@@ -23,7 +23,7 @@ from radixserve.engine.outputs import RequestOutput
 from radixserve.engine.params import SamplingParams
 from radixserve.model.batch import SeqChunk
 from radixserve.model.sampling import SamplingRow
-from radixserve.options import ATTENTION_BACKENDS
+from radixserve.options import ATTENTION_BACKENDS, KV_CACHE_DTYPES
 
 
 @functools.cache
@@ -165,6 +165,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     ap.add_argument("--quantization", default=None, choices=["none", "int8", "int4"])
     ap.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
     args = ap.parse_args()
     q = args.quick
     cases: list[tuple[str, Callable[[LLM], dict[str, float]]]] = [
@@ -189,13 +190,17 @@ def main() -> None:
                     enable_prefix_cache=on,
                     quantization=args.quantization,
                     attention_backend=args.attention_backend,
+                    kv_cache_dtype=args.kv_cache_dtype,
                 )
             )
         )
         for on in (True, False)
     }
     e = llms[True].engine
-    print(f"dtype {e.dtype}, weights {e.quantization}, attention {e.runner.attn.name}\n")
+    print(
+        f"dtype {e.dtype}, weights {e.quantization}, attention {e.runner.attn.name}, "
+        f"KV cache {e.kv_cache_dtype}\n"
+    )
     print("| case | metric | cache on | cache off | gain from the cache |")
     print("|---|---|---|---|---|")
     for name, fn in cases:

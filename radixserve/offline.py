@@ -17,6 +17,12 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantization", "-q", default=None, choices=["none", "int8", "int4"])
     p.add_argument("--attention-backend", default="auto", choices=options.ATTENTION_BACKENDS)
     p.add_argument(
+        "--kv-cache-dtype",
+        type=options.kv_cache_dtype,
+        default="auto",
+        help="K/V storage: auto (the model dtype), float32, bfloat16, float16",
+    )
+    p.add_argument(
         "--enforce-eager",
         action="store_true",
         help="no CUDA graphs for decode steps (CPU steps always run eagerly)",
@@ -65,6 +71,7 @@ def _run(args: argparse.Namespace, chat: bool) -> int:
             kv_cache_memory=args.kv_cache_memory,
             quantization=args.quantization,
             attention_backend=args.attention_backend,
+            kv_cache_dtype=args.kv_cache_dtype,
             enforce_eager=args.enforce_eager,
         ) as llm:
             t1 = time.perf_counter()

@@ -15,6 +15,14 @@ from collections.abc import Callable
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 # --attention-backend values (radixserve.model.attention implements them).
 ATTENTION_BACKENDS = ("auto", "sdpa", "cpu", "triton")
+# --kv-cache-dtype values: auto stores K/V in the model dtype (vLLM's and SGLang's meaning).
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+_KV_CACHE_DTYPE_ALIASES = {
+    "fp32": "float32",
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "half": "float16",
+}
 # vLLM accepts block sizes 1..256; larger blocks make prefix sharing too coarse to pay.
 MAX_BLOCK_SIZE = 256
 
@@ -107,6 +115,19 @@ non_negative_float = float_in(0.0)
 fraction = float_in(0.0, 1.0)
 port = int_in(1, 65535)
 block_size = int_in(1, MAX_BLOCK_SIZE)
+
+
+def kv_cache_dtype(text: str) -> str:
+    """auto | float32 | bfloat16 | float16 (bf16, fp16 and fp32 are accepted as aliases)."""
+    value = text.strip().lower()
+    value = _KV_CACHE_DTYPE_ALIASES.get(value, value)
+    if value in KV_CACHE_DTYPES:
+        return value
+    if value.startswith("fp8"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: fp8 KV caches are not supported; use auto, bfloat16 or float16"
+        )
+    raise argparse.ArgumentTypeError(f"{text!r}: use one of {', '.join(KV_CACHE_DTYPES)}")
 
 
 def device(text: str) -> str:

@@ -20,7 +20,12 @@ def check_engine_args(args: argparse.Namespace) -> None:
     """serve / generate / chat: model files, device, dtype, and the KV pool against free memory
     and --max-model-len. Converts a GGUF model on first use (once, under a file lock)."""
     from radixserve.model.config import ModelConfig
-    from radixserve.model.loader import resolve_device, resolve_dtype, resolve_model
+    from radixserve.model.loader import (
+        resolve_device,
+        resolve_dtype,
+        resolve_kv_cache_dtype,
+        resolve_model,
+    )
 
     workers = getattr(args, "workers", 1) or 1
     if getattr(args, "api_key", None) == "":
@@ -47,6 +52,7 @@ def check_engine_args(args: argparse.Namespace) -> None:
         reason = triton_unavailable(device)
         if reason is not None:
             raise ConfigError(f"--attention-backend triton cannot run here: {reason}")
+    from radixserve.model.attention import kv_dtype_problem
     from radixserve.model.kv_pool import (
         bytes_per_token,
         check_pool_fits_memory,
@@ -54,8 +60,15 @@ def check_engine_args(args: argparse.Namespace) -> None:
         parse_memory,
     )
 
+    try:
+        kv_dtype = resolve_kv_cache_dtype(getattr(args, "kv_cache_dtype", "auto"), dtype)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    problem = kv_dtype_problem(getattr(args, "attention_backend", "auto"), device, dtype, kv_dtype)
+    if problem:
+        raise ConfigError(problem)
     block_size = getattr(args, "block_size", None) or 16
-    per_block = bytes_per_token(config, dtype) * block_size
+    per_block = bytes_per_token(config, kv_dtype) * block_size
     num_blocks = max(1, parse_memory(args.kv_cache_memory) // per_block)
     check_pool_fits_memory(num_blocks * per_block, device, copies=workers)
     if max_model_len is not None:

@@ -52,6 +52,7 @@ class WorkerOptions:
     enable_prefix_cache: bool = True
     quantization: str | None = None
     attention_backend: str = "auto"
+    kv_cache_dtype: str = "auto"
     enforce_eager: bool = False
     max_num_batched_tokens: int | None = None
     max_num_seqs: int | None = None
@@ -90,6 +91,7 @@ class WorkerOptions:
             "enable_prefix_cache": self.enable_prefix_cache,
             "quantization": self.quantization,
             "attention_backend": self.attention_backend,
+            "kv_cache_dtype": self.kv_cache_dtype,
             "enforce_eager": self.enforce_eager,
         }
         for name in _ENGINE_OPTIONAL:
@@ -203,6 +205,14 @@ OPTIONS: tuple[_Option, ...] = (
         "sdpa; cpu: radixserve's paged kernel reading K/V in place; sdpa: gathered blocks + "
         "torch SDPA; triton: radixserve's paged Triton kernels, CUDA)",
         choices=types.ATTENTION_BACKENDS,
+    ),
+    _Option(
+        "kv_cache_dtype",
+        "--kv-cache-dtype",
+        "K/V storage dtype (default auto: the model's; bfloat16 or float16 halve a float32 "
+        "model's KV bytes: twice the cached tokens per --kv-cache-memory, and decode steps "
+        "read half as much)",
+        types.kv_cache_dtype,
     ),
     _Option(
         "enforce_eager",

@@ -106,6 +106,19 @@ def test_kv_pool_too_small_for_one_request_of_max_model_len(tiny_model_dir: Path
     assert "raise --kv-cache-memory to" in line
 
 
+def test_a_16_bit_kv_cache_dtype_doubles_the_tokens_the_pool_holds(tiny_model_dir: Path) -> None:
+    # 8 KiB: one 16-token block of this model's float32 K/V, two in float16.
+    args = ("serve", "--model", str(tiny_model_dir), "--kv-cache-memory", "8KiB")
+    res = run_cli(*args, "--max-model-len", "256", "--dtype", "float32", "--kv-cache-dtype", "fp16")
+    assert_one_error_line(res, "serve", "--max-model-len 256", "32 tokens (2 blocks x 16)")
+
+
+@pytest.mark.parametrize("value", ["fp8", "int8"])
+def test_unknown_kv_cache_dtype_is_named(value: str) -> None:
+    res = run_cli("serve", "--kv-cache-dtype", value)
+    assert_one_error_line(res, "serve", "--kv-cache-dtype", value)
+
+
 def test_max_model_len_beyond_the_models_context(tiny_model_dir: Path) -> None:
     res = run_cli("serve", "--model", str(tiny_model_dir), "--max-model-len", "100000")
     assert_one_error_line(res, "serve", "--max-model-len 100000", "256")

@@ -35,6 +35,7 @@ from radixserve.model.config import ModelConfig
 from radixserve.model.kv_pool import KVPool, bytes_per_token, check_pool_holds_request
 from radixserve.model.kv_tier import KVTierMover, open_kv_tier
 from radixserve.model.llama import LlamaModel
+from radixserve.model.loader import resolve_kv_cache_dtype
 from radixserve.model.runner import ModelRunner
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,7 @@ class EngineConfig:
     # none | int8 | int4; None keeps a GGUF's own 4-bit weights on CPU (see loader).
     quantization: str | None = None
     attention_backend: str = "auto"  # radixserve.options.ATTENTION_BACKENDS
+    kv_cache_dtype: str = "auto"  # K/V storage: auto (the model dtype), float32, bfloat16, float16
     enforce_eager: bool = False  # no CUDA graphs for decode steps (vLLM's flag)
     eviction_policy: str = DEFAULT_POLICY  # lru | fanout | slru | priority (docs/eviction.md)
     session_ttl: float = 0.0  # s a session request's path stays warm after each turn; 0: off
@@ -158,15 +160,17 @@ class LLMEngine:
         self.device, self.dtype = str(device), str(dtype).removeprefix("torch.")
         self.block_size = config.block_size
         mc = self.model_config
+        kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype)
+        self.kv_cache_dtype = str(kv_dtype).removeprefix("torch.")
         if config.num_blocks:
             num_blocks = config.num_blocks
         else:
             num_blocks = KVPool.blocks_for_memory(
-                mc, config.kv_cache_memory or "2GiB", config.block_size, dtype
+                mc, config.kv_cache_memory or "2GiB", config.block_size, kv_dtype
             )
         self.num_blocks = num_blocks
         if config.max_model_len:  # a pool that cannot hold one request is a start-up error
-            per_block = bytes_per_token(mc, dtype) * config.block_size
+            per_block = bytes_per_token(mc, kv_dtype) * config.block_size
             mml = min(config.max_model_len, mc.max_position_embeddings)
             check_pool_holds_request(num_blocks, config.block_size, mml, per_block)
         self.max_model_len = min(
@@ -181,6 +185,7 @@ class LLMEngine:
             max_model_len=self.max_model_len,
             attention_backend=config.attention_backend,
             enforce_eager=config.enforce_eager,
+            kv_cache_dtype=kv_dtype,
         )
         if self.runner.decode_mode != "eager":
             took = self.runner.warmup()
@@ -206,7 +211,7 @@ class LLMEngine:
         self.kv_persist: KVPersistence | None = None
         if config.kv_persist_dir and self.kv.cache is not None:
             self.kv_persist = KVPersistence(
-                config.kv_persist_dir, model, mc, self.block_size, dtype
+                config.kv_persist_dir, model, mc, self.block_size, kv_dtype
             )
             try:
                 loaded = self.kv_persist.load(self.kv.cache, self.kv_pool, self.kv_tier)

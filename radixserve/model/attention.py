@@ -91,8 +91,8 @@ def prefill_attention(
         qp = q[rows].transpose(0, 1).unsqueeze(0)
         kp = gather_blocks(k_blocks, p.block_ids).view(-1, num_kv, head_dim)[: p.context_len]
         vp = gather_blocks(v_blocks, p.block_ids).view(-1, num_kv, head_dim)[: p.context_len]
-        kp = kp.transpose(0, 1).unsqueeze(0)
-        vp = vp.transpose(0, 1).unsqueeze(0)
+        kp = kp.to(q.dtype).transpose(0, 1).unsqueeze(0)  # a --kv-cache-dtype pool: upcast
+        vp = vp.to(q.dtype).transpose(0, 1).unsqueeze(0)
         mask = p.causal_mask()
         if mask is None:
             op = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, enable_gqa=True)
@@ -102,7 +102,8 @@ def prefill_attention(
 
 
 class SdpaBackend:
-    """Gathers each sequence's blocks and runs torch SDPA; any device, any dtype."""
+    """Gathers each sequence's blocks and runs torch SDPA; any device, any dtype (K/V stored
+    in another dtype than the model's are converted after the gather)."""
 
     name = "sdpa"
 
@@ -176,7 +177,7 @@ def _sdpa_decode(
     vd = gather_blocks(v_blocks, block_ids).view(b, -1, num_kv, head_dim)
     if max_len is not None:
         kd, vd = kd[:, :max_len], vd[:, :max_len]
-    kd, vd = kd.transpose(1, 2), vd.transpose(1, 2)
+    kd, vd = kd.to(q.dtype).transpose(1, 2), vd.to(q.dtype).transpose(1, 2)
     od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask)
     return od.reshape(b, num_heads * head_dim)
 
@@ -184,7 +185,8 @@ def _sdpa_decode(
 class CpuPagedBackend:
     """Attention by our kernels, straight from the pool's blocks (no per-layer copy of each
     sequence's context): decode rows, and prefill chunks causal over their cached prefix
-    (head sizes that are not a multiple of 16 take `sdpa`'s prefill). float32 pools on CPU."""
+    (head sizes that are not a multiple of 16 take `sdpa`'s prefill). float32 models on CPU,
+    K/V stored in float32, bfloat16 or float16 (converted to float32 as they are read)."""
 
     name = "cpu"
 
@@ -250,16 +252,41 @@ def triton_unavailable(device: torch.device) -> str | None:
     return attention_triton.unavailable_reason(device)
 
 
-def select_backend(name: str, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
-    """The backend `name` asks for. `auto` is `triton` on CUDA where triton imports; `cpu`
-    for float32 pools on the CPU when our kernels load (at 2k-token contexts 4x faster than
-    gathering for SDPA, and it needs no padding to the longest sequence of a batch);
-    otherwise `sdpa`. Raises ValueError for a backend this setup cannot run."""
+def kv_dtype_problem(
+    name: str, device: torch.device, dtype: torch.dtype, kv_dtype: torch.dtype
+) -> str | None:
+    """Why backend `name` cannot attend over K/V stored in `kv_dtype` for a `dtype` model
+    (None when it can): the triton kernels read K/V in the model dtype only."""
+    if kv_dtype == dtype:
+        return None
+    if name == "triton" or (
+        name == "auto" and device.type == "cuda" and triton_unavailable(device) is None
+    ):
+        model, kv = (str(t).removeprefix("torch.") for t in (dtype, kv_dtype))
+        return (
+            f"the triton attention backend reads K/V in the model dtype ({model}) only; "
+            f"--kv-cache-dtype {kv} needs --attention-backend sdpa"
+        )
+    return None
+
+
+def select_backend(
+    name: str, device: torch.device, dtype: torch.dtype, kv_dtype: torch.dtype | None = None
+) -> AttentionBackend:
+    """The backend `name` asks for, for a `dtype` model whose K/V pool holds `kv_dtype`
+    (default: `dtype`). `auto` is `triton` on CUDA where triton imports; `cpu` for float32
+    models on the CPU when our kernels load (at 2k-token contexts 4x faster than gathering
+    for SDPA, and it needs no padding to the longest sequence of a batch); otherwise `sdpa`.
+    Raises ValueError for a backend this setup cannot run."""
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; use one of {ATTENTION_BACKENDS}")
+    kv_dtype = kv_dtype or dtype
     if name == "triton" or (name == "auto" and device.type == "cuda"):
         reason = triton_unavailable(device)
         if reason is None:
+            problem = kv_dtype_problem(name, device, dtype, kv_dtype)
+            if problem:
+                raise ValueError(problem)
             from radixserve.model.attention_triton import TritonPagedBackend
 
             return TritonPagedBackend()

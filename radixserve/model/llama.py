@@ -181,8 +181,8 @@ class DecoderLayer(nn.Module):
         v = qkv[:, (nh + nkv) * self.head_dim :].view(t, nkv, self.head_dim)
         k_slots = k_blocks.view(-1, self.num_kv, self.head_dim)
         v_slots = v_blocks.view(-1, self.num_kv, self.head_dim)
-        k_slots.index_copy_(0, slot_mapping, k)
-        v_slots.index_copy_(0, slot_mapping, v)
+        k_slots.index_copy_(0, slot_mapping, k.to(k_slots.dtype))  # --kv-cache-dtype
+        v_slots.index_copy_(0, slot_mapping, v.to(v_slots.dtype))
         h = h + self.o_lin(attend(q, k_blocks, v_blocks))
         x = rms_norm(h, self.post_norm, self.eps)
         gate, up = self.gate_up_lin(x).chunk(2, dim=-1)

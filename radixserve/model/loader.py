@@ -160,6 +160,23 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return table[dtype]
 
 
+def resolve_kv_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The KV pool's element type: `auto` is the model dtype (as vLLM's); float32, bfloat16 or
+    float16 (aliases bf16, fp16, fp32) store K/V so. Raises ValueError for anything else."""
+    import argparse
+
+    import torch
+
+    from radixserve.options import kv_cache_dtype as parse
+
+    try:
+        name = parse(kv_cache_dtype)
+    except argparse.ArgumentTypeError as e:
+        raise ValueError(f"--kv-cache-dtype {e}") from None
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    return model_dtype if name == "auto" else table[name]
+
+
 def dtype_problem(dtype: str, device: torch.device, bf16_supported: bool) -> str | None:
     """Why `device` cannot run `dtype`, or None when it can (CPUs run all three)."""
     if dtype == "bfloat16" and device.type == "cuda" and not bf16_supported:

@@ -63,13 +63,15 @@ class ModelRunner:
         max_model_len: int | None = None,
         attention_backend: str = "auto",
         enforce_eager: bool = False,
+        kv_cache_dtype: torch.dtype | None = None,
     ) -> None:
         p = next(model.parameters())
         self.model = model
         self.device, self.dtype = p.device, p.dtype
+        self.kv_dtype = kv_cache_dtype or self.dtype
         self.block_size = block_size
-        self.kv_pool = KVPool(model.config, num_blocks, block_size, self.dtype, self.device)
-        self.attn = select_backend(attention_backend, self.device, self.dtype)
+        self.kv_pool = KVPool(model.config, num_blocks, block_size, self.kv_dtype, self.device)
+        self.attn = select_backend(attention_backend, self.device, self.dtype, self.kv_dtype)
         max_len = max_model_len or model.config.max_position_embeddings
         self.max_num_seqs = max_num_seqs
         self.buffers = StepBuffers(

@@ -40,6 +40,7 @@ def startup_line(engine: Any, model_name: str, host: str, port: int, prefix_cach
     return (
         f"radixserve serving {model_name} ({engine.dtype}, {engine.device}, weights "
         f"{engine.quantization}, attention {engine.runner.attn.name}); KV pool "
+        f"({engine.kv_cache_dtype}) "
         f"{engine.num_blocks} blocks x {engine.block_size} = {tokens} tokens; prefix cache "
         f"{'on' if prefix_cache else 'off'}; max_model_len {engine.max_model_len}; "
         f"listening on http://{host_part}:{port}"

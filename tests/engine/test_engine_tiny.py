@@ -6,6 +6,7 @@ import random
 import time
 
 import pytest
+import torch
 
 from radixserve.cache import CacheFullError
 from radixserve.engine.llm import LLM
@@ -286,3 +287,52 @@ def test_an_error_inside_generate_leaves_the_engine_usable(make_tiny_engine) -> 
             time.sleep(0.01)
         assert engine.stats().blocks_locked == 0
     assert not engine.is_alive()
+
+
+def _greedy_with_logits(engine, prompts: list[list[int]]) -> list[RequestOutput]:
+    col = Collector()
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, return_logits=True)
+    ids = []
+    for p in prompts:  # one by one, so later prompts hit what earlier ones cached
+        ids.append(engine.add_request(p, params, on_output=col))
+        run_until_idle(engine)
+    return [col.final(i) for i in ids]
+
+
+@pytest.mark.parametrize("backend", ["cpu", "sdpa"])
+def test_a_half_size_kv_cache_holds_twice_the_tokens_and_hits_equal_recompute(
+    make_tiny_engine, backend: str
+) -> None:
+    """--kv-cache-dtype bfloat16 on a float32 model: the same memory holds twice the blocks,
+    and a cache hit still gives the tokens and logits of recomputing (both read the same
+    rounded K/V from the pool)."""
+    full = make_tiny_engine(num_blocks=None, kv_cache_memory="1MiB", attention_backend=backend)
+    half = make_tiny_engine(
+        num_blocks=None, kv_cache_memory="1MiB", kv_cache_dtype="bf16", attention_backend=backend
+    )
+    assert full.kv_cache_dtype == "float32" and half.kv_cache_dtype == "bfloat16"
+    assert half.runner.kv_pool.k.dtype == torch.bfloat16
+    assert half.num_blocks == 2 * full.num_blocks
+    base = list(range(200, 240))
+    prompts = [base + [1, 2, 3], base + [4, 5], base + [1, 2, 3], base[:30] + [9]]
+    on = _greedy_with_logits(half, prompts)
+    off = _greedy_with_logits(
+        make_tiny_engine(kv_cache_dtype="bfloat16", enable_prefix_cache=False), prompts
+    )
+    assert [o.num_cached_tokens for o in on] == [0, 40, 40, 28]
+    for a, b in zip(on, off, strict=True):
+        assert a.token_ids == b.token_ids
+        for la, lb in zip(a.logits, b.logits, strict=True):
+            assert (la - lb).abs().max().item() <= 1e-3
+    # Rounding K/V to bfloat16 moves this model's logits a little, not its greedy tokens.
+    exact = _greedy_with_logits(full, prompts)
+    for a, b in zip(on, exact, strict=True):
+        assert a.token_ids == b.token_ids
+        assert (a.logits[0] - b.logits[0]).abs().max().item() <= 5e-3
+
+
+def test_an_unknown_kv_cache_dtype_is_an_error(make_tiny_engine) -> None:
+    with pytest.raises(ValueError, match="fp8 KV caches are not supported"):
+        make_tiny_engine(kv_cache_dtype="fp8")
+    with pytest.raises(ValueError, match="use one of auto, float32, bfloat16, float16"):
+        make_tiny_engine(kv_cache_dtype="int8")

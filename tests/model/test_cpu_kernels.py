@@ -14,6 +14,8 @@ from radixserve.model.batch import SeqChunk, build_batch
 from radixserve.model.llama import apply_rope, rms_norm
 
 ops = torch.ops.radixserve
+# K/V pool element types (--kv-cache-dtype); the kernels compute in float32 either way.
+KV_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -30,15 +32,17 @@ def test_rms_norm_equals_torch(rows: int) -> None:
     torch.testing.assert_close(out, rms_norm(x, w, 1e-5), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
 @pytest.mark.parametrize("rows", [1, 7, 33])
-def test_rope_kv_write_rotates_q_and_k_and_writes_k_and_v(rows: int) -> None:
+def test_rope_kv_write_rotates_q_and_k_and_writes_k_and_v(rows: int, kv_dtype: torch.dtype) -> None:
+    """K and V land in the pool rounded to its dtype exactly as torch's .to() rounds."""
     torch.manual_seed(rows)
     heads, kv_heads, d, block, blocks = 6, 2, 16, 4, 20
     qkv = torch.randn(rows, (heads + 2 * kv_heads) * d)
     angles = torch.randn(rows, d // 2)
     cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
     slots = torch.randperm((blocks + 1) * block)[:rows]
-    k_pool = torch.zeros(blocks + 1, block, kv_heads, d)
+    k_pool = torch.zeros(blocks + 1, block, kv_heads, d, dtype=kv_dtype)
     v_pool = torch.zeros_like(k_pool)
     ref = qkv.clone()
     ops.rope_kv_write(qkv, cos, sin, slots, k_pool, v_pool, heads)
@@ -46,8 +50,9 @@ def test_rope_kv_write_rotates_q_and_k_and_writes_k_and_v(rows: int) -> None:
     torch.testing.assert_close(qkv[:, : heads * d], qk[:, :heads].reshape(rows, -1))
     k_want = qk[:, heads:]
     v_want = ref[:, (heads + kv_heads) * d :].view(rows, kv_heads, d)
-    torch.testing.assert_close(k_pool.view(-1, kv_heads, d)[slots], k_want)
-    torch.testing.assert_close(v_pool.view(-1, kv_heads, d)[slots], v_want)
+    exact = {"rtol": 0.0, "atol": 0.0} if kv_dtype != torch.float32 else {}
+    torch.testing.assert_close(k_pool.view(-1, kv_heads, d)[slots], k_want.to(kv_dtype), **exact)
+    torch.testing.assert_close(v_pool.view(-1, kv_heads, d)[slots], v_want.to(kv_dtype), **exact)
     untouched = torch.ones(k_pool.view(-1, kv_heads, d).shape[0], dtype=torch.bool)
     untouched[slots] = False
     assert not k_pool.view(-1, kv_heads, d)[untouched].any()
@@ -63,42 +68,45 @@ def test_silu_mul_equals_torch() -> None:
     torch.testing.assert_close(out, F.silu(gate) * up, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
 @pytest.mark.parametrize("head_dim", [64, 12])  # 12: not a multiple of 8 (scalar path)
 @pytest.mark.parametrize("block_size", [16, 5])
 def test_paged_decode_attention_equals_sdpa_over_the_same_blocks(
-    head_dim: int, block_size: int
+    head_dim: int, block_size: int, kv_dtype: torch.dtype
 ) -> None:
     """Contexts from 1 token to several of the kernel's chunks, GQA, scattered blocks, and
-    q rows that are the first columns of a wider (fused qkv) tensor."""
+    q rows that are the first columns of a wider (fused qkv) tensor; pools of each K/V dtype
+    (the reference attends over the same rounded values in float32)."""
     torch.manual_seed(head_dim + block_size)
     heads, kv_heads = 9, 3
     lens = [1, 7, block_size, block_size + 1, 63, 64, 65, 300]
     width = max(-(-n // block_size) for n in lens)
     nblocks = len(lens) * width + 1
-    k_blocks = torch.randn(nblocks, block_size, kv_heads, head_dim)
+    k_blocks = torch.randn(nblocks, block_size, kv_heads, head_dim).to(kv_dtype)
     v_blocks = torch.randn_like(k_blocks)
     table = torch.randperm(nblocks)[: len(lens) * width].view(len(lens), width).to(torch.int32)
     context_lens = torch.tensor(lens, dtype=torch.int32)
     wide = torch.randn(len(lens), heads * head_dim + 40)
     q = wide[:, : heads * head_dim].view(len(lens), heads, head_dim)
     got = CpuPagedBackend().decode(q, k_blocks, v_blocks, table, context_lens)
-    want = SdpaBackend().decode(q, k_blocks, v_blocks, table, context_lens)
+    want = SdpaBackend().decode(q, k_blocks.float(), v_blocks.float(), table, context_lens)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     # Row 0 attends to one token: its output is that token's V, head group by head group.
-    first = v_blocks[table[0, 0], 0].repeat_interleave(heads // kv_heads, dim=0)
+    first = v_blocks[table[0, 0], 0].float().repeat_interleave(heads // kv_heads, dim=0)
     torch.testing.assert_close(got[0].view(heads, head_dim), first)
     assert math.isfinite(float(got.abs().sum()))
 
 
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
 @pytest.mark.parametrize("heads,kv_heads", [(9, 3), (4, 4), (6, 1)])
 @pytest.mark.parametrize("block_size", [16, 5])
 def test_paged_prefill_attention_equals_sdpa_over_the_same_blocks(
-    heads: int, kv_heads: int, block_size: int
+    heads: int, kv_heads: int, block_size: int, kv_dtype: torch.dtype
 ) -> None:
     """Chunks that start their sequence and chunks over a cached prefix, short and long
     (several 32-token query tiles, 64-key tiles, a 2-token chunk over 300 cached tokens whose
     keys are split across threads), scattered blocks, q rows inside a wider (fused qkv) tensor,
-    and decode rows in the same step."""
+    decode rows in the same step, and pools of each K/V dtype."""
     torch.manual_seed(heads * block_size)
     head_dim = 64
     shapes = [(50, 0), (2, 300), (37, 70), (1, 20), (17, 17)]  # (new tokens, cached); 1: decode
@@ -110,7 +118,7 @@ def test_paged_prefill_attention_equals_sdpa_over_the_same_blocks(
         chunks.append(SeqChunk([i + 1] * n, start, order[:need]))
         order = order[need:]
     batch = build_batch(chunks, block_size)
-    k_blocks = torch.randn(nblocks, block_size, kv_heads, head_dim)
+    k_blocks = torch.randn(nblocks, block_size, kv_heads, head_dim).to(kv_dtype)
     v_blocks = torch.randn_like(k_blocks)
     tokens = batch.input_ids.shape[0]
     wide = torch.randn(tokens, heads * head_dim + 24)

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixserve.model.attention import CpuPagedBackend, SdpaBackend, select_backend
+from radixserve.model.attention import (
+    CpuPagedBackend,
+    SdpaBackend,
+    kv_dtype_problem,
+    select_backend,
+)
 from radixserve.model.batch import SeqChunk, StepBuffers, build_batch
 from radixserve.model.runner import ModelRunner, bucket_for, graph_buckets
 from radixserve.model.sampling import SamplingRow
@@ -45,6 +50,19 @@ def test_backend_selection() -> None:
         select_backend("cpu", CPU, torch.bfloat16)
     with pytest.raises(ValueError, match="unknown attention backend"):
         select_backend("flash", CPU, torch.float32)
+    # K/V stored in 16 bits for a float32 model: our kernels and SDPA convert as they read.
+    for kv in (torch.bfloat16, torch.float16):
+        assert isinstance(select_backend("auto", CPU, torch.float32, kv), CpuPagedBackend)
+        assert isinstance(select_backend("sdpa", CPU, torch.float32, kv), SdpaBackend)
+
+
+def test_the_triton_backend_takes_k_v_in_the_model_dtype_only() -> None:
+    cuda = torch.device("cuda")
+    assert kv_dtype_problem("triton", cuda, torch.bfloat16, torch.bfloat16) is None
+    problem = kv_dtype_problem("triton", cuda, torch.bfloat16, torch.float16)
+    assert problem is not None and "--attention-backend sdpa" in problem
+    assert kv_dtype_problem("sdpa", cuda, torch.bfloat16, torch.float16) is None
+    assert kv_dtype_problem("auto", CPU, torch.float32, torch.bfloat16) is None
 
 
 def test_run_returns_a_token_for_each_chunk_that_samples(tiny_pair) -> None:

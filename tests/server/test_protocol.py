@@ -149,9 +149,11 @@ def test_startup_line_names_model_pool_and_url() -> None:
         device="cpu",
         max_model_len=2048,
         quantization="int4",
+        kv_cache_dtype="bfloat16",
         runner=SimpleNamespace(attn=SimpleNamespace(name="sdpa")),
     )
     line = startup_line(engine, "M", "127.0.0.1", 8000, True)
     parts = ("M", "float32", "cpu", "weights int4", "attention sdpa", "100 blocks", "1600 tokens")
+    assert "KV pool (bfloat16) 100 blocks" in line
     for part in (*parts, "http://127.0.0.1:8000"):
         assert part in line

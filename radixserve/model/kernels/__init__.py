@@ -45,12 +45,12 @@ def kernel_cache_dir() -> Path:
 
 
 def compile_flags() -> list[str]:
-    """Compiler flags for this CPU: AVX2 + FMA code where the CPU has them."""
+    """Compiler flags for this CPU: AVX2 + FMA + F16C code where the CPU has them."""
     # -fopenmp: at::parallel_for is an OpenMP pragma in torch's headers; without the flag
     # the kernels silently run on one thread. The libgomp torch already loaded is reused.
     flags = ["-O3", "-ffast-math", "-fno-finite-math-only", "-fopenmp"]
-    if platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma"} <= _cpu_flags():
-        flags += ["-mavx2", "-mfma"]
+    if platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma", "f16c"} <= _cpu_flags():
+        flags += ["-mavx2", "-mfma", "-mf16c"]
     return flags
 
 

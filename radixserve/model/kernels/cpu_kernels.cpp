@@ -22,10 +22,11 @@
 #include <cstdlib>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define RS_AVX2 1
 #endif
@@ -501,8 +502,62 @@ inline __m256 hsum8(const __m256* a) {
 }
 #endif
 
+// ---- K/V elements: pools hold float32, bfloat16 or float16 (--kv-cache-dtype); the
+// attention math is float32 either way ----
+
+inline float kv_float(float x) { return x; }
+inline float kv_float(c10::BFloat16 x) { return static_cast<float>(x); }
+inline float kv_float(c10::Half x) { return static_cast<float>(x); }
+
+#ifdef RS_AVX2
+inline __m256 kv_load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 kv_load8(const c10::BFloat16* p) {  // bfloat16 is float32's upper half
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline __m256 kv_load8(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+#endif
+
+// dst[0:D] = src[0:D] as float32.
+template <typename T>
+inline void kv_row_to_float(const T* src, int64_t D, float* dst) {
+  if constexpr (std::is_same_v<T, float>) {
+    std::memcpy(dst, src, D * sizeof(float));
+  } else {
+    int64_t d = 0;
+#ifdef RS_AVX2
+    for (; d + 8 <= D; d += 8) _mm256_storeu_ps(dst + d, kv_load8(src + d));
+#endif
+    for (; d < D; ++d) dst[d] = kv_float(src[d]);
+  }
+}
+
+// dst[0:D] = src[0:D] rounded to T (to nearest even, as torch's .to(dtype)).
+template <typename T>
+inline void kv_row_from_float(const float* src, int64_t D, T* dst) {
+  if constexpr (std::is_same_v<T, float>) {
+    std::memcpy(dst, src, D * sizeof(float));
+  } else {
+    for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(src[d]);
+  }
+}
+
+// f(T{}) with T the element type of the K/V pool `pool`.
+template <typename F>
+void with_kv_type(const at::Tensor& pool, F&& f) {
+  switch (pool.scalar_type()) {
+    case at::kFloat: return f(float{});
+    case at::kBFloat16: return f(c10::BFloat16{});
+    case at::kHalf: return f(c10::Half{});
+    default: check(false, "K/V pools must be float32, bfloat16 or float16");
+  }
+}
+
 // scores[i] = scale * q . rows[i] for n rows of length D.
-inline void score_rows(const float* q, const float* const* rows, int64_t n, int64_t D,
+template <typename T>
+inline void score_rows(const float* q, const T* const* rows, int64_t n, int64_t D,
                        float scale, float* scores) {
   int64_t i = 0;
 #ifdef RS_AVX2
@@ -514,7 +569,7 @@ inline void score_rows(const float* q, const float* const* rows, int64_t n, int6
       for (int64_t d = 0; d < D; d += 8) {
         const __m256 qv = _mm256_loadu_ps(q + d);
         for (int j = 0; j < 8; ++j)
-          acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[i + j] + d), acc[j]);
+          acc[j] = _mm256_fmadd_ps(qv, kv_load8(rows[i + j] + d), acc[j]);
       }
       _mm256_storeu_ps(scores + i, _mm256_mul_ps(hsum8(acc), sc));
     }
@@ -522,7 +577,7 @@ inline void score_rows(const float* q, const float* const* rows, int64_t n, int6
 #endif
   for (; i < n; ++i) {
     float d = 0;
-    for (int64_t k = 0; k < D; ++k) d += q[k] * rows[i][k];
+    for (int64_t k = 0; k < D; ++k) d += q[k] * kv_float(rows[i][k]);
     scores[i] = d * scale;
   }
 }
@@ -571,7 +626,8 @@ inline std::pair<float, float> softmax_terms(float* p, int64_t n) {
 }
 
 // acc[D] += sum_i p[i] * rows[i].
-inline void weighted_rows(const float* p, const float* const* rows, int64_t n, int64_t D,
+template <typename T>
+inline void weighted_rows(const float* p, const T* const* rows, int64_t n, int64_t D,
                           float* acc) {
   int64_t d0 = 0;
 #ifdef RS_AVX2
@@ -580,11 +636,11 @@ inline void weighted_rows(const float* p, const float* const* rows, int64_t n, i
     __m256 a2 = _mm256_loadu_ps(acc + d0 + 16), a3 = _mm256_loadu_ps(acc + d0 + 24);
     for (int64_t i = 0; i < n; ++i) {
       const __m256 w = _mm256_set1_ps(p[i]);
-      const float* r = rows[i] + d0;
-      a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(r), a0);
-      a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(r + 8), a1);
-      a2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(r + 16), a2);
-      a3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(r + 24), a3);
+      const T* r = rows[i] + d0;
+      a0 = _mm256_fmadd_ps(w, kv_load8(r), a0);
+      a1 = _mm256_fmadd_ps(w, kv_load8(r + 8), a1);
+      a2 = _mm256_fmadd_ps(w, kv_load8(r + 16), a2);
+      a3 = _mm256_fmadd_ps(w, kv_load8(r + 24), a3);
     }
     _mm256_storeu_ps(acc + d0, a0);
     _mm256_storeu_ps(acc + d0 + 8, a1);
@@ -593,7 +649,7 @@ inline void weighted_rows(const float* p, const float* const* rows, int64_t n, i
   }
 #endif
   for (int64_t i = 0; i < n; ++i)
-    for (int64_t d = d0; d < D; ++d) acc[d] += p[i] * rows[i][d];
+    for (int64_t d = d0; d < D; ++d) acc[d] += p[i] * kv_float(rows[i][d]);
 }
 
 // Partial attention results over disjoint key ranges, each [max, sum, acc[D]] (acc not yet
@@ -617,7 +673,7 @@ inline void merge_partials(const float* first, int64_t count, int64_t step, int6
 }
 
 // Decode attention over the paged pool. q [B, H, D] (rows may be strided);
-// k_pool / v_pool [NB, BS, KVH, D];
+// k_pool / v_pool [NB, BS, KVH, D] (float32, bfloat16 or float16);
 // block_table [B, >= max blocks] int32, rows may be strided (a view of a larger buffer);
 // context_lens [B] int32 (keys 0..len-1 are attended); out [B, H, D].
 // Work unit = (sequence, KV head, chunk of the context): the chunk's K rows are scored 8 at a
@@ -628,7 +684,8 @@ void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
                             const at::Tensor& v_pool, const at::Tensor& block_table,
                             const at::Tensor& context_lens, double sm_scale,
                             const at::Tensor& out) {
-  check(q.scalar_type() == at::kFloat && k_pool.scalar_type() == at::kFloat, "float32 only");
+  check(q.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat, "float32 q and out");
+  check(k_pool.scalar_type() == v_pool.scalar_type(), "K and V pools of one dtype");
   check(block_table.scalar_type() == at::kInt && context_lens.scalar_type() == at::kInt,
         "int32 block table and lengths");
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
@@ -641,8 +698,6 @@ void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
   const int64_t BS = k_pool.size(1), KVH = k_pool.size(2), MAXB = block_table.stride(0);
   const int64_t GQ = H / KVH;
   const float* qp = q.data_ptr<float>();
-  const float* kp = k_pool.data_ptr<float>();
-  const float* vp = v_pool.data_ptr<float>();
   const int32_t* bt = block_table.data_ptr<int32_t>();
   const int32_t* lens = context_lens.data_ptr<int32_t>();
   float* op = out.data_ptr<float>();
@@ -654,38 +709,43 @@ void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
   const int64_t units = B * KVH * max_chunks, stride = D + 2;
   std::vector<float> part(units * GQ * stride);
   const float scale = static_cast<float>(sm_scale);
-  at::parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
-    std::vector<float> scores(chunk);
-    std::vector<const float*> krows(chunk), vrows(chunk);
-    for (int64_t u = u0; u < u1; ++u) {
-      // The KV heads of one chunk are neighbours in memory, so they are neighbouring units.
-      const int64_t h = u % KVH, c = (u / KVH) % max_chunks, b = u / (max_chunks * KVH);
-      const int64_t t0 = c * chunk, t1 = std::min<int64_t>(lens[b], t0 + chunk);
-      float* pu = part.data() + u * GQ * stride;
-      if (t0 >= t1) {
-        for (int64_t g = 0; g < GQ; ++g) pu[g * stride] = -INFINITY;
-        continue;
-      }
-      const int64_t n = t1 - t0;
-      // Chunks are whole blocks: walk them block by block (no division per key).
-      for (int64_t t = t0, blk = t0 / BS; t < t1; ++blk) {
-        const int64_t base = static_cast<int64_t>(bt[b * MAXB + blk]) * BS;
-        for (int64_t off = 0; off < BS && t < t1; ++off, ++t) {
-          const int64_t row = (base + off) * KVH + h;
-          krows[t - t0] = kp + row * D;
-          vrows[t - t0] = vp + row * D;
+  with_kv_type(k_pool, [&](auto tag) {
+    using T = decltype(tag);
+    const T* kp = static_cast<const T*>(k_pool.data_ptr());
+    const T* vp = static_cast<const T*>(v_pool.data_ptr());
+    at::parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
+      std::vector<float> scores(chunk);
+      std::vector<const T*> krows(chunk), vrows(chunk);
+      for (int64_t u = u0; u < u1; ++u) {
+        // The KV heads of one chunk are neighbours in memory, so they are neighbouring units.
+        const int64_t h = u % KVH, c = (u / KVH) % max_chunks, b = u / (max_chunks * KVH);
+        const int64_t t0 = c * chunk, t1 = std::min<int64_t>(lens[b], t0 + chunk);
+        float* pu = part.data() + u * GQ * stride;
+        if (t0 >= t1) {
+          for (int64_t g = 0; g < GQ; ++g) pu[g * stride] = -INFINITY;
+          continue;
+        }
+        const int64_t n = t1 - t0;
+        // Chunks are whole blocks: walk them block by block (no division per key).
+        for (int64_t t = t0, blk = t0 / BS; t < t1; ++blk) {
+          const int64_t base = static_cast<int64_t>(bt[b * MAXB + blk]) * BS;
+          for (int64_t off = 0; off < BS && t < t1; ++off, ++t) {
+            const int64_t row = (base + off) * KVH + h;
+            krows[t - t0] = kp + row * D;
+            vrows[t - t0] = vp + row * D;
+          }
+        }
+        for (int64_t g = 0; g < GQ; ++g) {
+          float* pg = pu + g * stride;
+          score_rows(qp + b * q_row + (h * GQ + g) * D, krows.data(), n, D, scale, scores.data());
+          const auto [mx, sum] = softmax_terms(scores.data(), n);
+          pg[0] = mx;
+          pg[1] = sum;
+          std::memset(pg + 2, 0, D * sizeof(float));
+          weighted_rows(scores.data(), vrows.data(), n, D, pg + 2);
         }
       }
-      for (int64_t g = 0; g < GQ; ++g) {
-        float* pg = pu + g * stride;
-        score_rows(qp + b * q_row + (h * GQ + g) * D, krows.data(), n, D, scale, scores.data());
-        const auto [mx, sum] = softmax_terms(scores.data(), n);
-        pg[0] = mx;
-        pg[1] = sum;
-        std::memset(pg + 2, 0, D * sizeof(float));
-        weighted_rows(scores.data(), vrows.data(), n, D, pg + 2);
-      }
-    }
+    });
   });
   // Merge the chunks of each (b, head).
   at::parallel_for(0, B * H, 16, [&](int64_t r0, int64_t r1) {
@@ -725,9 +785,8 @@ inline float softmax_step(float* s, int64_t n, float& run_max, float& run_sum) {
 void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
                              const at::Tensor& v_pool, const at::Tensor& block_ids,
                              int64_t context_len, double sm_scale, const at::Tensor& out) {
-  check(q.scalar_type() == at::kFloat && k_pool.scalar_type() == at::kFloat &&
-            out.scalar_type() == at::kFloat,
-        "float32 only");
+  check(q.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat, "float32 q and out");
+  check(k_pool.scalar_type() == v_pool.scalar_type(), "K and V pools of one dtype");
   check(block_ids.scalar_type() == at::kLong && block_ids.is_contiguous(), "int64 block ids");
   const int64_t n = q.size(0), H = q.size(1), D = q.size(2);
   check(q.stride(2) == 1 && q.stride(1) == D && out.stride(1) == 1 && out.size(1) == H * D,
@@ -748,8 +807,6 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
   const int64_t units = tiles * KVH * splits;
   const int64_t q_row = q.stride(0), o_row = out.stride(0);
   const float* qp = q.data_ptr<float>();
-  const float* kp = k_pool.data_ptr<float>();
-  const float* vp = v_pool.data_ptr<float>();
   const int64_t* bid = block_ids.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
   const float scale = static_cast<float>(sm_scale);
@@ -757,88 +814,100 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
   const int64_t pstride = D + 2;
   std::vector<float> part(splits > 1 ? units * R * pstride : 0);
   std::atomic<int64_t> next{0};
-  at::parallel_for(0, nthreads, 1, [&](int64_t, int64_t) {
-    AlignedBuffer qt(R * D), sc(R * KT), kt(D * KT), vt(KT * D), acc(R * D), zero(D);
-    std::vector<float> mx(R), sum(R);
-    const float* krow[16];
-    for (;;) {
-      const int64_t u = next.fetch_add(1);
-      if (u >= units) break;
-      // Heaviest first: the last tiles of a chunk see the most keys.
-      const int64_t split = u % splits, h = (u / splits) % KVH;
-      const int64_t tile = tiles - 1 - u / (splits * KVH);
-      const int64_t t0 = tile * TQ, nt = std::min(TQ, n - t0), rows = nt * GQ;
-      const int64_t kend = start + t0 + nt;  // keys the tile's last token sees
-      const int64_t tile_keys = (kend + KT - 1) / KT, per = (tile_keys + splits - 1) / splits;
-      const int64_t k_begin = split * per * KT, k_end = std::min(kend, (split + 1) * per * KT);
-      for (int64_t t = 0; t < nt; ++t)
-        for (int64_t g = 0; g < GQ; ++g) {
-          const float* src = qp + (t0 + t) * q_row + (h * GQ + g) * D;
-          float* dst = qt.data() + (t * GQ + g) * D;
-          for (int64_t d = 0; d < D; ++d) dst[d] = src[d] * scale;
-        }
-      std::fill(mx.begin(), mx.end(), -INFINITY);
-      std::fill(sum.begin(), sum.end(), 0.f);
-      std::memset(acc.data(), 0, rows * D * sizeof(float));
-      for (int64_t k0 = k_begin; k0 < k_end; k0 += KT) {
-        const int64_t nk = std::min(KT, k_end - k0), nk16 = (nk + 15) / 16 * 16;
-        int64_t blk = k0 / BS, off = k0 % BS;
-        for (int64_t j = 0; j < nk16; ++j) {
-          float* vdst = vt.data() + j * D;
-          if (j < nk) {
-            const int64_t row = (bid[blk] * BS + off) * KVH + h;
-            if (++off == BS) off = 0, ++blk;
-            krow[j % 16] = kp + row * D;
-            std::memcpy(vdst, vp + row * D, D * sizeof(float));
-          } else {
-            krow[j % 16] = zero.data();
-            std::memset(vdst, 0, D * sizeof(float));
+  with_kv_type(k_pool, [&](auto tag) {
+    using T = decltype(tag);
+    const T* kp = static_cast<const T*>(k_pool.data_ptr());
+    const T* vp = static_cast<const T*>(v_pool.data_ptr());
+    at::parallel_for(0, nthreads, 1, [&](int64_t, int64_t) {
+      AlignedBuffer qt(R * D), sc(R * KT), kt(D * KT), vt(KT * D), acc(R * D), zero(D);
+      AlignedBuffer kf(std::is_same_v<T, float> ? 0 : 16 * D);  // 16 K rows as float32
+      std::vector<float> mx(R), sum(R);
+      const float* krow[16];
+      for (;;) {
+        const int64_t u = next.fetch_add(1);
+        if (u >= units) break;
+        // Heaviest first: the last tiles of a chunk see the most keys.
+        const int64_t split = u % splits, h = (u / splits) % KVH;
+        const int64_t tile = tiles - 1 - u / (splits * KVH);
+        const int64_t t0 = tile * TQ, nt = std::min(TQ, n - t0), rows = nt * GQ;
+        const int64_t kend = start + t0 + nt;  // keys the tile's last token sees
+        const int64_t tile_keys = (kend + KT - 1) / KT, per = (tile_keys + splits - 1) / splits;
+        const int64_t k_begin = split * per * KT, k_end = std::min(kend, (split + 1) * per * KT);
+        for (int64_t t = 0; t < nt; ++t)
+          for (int64_t g = 0; g < GQ; ++g) {
+            const float* src = qp + (t0 + t) * q_row + (h * GQ + g) * D;
+            float* dst = qt.data() + (t * GQ + g) * D;
+            for (int64_t d = 0; d < D; ++d) dst[d] = src[d] * scale;
           }
-          if (j % 16 == 15) pack_panel(krow, D, kt.data() + (j / 16) * D * 16);
+        std::fill(mx.begin(), mx.end(), -INFINITY);
+        std::fill(sum.begin(), sum.end(), 0.f);
+        std::memset(acc.data(), 0, rows * D * sizeof(float));
+        for (int64_t k0 = k_begin; k0 < k_end; k0 += KT) {
+          const int64_t nk = std::min(KT, k_end - k0), nk16 = (nk + 15) / 16 * 16;
+          int64_t blk = k0 / BS, off = k0 % BS;
+          for (int64_t j = 0; j < nk16; ++j) {
+            float* vdst = vt.data() + j * D;
+            if (j < nk) {
+              const int64_t row = (bid[blk] * BS + off) * KVH + h;
+              if (++off == BS) off = 0, ++blk;
+              if constexpr (std::is_same_v<T, float>) {
+                krow[j % 16] = kp + row * D;
+              } else {
+                float* kdst = kf.data() + (j % 16) * D;
+                kv_row_to_float(kp + row * D, D, kdst);
+                krow[j % 16] = kdst;
+              }
+              kv_row_to_float(vp + row * D, D, vdst);
+            } else {
+              krow[j % 16] = zero.data();
+              std::memset(vdst, 0, D * sizeof(float));
+            }
+            if (j % 16 == 15) pack_panel(krow, D, kt.data() + (j / 16) * D * 16);
+          }
+          // Scores [rows, nk16] = q . k.
+          for (int64_t s16 = 0; s16 < nk16; s16 += 16)
+            for (int64_t m = 0; m < rows; m += kTileRows)
+              tile_rows(static_cast<int>(std::min<int64_t>(kTileRows, rows - m)),
+                        qt.data() + m * D, D, kt.data() + s16 * D, 16, D,
+                        sc.data() + m * KT + s16, KT);
+          // Mask keys past each row's position (and the padding), then the online softmax.
+          for (int64_t r = 0; r < rows; ++r) {
+            float* srow = sc.data() + r * KT;
+            const int64_t visible = std::min(nk, start + t0 + r / GQ + 1 - k0);
+            if (visible <= 0) {  // every key of this tile is after the row's token
+              std::fill(srow, srow + nk16, 0.f);
+              continue;
+            }
+            for (int64_t j = visible; j < nk16; ++j) srow[j] = -INFINITY;
+            const float alpha = softmax_step(srow, nk16, mx[r], sum[r]);
+            if (alpha != 1.f) {
+              float* a = acc.data() + r * D;
+              for (int64_t d = 0; d < D; ++d) a[d] *= alpha;
+            }
+          }
+          // acc [rows, D] += p [rows, nk16] . v [nk16, D].
+          for (int64_t d0 = 0; d0 < D; d0 += 16)
+            for (int64_t m = 0; m < rows; m += kTileRows)
+              tile_rows<true>(static_cast<int>(std::min<int64_t>(kTileRows, rows - m)),
+                              sc.data() + m * KT, KT, vt.data() + d0, D, nk16,
+                              acc.data() + m * D + d0, D);
         }
-        // Scores [rows, nk16] = q . k.
-        for (int64_t s16 = 0; s16 < nk16; s16 += 16)
-          for (int64_t m = 0; m < rows; m += kTileRows)
-            tile_rows(static_cast<int>(std::min<int64_t>(kTileRows, rows - m)),
-                      qt.data() + m * D, D, kt.data() + s16 * D, 16, D,
-                      sc.data() + m * KT + s16, KT);
-        // Mask keys past each row's position (and the padding), then the online softmax.
         for (int64_t r = 0; r < rows; ++r) {
-          float* srow = sc.data() + r * KT;
-          const int64_t visible = std::min(nk, start + t0 + r / GQ + 1 - k0);
-          if (visible <= 0) {  // every key of this tile is after the row's token
-            std::fill(srow, srow + nk16, 0.f);
-            continue;
-          }
-          for (int64_t j = visible; j < nk16; ++j) srow[j] = -INFINITY;
-          const float alpha = softmax_step(srow, nk16, mx[r], sum[r]);
-          if (alpha != 1.f) {
-            float* a = acc.data() + r * D;
-            for (int64_t d = 0; d < D; ++d) a[d] *= alpha;
+          const float* a = acc.data() + r * D;
+          if (splits == 1) {
+            const int64_t t = r / GQ, g = r % GQ;
+            float* o = op + (t0 + t) * o_row + (h * GQ + g) * D;
+            const float inv = sum[r] > 0 ? 1.f / sum[r] : 0.f;
+            for (int64_t d = 0; d < D; ++d) o[d] = a[d] * inv;
+          } else {
+            float* pr = part.data() + (u * R + r) * pstride;
+            pr[0] = mx[r];
+            pr[1] = sum[r];
+            std::memcpy(pr + 2, a, D * sizeof(float));
           }
         }
-        // acc [rows, D] += p [rows, nk16] . v [nk16, D].
-        for (int64_t d0 = 0; d0 < D; d0 += 16)
-          for (int64_t m = 0; m < rows; m += kTileRows)
-            tile_rows<true>(static_cast<int>(std::min<int64_t>(kTileRows, rows - m)),
-                            sc.data() + m * KT, KT, vt.data() + d0, D, nk16,
-                            acc.data() + m * D + d0, D);
       }
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* a = acc.data() + r * D;
-        if (splits == 1) {
-          const int64_t t = r / GQ, g = r % GQ;
-          float* o = op + (t0 + t) * o_row + (h * GQ + g) * D;
-          const float inv = sum[r] > 0 ? 1.f / sum[r] : 0.f;
-          for (int64_t d = 0; d < D; ++d) o[d] = a[d] * inv;
-        } else {
-          float* pr = part.data() + (u * R + r) * pstride;
-          pr[0] = mx[r];
-          pr[1] = sum[r];
-          std::memcpy(pr + 2, a, D * sizeof(float));
-        }
-      }
-    }
+    });
   });
   if (splits == 1) return;
   // Merge the key slices of each (tile, KV head, row): units of one (tile, head) are adjacent.
@@ -884,7 +953,8 @@ void rope_kv_write(const at::Tensor& qkv, const at::Tensor& cos, const at::Tenso
                    int64_t num_heads) {
   check(qkv.scalar_type() == at::kFloat && qkv.is_contiguous() && cos.is_contiguous() &&
             sin.is_contiguous() && k_pool.is_contiguous() && v_pool.is_contiguous(),
-        "rope_kv_write: contiguous float32");
+        "rope_kv_write: contiguous float32 qkv");
+  check(k_pool.scalar_type() == v_pool.scalar_type(), "K and V pools of one dtype");
   check(slots.scalar_type() == at::kLong, "rope_kv_write: int64 slots");
   const int64_t T = qkv.size(0), KVH = k_pool.size(2), Dh = k_pool.size(3);
   const int64_t half = Dh / 2, width = qkv.size(1);
@@ -894,25 +964,28 @@ void rope_kv_write(const at::Tensor& qkv, const at::Tensor& cos, const at::Tenso
   const float* sp = sin.data_ptr<float>();
   const int64_t* slot = slots.data_ptr<int64_t>();
   const int64_t slot_stride = slots.stride(0);
-  float* kp = k_pool.data_ptr<float>();
-  float* vp = v_pool.data_ptr<float>();
-  at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      float* row = qp + t * width;
-      const float* c = cp + t * Dh;
-      const float* sn = sp + t * Dh;
-      for (int64_t hd = 0; hd < num_heads + KVH; ++hd) {
-        float* x = row + hd * Dh;
-        for (int64_t i = 0; i < half; ++i) {
-          const float a = x[i], b = x[i + half];
-          x[i] = a * c[i] - b * sn[i];
-          x[i + half] = b * c[i + half] + a * sn[i + half];
+  with_kv_type(k_pool, [&](auto tag) {
+    using E = decltype(tag);
+    E* kp = static_cast<E*>(k_pool.data_ptr());
+    E* vp = static_cast<E*>(v_pool.data_ptr());
+    at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        float* row = qp + t * width;
+        const float* c = cp + t * Dh;
+        const float* sn = sp + t * Dh;
+        for (int64_t hd = 0; hd < num_heads + KVH; ++hd) {
+          float* x = row + hd * Dh;
+          for (int64_t i = 0; i < half; ++i) {
+            const float a = x[i], b = x[i + half];
+            x[i] = a * c[i] - b * sn[i];
+            x[i + half] = b * c[i + half] + a * sn[i + half];
+          }
         }
+        const int64_t s = slot[t * slot_stride];
+        kv_row_from_float(row + num_heads * Dh, KVH * Dh, kp + s * KVH * Dh);
+        kv_row_from_float(row + (num_heads + KVH) * Dh, KVH * Dh, vp + s * KVH * Dh);
       }
-      const int64_t s = slot[t * slot_stride];
-      std::memcpy(kp + s * KVH * Dh, row + num_heads * Dh, KVH * Dh * sizeof(float));
-      std::memcpy(vp + s * KVH * Dh, row + (num_heads + KVH) * Dh, KVH * Dh * sizeof(float));
-    }
+    });
   });
 }
 
