@@ -63,8 +63,25 @@ inline float hsum(__m256 v) {
   lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
   return _mm_cvtss_f32(lo);
 }
-inline __m256 u8x8_to_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
-inline __m256 i8x8_to_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
+// 8 bytes at p, each widened to a 32-bit lane (zero- or sign-extended) in one load + shuffle.
+inline __m256i u8x8_at(const uint8_t* p) {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+inline __m256 i8x8_at_ps(const int8_t* p) {
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+// The 32 codes of one int4 group at q as floats, in element order: each byte is widened to a
+// 32-bit lane first and split into its nibbles there (fewer shuffles than splitting the 16
+// bytes first; the one-row GEMV is bound by this unpacking).
+inline void q4_group_to_ps(const uint8_t* q, __m256* c) {
+  const __m256i low = _mm256_set1_epi32(0x0F);
+  const __m256i b0 = u8x8_at(q), b1 = u8x8_at(q + 8);
+  c[0] = _mm256_cvtepi32_ps(_mm256_and_si256(b0, low));  // elements 0-7
+  c[1] = _mm256_cvtepi32_ps(_mm256_and_si256(b1, low));  // 8-15
+  c[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(b0, 4));   // 16-23
+  c[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(b1, 4));   // 24-31
+}
 #endif
 
 // Unpack one group of 32 weights (without scale/min) into w[32].
@@ -86,15 +103,10 @@ void dequant_rows_q4(const uint8_t* qp, const float* sp, const float* mp, int64_
     float* o = buf + r * K;
     for (int64_t g = 0; g < G; ++g, q += 16, o += kGroup) {
 #ifdef RS_AVX2
-      const __m128i low = _mm_set1_epi8(0x0F);
-      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
-      const __m128i lo = _mm_and_si128(bytes, low);
-      const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low);
+      __m256 c[4];
+      q4_group_to_ps(q, c);
       const __m256 sc = _mm256_set1_ps(s[g]), mv = _mm256_set1_ps(mn[g]);
-      _mm256_storeu_ps(o, _mm256_fmadd_ps(sc, u8x8_to_ps(lo), mv));
-      _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(sc, u8x8_to_ps(_mm_srli_si128(lo, 8)), mv));
-      _mm256_storeu_ps(o + 16, _mm256_fmadd_ps(sc, u8x8_to_ps(hi), mv));
-      _mm256_storeu_ps(o + 24, _mm256_fmadd_ps(sc, u8x8_to_ps(_mm_srli_si128(hi, 8)), mv));
+      for (int j = 0; j < 4; ++j) _mm256_storeu_ps(o + 8 * j, _mm256_fmadd_ps(sc, c[j], mv));
 #else
       unpack_q4(q, o);
       for (int j = 0; j < kGroup; ++j) o[j] = s[g] * o[j] + mn[g];
@@ -113,13 +125,9 @@ void dequant_rows_q8(const int8_t* qp, const float* sp, int64_t n, int64_t nr, i
     float* o = buf + r * K;
     for (int64_t g = 0; g < G; ++g, q += kGroup, o += kGroup) {
 #ifdef RS_AVX2
-      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
-      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16));
       const __m256 sc = _mm256_set1_ps(s[g]);
-      _mm256_storeu_ps(o, _mm256_mul_ps(sc, i8x8_to_ps(a)));
-      _mm256_storeu_ps(o + 8, _mm256_mul_ps(sc, i8x8_to_ps(_mm_srli_si128(a, 8))));
-      _mm256_storeu_ps(o + 16, _mm256_mul_ps(sc, i8x8_to_ps(b)));
-      _mm256_storeu_ps(o + 24, _mm256_mul_ps(sc, i8x8_to_ps(_mm_srli_si128(b, 8))));
+      for (int j = 0; j < 4; ++j)
+        _mm256_storeu_ps(o + 8 * j, _mm256_mul_ps(sc, i8x8_at_ps(q + 8 * j)));
 #else
       for (int j = 0; j < kGroup; ++j) o[j] = s[g] * static_cast<float>(q[j]);
 #endif
@@ -327,23 +335,25 @@ void quant_gemm_panels(const at::Tensor& x, int64_t N, const at::Tensor& out, De
 }
 
 #ifdef RS_AVX2
+// a[0:n] . b[0:n].
+inline float dot(const float* a, const float* b, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  float sum = hsum(acc);
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
 // The 32 weights of group g of row n as floats (codes only: no scale or min).
 template <int kind>
 inline void load_codes(const void* qv, int64_t n, int64_t K, int64_t g, __m256* c) {
   if (kind == 4) {
-    const __m128i low = _mm_set1_epi8(0x0F);
-    const uint8_t* q = static_cast<const uint8_t*>(qv) + n * (K / 2) + g * 16;
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
-    const __m128i lo = _mm_and_si128(bytes, low);
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low);
-    c[0] = u8x8_to_ps(lo), c[1] = u8x8_to_ps(_mm_srli_si128(lo, 8));
-    c[2] = u8x8_to_ps(hi), c[3] = u8x8_to_ps(_mm_srli_si128(hi, 8));
+    q4_group_to_ps(static_cast<const uint8_t*>(qv) + n * (K / 2) + g * 16, c);
   } else {
     const int8_t* q = static_cast<const int8_t*>(qv) + n * K + g * kGroup;
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16));
-    c[0] = i8x8_to_ps(a), c[1] = i8x8_to_ps(_mm_srli_si128(a, 8));
-    c[2] = i8x8_to_ps(b), c[3] = i8x8_to_ps(_mm_srli_si128(b, 8));
+    for (int j = 0; j < 4; ++j) c[j] = i8x8_at_ps(q + 8 * j);
   }
 }
 
@@ -373,7 +383,6 @@ void gemv_codes(const float* x, const void* qv, const float* sp, const float* mp
       _mm_prefetch(reinterpret_cast<const char*>(sp + ahead * G), _MM_HINT_T0);
       if (kind == 4) _mm_prefetch(reinterpret_cast<const char*>(mp + ahead * G), _MM_HINT_T0);
       __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
-      float mins_a = 0, mins_b = 0;
       for (int64_t g = 0; g < G; ++g) {
         const float* xg = x + g * kGroup;
         const __m256 x0 = _mm256_loadu_ps(xg), x1 = _mm256_loadu_ps(xg + 8);
@@ -381,10 +390,6 @@ void gemv_codes(const float* x, const void* qv, const float* sp, const float* mp
         __m256 c[4], d[4];
         load_codes<kind>(qv, n, K, g, c);
         if (rows == 2) load_codes<kind>(qv, m, K, g, d);
-        if (kind == 4) {
-          mins_a += mp[n * G + g] * xsum[g];
-          mins_b += mp[m * G + g] * xsum[g];
-        }
         const __m256 ta = _mm256_fmadd_ps(c[2], x2, _mm256_mul_ps(c[0], x0));
         const __m256 ua = _mm256_fmadd_ps(c[3], x3, _mm256_mul_ps(c[1], x1));
         const __m256 sa = _mm256_set1_ps(sp[n * G + g]);
@@ -398,6 +403,9 @@ void gemv_codes(const float* x, const void* qv, const float* sp, const float* mp
           b1 = _mm256_fmadd_ps(sb, ub, b1);
         }
       }
+      // int4's min term: sum_g min_g * sum(x_g), one dot product per row.
+      const float mins_a = kind == 4 ? dot(mp + n * G, xsum, G) : 0.f;
+      const float mins_b = kind == 4 ? dot(mp + m * G, xsum, G) : 0.f;
       out[n] = hsum(_mm256_add_ps(a0, a1)) + mins_a;
       if (rows == 2) out[m] = hsum(_mm256_add_ps(b0, b1)) + mins_b;
     }
