@@ -639,6 +639,18 @@ inline void weighted_rows(const float* p, const T* const* rows, int64_t n, int64
                           float* acc) {
   int64_t d0 = 0;
 #ifdef RS_AVX2
+  // 64 columns a pass: 8 independent accumulators keep the FMA units busy (with 4, each
+  // row waited on the previous row's FMA latency).
+  for (; d0 + 64 <= D; d0 += 64) {
+    __m256 a[8];
+    for (int j = 0; j < 8; ++j) a[j] = _mm256_loadu_ps(acc + d0 + 8 * j);
+    for (int64_t i = 0; i < n; ++i) {
+      const __m256 w = _mm256_set1_ps(p[i]);
+      const T* r = rows[i] + d0;
+      for (int j = 0; j < 8; ++j) a[j] = _mm256_fmadd_ps(w, kv_load8(r + 8 * j), a[j]);
+    }
+    for (int j = 0; j < 8; ++j) _mm256_storeu_ps(acc + d0 + 8 * j, a[j]);
+  }
   for (; d0 + 32 <= D; d0 += 32) {  // 4 accumulators of 8 per pass over the rows
     __m256 a0 = _mm256_loadu_ps(acc + d0), a1 = _mm256_loadu_ps(acc + d0 + 8);
     __m256 a2 = _mm256_loadu_ps(acc + d0 + 16), a3 = _mm256_loadu_ps(acc + d0 + 24);
