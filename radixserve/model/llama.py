@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixserve.model import kernels
-from radixserve.model.attention import AttentionBackend, SdpaBackend
+from radixserve.model.attention import AttentionBackend, CpuPagedBackend, SdpaBackend
 from radixserve.model.batch import ForwardBatch
 from radixserve.model.config import ModelConfig
 from radixserve.model.kv_pool import KVPool
@@ -222,6 +222,8 @@ class LlamaModel(nn.Module):
 
     head_lin: Linear | QuantLinear
     layers: nn.ModuleList
+    _decode_weights: list[torch.Tensor] | None = None  # decode_layer_weights(), once built
+    _decode_weights_possible = True
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
@@ -246,6 +248,18 @@ class LlamaModel(nn.Module):
         self, batch: ForwardBatch, kv: KVPool, attn: AttentionBackend | None = None
     ) -> torch.Tensor:
         backend = attn or SdpaBackend()
+        d = batch.decode
+        if d is not None and not batch.prefills and isinstance(backend, CpuPagedBackend):
+            weights = self.decode_layer_weights()
+            if weights is not None:  # every layer in one call of our kernels
+                h = self.embed[batch.input_ids]
+                cos, sin = self.rotary(batch.positions)
+                c = self.config
+                kernels.op("decode_layers")(
+                    h, weights, cos, sin, batch.slot_mapping, kv.k, kv.v,
+                    d.block_table, d.context_lens, c.num_heads, c.rms_norm_eps,
+                )  # fmt: skip
+                return self._logits(h[batch.logits_rows])
         plan = backend.plan(batch)
 
         def attend(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor) -> torch.Tensor:
@@ -302,8 +316,32 @@ class LlamaModel(nn.Module):
             return self.head_lin(x, out_dtype=torch.float32)
         return self.head_lin(x).float()
 
+    def decode_layer_weights(self) -> list[torch.Tensor] | None:
+        """Every layer's weights in the order our `decode_layers` kernel takes them (built
+        once), or None where a decode step cannot run there: it needs the fused float32 CPU
+        layers with quantized, bias-free projections."""
+        if self._decode_weights is not None or not self._decode_weights_possible:
+            return self._decode_weights
+        weights: list[torch.Tensor] = []
+        for layer in self.decoder_layers():
+            lins = (layer.qkv_lin, layer.o_lin, layer.gate_up_lin, layer.down_lin)
+            if not layer.fused or not all(
+                isinstance(q, QuantLinear) and q.bias is None and q.weight.qs.is_cpu for q in lins
+            ):
+                self._decode_weights_possible = False
+                return None
+            codes = [q.weight for q in lins if isinstance(q, QuantLinear)]
+            none = torch.empty(0)
+            qkv, o, gate_up, down = (
+                [w.qs, w.scale, w.minv if w.minv is not None else none] for w in codes
+            )
+            weights += [layer.input_norm, *qkv, *o, layer.post_norm, *gate_up, *down]
+        self._decode_weights = weights
+        return weights
+
     def prepare(self) -> None:
         """Build the matmul wrappers; call after loading weights or moving the model."""
+        self._decode_weights, self._decode_weights_possible = None, True
         self.quantization = "none"
         self.head_lin = Linear(self.embed if self.lm_head is None else self.lm_head)
         for layer in self.decoder_layers():
@@ -354,6 +392,7 @@ class LlamaModel(nn.Module):
         head_w = self.embed if self.lm_head is None else self.lm_head
         self.head_lin = linear([head], head_w, self.head_lin)
         self.quantization = kind
+        self._decode_weights, self._decode_weights_possible = None, True
 
     def decoder_layers(self) -> list[DecoderLayer]:
         """The layers, typed."""

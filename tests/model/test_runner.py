@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from radixserve.model import kernels
 from radixserve.model.attention import (
     CpuPagedBackend,
     SdpaBackend,
@@ -199,3 +200,40 @@ def test_cuda_graph_decode_equals_eager_decode(tiny_pair_factory) -> None:
             rows.append(torch.stack([res.logits[i] for i in range(3)]))
         outs.append(torch.stack(rows))
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+def test_a_decode_step_in_one_kernel_call_equals_the_layer_by_layer_step(
+    tiny_pair_factory, monkeypatch, kind: str, kv_dtype: torch.dtype
+) -> None:
+    """A quantized float32 model on the CPU runs a decode-only step's layers in one call of
+    our `decode_layers` kernel; its logits and the K/V it writes equal the layer-by-layer
+    path's (`LlamaModel.decode`) for the same step."""
+    _, dense = tiny_pair_factory()
+    assert dense.decode_layer_weights() is None  # dense projections: layer by layer
+    _, model = tiny_pair_factory(intermediate_size=128)
+    model.quantize(kind)
+    assert model.decode_layer_weights() is not None
+    seqs = [[(5 * i + j) % 97 for j in range(n)] for i, n in enumerate((6, 17, 3))]
+    tables = [list(range(8 * i, 8 * i + 8)) for i in range(3)]
+    runner = ModelRunner(model, 32, 4, attention_backend="cpu", kv_cache_dtype=kv_dtype)
+    for s, t in zip(seqs, tables, strict=True):
+        runner.run([SeqChunk(s, 0, t)], [SamplingRow(0.0)])
+    chunks = [SeqChunk([11], len(s), t) for s, t in zip(seqs, tables, strict=True)]
+    pool = runner.kv_pool
+    before = pool.k.clone(), pool.v.clone()
+    calls: list[str] = []
+    op = kernels.op
+    monkeypatch.setattr(kernels, "op", lambda name: calls.append(name) or op(name))
+    res = runner.run(chunks, [SamplingRow(0.0)] * 3, [True] * 3)
+    assert calls == ["decode_layers"]
+    one_call = torch.stack([res.logits[i] for i in range(3)])
+    written = pool.k.clone(), pool.v.clone()
+    pool.k.copy_(before[0])
+    pool.v.copy_(before[1])
+    with torch.inference_mode():
+        by_layer = model.decode(*_decode_inputs(runner, chunks), pool, runner.attn)
+    torch.testing.assert_close(one_call, by_layer, rtol=1e-5, atol=1e-5)
+    assert torch.equal(pool.k, written[0]) and torch.equal(pool.v, written[1])
+    assert not torch.equal(pool.k, before[0])  # the step wrote its K

@@ -14,6 +14,7 @@
 // x @ dequantized(W)^T up to summation order: no factored min term that could cancel.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -1039,6 +1040,64 @@ void silu_mul(const at::Tensor& gate_up, const at::Tensor& out) {
   });
 }
 
+// ---- A whole decode step's decoder layers in one call ----
+
+// y = x W^T for quantized codes: int4 when `minv` has elements, int8 otherwise.
+void quant_linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
+                  const at::Tensor& minv, const at::Tensor& out) {
+  if (minv.numel() > 0) return q4_gemm(x, qs, scale, minv, out);
+  q8_gemm(x, qs, scale, out);
+}
+
+// In place: h += d (same shape, contiguous float32).
+void add_into(const at::Tensor& h, const at::Tensor& d) {
+  float* hp = h.data_ptr<float>();
+  const float* dp = d.data_ptr<float>();
+  for (int64_t i = 0, n = h.numel(); i < n; ++i) hp[i] += dp[i];
+}
+
+// Every decoder layer of a decode step (one new token per sequence), as DecoderLayer's fused
+// path runs them, with no Python between the kernels. h [B, hidden] float32 (the embedded
+// tokens; the last layer's output on return). weights: 14 per layer -- input norm, qkv
+// (codes, scales, mins), o (3), post norm, gate_up (3), down (3); a projection's mins are
+// empty for int8 codes. cos/sin [B, Dh], slots [B] int64; k_pools / v_pools
+// [layers, NB, BS, KVH, Dh]; block_table / context_lens as paged_decode_attention's.
+void decode_layers(const at::Tensor& h, at::TensorList weights, const at::Tensor& cos,
+                   const at::Tensor& sin, const at::Tensor& slots, const at::Tensor& k_pools,
+                   const at::Tensor& v_pools, const at::Tensor& block_table,
+                   const at::Tensor& context_lens, int64_t num_heads, double eps) {
+  constexpr int64_t kPerLayer = 14;
+  const int64_t L = k_pools.size(0), KVH = k_pools.size(3), Dh = k_pools.size(4);
+  check(h.scalar_type() == at::kFloat && h.is_contiguous() && h.dim() == 2, "h");
+  check(static_cast<int64_t>(weights.size()) == L * kPerLayer, "14 weights per layer");
+  check(k_pools.is_contiguous() && v_pools.is_contiguous(), "pools must be contiguous");
+  const int64_t B = h.size(0), hidden = h.size(1), H = num_heads;
+  const int64_t qkv_width = (H + 2 * KVH) * Dh, gu_width = weights[8].size(0);
+  const auto f32 = h.options();
+  const at::Tensor x = at::empty({B, hidden}, f32), delta = at::empty({B, hidden}, f32);
+  const at::Tensor qkv = at::empty({B, qkv_width}, f32);
+  const at::Tensor q = qkv.narrow(1, 0, H * Dh).view({B, H, Dh});
+  const at::Tensor att = at::empty({B, H, Dh}, f32), att_rows = att.view({B, H * Dh});
+  const at::Tensor gate_up = at::empty({B, gu_width}, f32);
+  const at::Tensor act = at::empty({B, gu_width / 2}, f32);
+  const double sm_scale = 1.0 / std::sqrt(static_cast<double>(Dh));
+  for (int64_t i = 0; i < L; ++i) {
+    const at::Tensor* w = weights.data() + i * kPerLayer;
+    const at::Tensor kp = k_pools.select(0, i), vp = v_pools.select(0, i);
+    rms_norm(h, w[0], eps, x);
+    quant_linear(x, w[1], w[2], w[3], qkv);
+    rope_kv_write(qkv, cos, sin, slots, kp, vp, H);
+    paged_decode_attention(q, kp, vp, block_table, context_lens, sm_scale, att);
+    quant_linear(att_rows, w[4], w[5], w[6], delta);
+    add_into(h, delta);
+    rms_norm(h, w[7], eps, x);
+    quant_linear(x, w[8], w[9], w[10], gate_up);
+    silu_mul(gate_up, act);
+    quant_linear(act, w[11], w[12], w[13], delta);
+    add_into(h, delta);
+  }
+}
+
 }  // namespace
 
 TORCH_LIBRARY(radixserve, m) {
@@ -1057,6 +1116,10 @@ TORCH_LIBRARY(radixserve, m) {
       "rope_kv_write(Tensor(a!) qkv, Tensor cos, Tensor sin, Tensor slots, Tensor(b!) k_pool, "
       "Tensor(c!) v_pool, int num_heads) -> ()");
   m.def("silu_mul(Tensor gate_up, Tensor(a!) out) -> ()");
+  m.def(
+      "decode_layers(Tensor(a!) h, Tensor[] weights, Tensor cos, Tensor sin, Tensor slots, "
+      "Tensor(b!) k_pools, Tensor(c!) v_pools, Tensor block_table, Tensor context_lens, "
+      "int num_heads, float eps) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
@@ -1069,4 +1132,5 @@ TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
   m.impl("rms_norm", &rms_norm);
   m.impl("rope_kv_write", &rope_kv_write);
   m.impl("silu_mul", &silu_mul);
+  m.impl("decode_layers", &decode_layers);
 }
