@@ -284,7 +284,7 @@ def select_backend(
     if name == "triton" or (name == "auto" and device.type == "cuda"):
         reason = triton_unavailable(device)
         if reason is None:
-            problem = kv_dtype_problem(name, device, dtype, kv_dtype)
+            problem = kv_dtype_problem("triton", device, dtype, kv_dtype)
             if problem:
                 raise ValueError(problem)
             from radixserve.model.attention_triton import TritonPagedBackend

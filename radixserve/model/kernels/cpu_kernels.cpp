@@ -1,7 +1,8 @@
 // CPU kernels of radixserve: weight-only quantized GEMM (one row straight from the codes; few
 // rows over 4-row dequantized blocks; many rows over packed 16-row panels and a 6x16 register
-// tile), paged decode and prefill attention that read K/V from the block pool in place, and
-// the fused elementwise steps of a decoder layer.
+// tile), paged decode and prefill attention that read K/V (float32, bfloat16 or float16) from
+// the block pool in place, the fused elementwise steps of a decoder layer, and a decode step's
+// whole stack of layers in one call.
 //
 // Quantized formats (both in groups of 32 consecutive weights along K, as llama.cpp's):
 //   int4 ("Q4_1"): w = scale * q + min, q in [0, 15]; byte j of a group holds element j in its
@@ -634,6 +635,22 @@ inline std::pair<float, float> softmax_terms(float* p, int64_t n) {
   return {mx, exp_shifted(p, n, mx)};
 }
 
+#ifdef RS_AVX2
+// acc[d0 : d0 + 8A] += sum_i p[i] * rows[i][d0 : d0 + 8A], in A independent accumulators.
+template <int A, typename T>
+inline void weighted_pass(const float* p, const T* const* rows, int64_t n, int64_t d0,
+                          float* acc) {
+  __m256 a[A];
+  for (int j = 0; j < A; ++j) a[j] = _mm256_loadu_ps(acc + d0 + 8 * j);
+  for (int64_t i = 0; i < n; ++i) {
+    const __m256 w = _mm256_set1_ps(p[i]);
+    const T* r = rows[i] + d0;
+    for (int j = 0; j < A; ++j) a[j] = _mm256_fmadd_ps(w, kv_load8(r + 8 * j), a[j]);
+  }
+  for (int j = 0; j < A; ++j) _mm256_storeu_ps(acc + d0 + 8 * j, a[j]);
+}
+#endif
+
 // acc[D] += sum_i p[i] * rows[i].
 template <typename T>
 inline void weighted_rows(const float* p, const T* const* rows, int64_t n, int64_t D,
@@ -642,32 +659,8 @@ inline void weighted_rows(const float* p, const T* const* rows, int64_t n, int64
 #ifdef RS_AVX2
   // 64 columns a pass: 8 independent accumulators keep the FMA units busy (with 4, each
   // row waited on the previous row's FMA latency).
-  for (; d0 + 64 <= D; d0 += 64) {
-    __m256 a[8];
-    for (int j = 0; j < 8; ++j) a[j] = _mm256_loadu_ps(acc + d0 + 8 * j);
-    for (int64_t i = 0; i < n; ++i) {
-      const __m256 w = _mm256_set1_ps(p[i]);
-      const T* r = rows[i] + d0;
-      for (int j = 0; j < 8; ++j) a[j] = _mm256_fmadd_ps(w, kv_load8(r + 8 * j), a[j]);
-    }
-    for (int j = 0; j < 8; ++j) _mm256_storeu_ps(acc + d0 + 8 * j, a[j]);
-  }
-  for (; d0 + 32 <= D; d0 += 32) {  // 4 accumulators of 8 per pass over the rows
-    __m256 a0 = _mm256_loadu_ps(acc + d0), a1 = _mm256_loadu_ps(acc + d0 + 8);
-    __m256 a2 = _mm256_loadu_ps(acc + d0 + 16), a3 = _mm256_loadu_ps(acc + d0 + 24);
-    for (int64_t i = 0; i < n; ++i) {
-      const __m256 w = _mm256_set1_ps(p[i]);
-      const T* r = rows[i] + d0;
-      a0 = _mm256_fmadd_ps(w, kv_load8(r), a0);
-      a1 = _mm256_fmadd_ps(w, kv_load8(r + 8), a1);
-      a2 = _mm256_fmadd_ps(w, kv_load8(r + 16), a2);
-      a3 = _mm256_fmadd_ps(w, kv_load8(r + 24), a3);
-    }
-    _mm256_storeu_ps(acc + d0, a0);
-    _mm256_storeu_ps(acc + d0 + 8, a1);
-    _mm256_storeu_ps(acc + d0 + 16, a2);
-    _mm256_storeu_ps(acc + d0 + 24, a3);
-  }
+  for (; d0 + 64 <= D; d0 += 64) weighted_pass<8>(p, rows, n, d0, acc);
+  for (; d0 + 32 <= D; d0 += 32) weighted_pass<4>(p, rows, n, d0, acc);
 #endif
   for (int64_t i = 0; i < n; ++i)
     for (int64_t d = d0; d < D; ++d) acc[d] += p[i] * kv_float(rows[i][d]);
