@@ -25,12 +25,14 @@ def check_engine_args(args: argparse.Namespace) -> None:
         resolve_dtype,
         resolve_kv_cache_dtype,
         resolve_model,
+        resolve_quantization,
     )
 
     workers = getattr(args, "workers", 1) or 1
     if getattr(args, "api_key", None) == "":
         raise ConfigError("--api-key must not be empty (leave it out to serve without a key)")
-    config = ModelConfig.from_dir(resolve_model(args.model).path)
+    files = resolve_model(args.model)
+    config = ModelConfig.from_dir(files.path)
     max_model_len = getattr(args, "max_model_len", None)
     if max_model_len is not None and max_model_len > config.max_position_embeddings:
         raise ConfigError(
@@ -38,7 +40,11 @@ def check_engine_args(args: argparse.Namespace) -> None:
             f"{config.max_position_embeddings} tokens"
         )
     device = resolve_device(args.device)  # the first check that imports torch
-    dtype = resolve_dtype(args.dtype, device)
+    try:
+        quantization = resolve_quantization(getattr(args, "quantization", None), files, device)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    dtype = resolve_dtype(args.dtype, device, quantized=quantization != "none")
     if getattr(args, "attention_backend", "auto") == "cpu" and (
         device.type != "cpu" or dtype.is_floating_point and dtype.itemsize != 4
     ):

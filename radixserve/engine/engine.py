@@ -114,7 +114,13 @@ class LLMEngine:
     """Owns the model, the KV pool and the cache; runs requests to completion in a thread."""
 
     def __init__(self, config: EngineConfig | None = None, **overrides: object) -> None:
-        from radixserve.model.loader import load_model, resolve_device, resolve_dtype, resolve_model
+        from radixserve.model.loader import (
+            load_model,
+            resolve_device,
+            resolve_dtype,
+            resolve_model,
+            resolve_quantization,
+        )
 
         config = config or EngineConfig()
         for k, v in overrides.items():
@@ -123,8 +129,9 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads)
         files = resolve_model(config.model, Path(config.cache_dir) if config.cache_dir else None)
         device = resolve_device(config.device)
-        dtype = resolve_dtype(config.dtype, device)
-        model = load_model(files, dtype, device, config.quantization)
+        quantization = resolve_quantization(config.quantization, files, device)
+        dtype = resolve_dtype(config.dtype, device, quantized=quantization != "none")
+        model = load_model(files, dtype, device, quantization)
         tokenizer = Tokenizer.from_dir(files.path)
         self._setup(config, model, tokenizer, files.name, device, dtype)
 

