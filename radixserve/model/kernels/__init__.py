@@ -45,12 +45,15 @@ def kernel_cache_dir() -> Path:
 
 
 def compile_flags() -> list[str]:
-    """Compiler flags for this CPU: AVX2 + FMA + F16C code where the CPU has them."""
+    """Compiler flags for this CPU: AVX2 + FMA + F16C code where the CPU has them, and
+    AVX-512 (F, BW, VL, DQ) for the decode step's hot loops where it has those too."""
     # -fopenmp: at::parallel_for is an OpenMP pragma in torch's headers; without the flag
     # the kernels silently run on one thread. The libgomp torch already loaded is reused.
     flags = ["-O3", "-ffast-math", "-fno-finite-math-only", "-fopenmp"]
     if platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma", "f16c"} <= _cpu_flags():
         flags += ["-mavx2", "-mfma", "-mf16c"]
+        if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= _cpu_flags():
+            flags += ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]
     return flags
 
 

@@ -32,6 +32,12 @@
 #include <immintrin.h>
 #define RS_AVX2 1
 #endif
+// AVX-512 (F, BW, VL, DQ): 16 lanes a vector for the decode step's hot loops (the one-row
+// quantized GEMV and decode attention); everything else runs the AVX2 code.
+#if defined(RS_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && \
+    defined(__AVX512VL__) && defined(__AVX512DQ__)
+#define RS_AVX512 1
+#endif
 
 namespace {
 
@@ -359,6 +365,25 @@ inline void load_codes(const void* qv, int64_t n, int64_t K, int64_t g, __m256* 
   }
 }
 
+#ifdef RS_AVX512
+// load_codes in 16 lanes: c[0] elements 0-15, c[1] elements 16-31 of group g of row n.
+template <int kind>
+inline void load_codes16(const void* qv, int64_t n, int64_t K, int64_t g, __m512* c) {
+  if (kind == 4) {
+    // Byte j holds element j (low nibble) and j + 16 (high): widen, then split in place.
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(qv) + n * (K / 2) + g * 16)));
+    c[0] = _mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(0x0F)));
+    c[1] = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
+  } else {
+    const int8_t* q = static_cast<const int8_t*>(qv) + n * K + g * kGroup;
+    for (int j = 0; j < 2; ++j)
+      c[j] = _mm512_cvtepi32_ps(
+          _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16 * j))));
+  }
+}
+#endif
+
 // One input row (decode of a single sequence): the GEMM is bound by turning codes into
 // floats, so each weight row is used straight from its codes in the factored form
 // sum_g scale_g * (q_g . x_g) + min_g * sum(x_g), with no dequantized copy. int4: two weight
@@ -384,6 +409,23 @@ void gemv_codes(const float* x, const void* qv, const float* sp, const float* mp
         _mm_prefetch(next + off, _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(sp + ahead * G), _MM_HINT_T0);
       if (kind == 4) _mm_prefetch(reinterpret_cast<const char*>(mp + ahead * G), _MM_HINT_T0);
+#ifdef RS_AVX512
+      // 16 lanes: a group's 32 codes are two vectors (int4: one widening load of 16 bytes).
+      __m512 a = _mm512_setzero_ps(), b = a;
+      for (int64_t g = 0; g < G; ++g) {
+        const float* xg = x + g * kGroup;
+        const __m512 x0 = _mm512_loadu_ps(xg), x1 = _mm512_loadu_ps(xg + 16);
+        __m512 c[2], d[2];
+        load_codes16<kind>(qv, n, K, g, c);
+        if (rows == 2) load_codes16<kind>(qv, m, K, g, d);
+        a = _mm512_fmadd_ps(_mm512_set1_ps(sp[n * G + g]),
+                            _mm512_fmadd_ps(c[1], x1, _mm512_mul_ps(c[0], x0)), a);
+        if (rows == 2)
+          b = _mm512_fmadd_ps(_mm512_set1_ps(sp[m * G + g]),
+                              _mm512_fmadd_ps(d[1], x1, _mm512_mul_ps(d[0], x0)), b);
+      }
+      const float sum_a = _mm512_reduce_add_ps(a), sum_b = _mm512_reduce_add_ps(b);
+#else
       __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
       for (int64_t g = 0; g < G; ++g) {
         const float* xg = x + g * kGroup;
@@ -405,11 +447,13 @@ void gemv_codes(const float* x, const void* qv, const float* sp, const float* mp
           b1 = _mm256_fmadd_ps(sb, ub, b1);
         }
       }
+      const float sum_a = hsum(_mm256_add_ps(a0, a1)), sum_b = hsum(_mm256_add_ps(b0, b1));
+#endif
       // int4's min term: sum_g min_g * sum(x_g), one dot product per row.
       const float mins_a = kind == 4 ? dot(mp + n * G, xsum, G) : 0.f;
       const float mins_b = kind == 4 ? dot(mp + m * G, xsum, G) : 0.f;
-      out[n] = hsum(_mm256_add_ps(a0, a1)) + mins_a;
-      if (rows == 2) out[m] = hsum(_mm256_add_ps(b0, b1)) + mins_b;
+      out[n] = sum_a + mins_a;
+      if (rows == 2) out[m] = sum_b + mins_b;
     }
   });
 }
@@ -554,6 +598,17 @@ inline void kv_row_from_float(const float* src, int64_t D, T* dst) {
   }
 }
 
+#ifdef RS_AVX512
+inline __m512 kv_load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 kv_load16(const c10::BFloat16* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline __m512 kv_load16(const c10::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+#endif
+
 // f(T{}) with T the element type of the K/V pool `pool`.
 template <typename F>
 void with_kv_type(const at::Tensor& pool, F&& f) {
@@ -570,6 +625,24 @@ template <typename T>
 inline void score_rows(const float* q, const T* const* rows, int64_t n, int64_t D,
                        float scale, float* scores) {
   int64_t i = 0;
+#ifdef RS_AVX512
+  if (D % 16 == 0) {
+    const __m256 sc = _mm256_set1_ps(scale);
+    for (; i + 8 <= n; i += 8) {
+      __m512 acc[8];
+      for (int j = 0; j < 8; ++j) acc[j] = _mm512_setzero_ps();
+      for (int64_t d = 0; d < D; d += 16) {
+        const __m512 qv = _mm512_loadu_ps(q + d);
+        for (int j = 0; j < 8; ++j)
+          acc[j] = _mm512_fmadd_ps(qv, kv_load16(rows[i + j] + d), acc[j]);
+      }
+      __m256 half[8];  // each row's 16 lanes folded to 8, then summed 8 rows at once
+      for (int j = 0; j < 8; ++j)
+        half[j] = _mm256_add_ps(_mm512_castps512_ps256(acc[j]), _mm512_extractf32x8_ps(acc[j], 1));
+      _mm256_storeu_ps(scores + i, _mm256_mul_ps(hsum8(half), sc));
+    }
+  }
+#endif
 #ifdef RS_AVX2
   if (D % 8 == 0) {
     const __m256 sc = _mm256_set1_ps(scale);
@@ -651,11 +724,39 @@ inline void weighted_pass(const float* p, const T* const* rows, int64_t n, int64
 }
 #endif
 
+#ifdef RS_AVX512
+// acc[d0 : d0 + 64] += sum_i p[i] * rows[i][d0 : d0 + 64]: even and odd rows into separate
+// accumulators (8 in all), so no row waits on the previous row's FMA latency.
+template <typename T>
+inline void weighted_pass64(const float* p, const T* const* rows, int64_t n, int64_t d0,
+                            float* acc) {
+  __m512 a[4], b[4];
+  for (int j = 0; j < 4; ++j) a[j] = _mm512_loadu_ps(acc + d0 + 16 * j), b[j] = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 2 <= n; i += 2) {
+    const __m512 w = _mm512_set1_ps(p[i]), v = _mm512_set1_ps(p[i + 1]);
+    const T *r = rows[i] + d0, *s = rows[i + 1] + d0;
+    for (int j = 0; j < 4; ++j) {
+      a[j] = _mm512_fmadd_ps(w, kv_load16(r + 16 * j), a[j]);
+      b[j] = _mm512_fmadd_ps(v, kv_load16(s + 16 * j), b[j]);
+    }
+  }
+  if (i < n) {
+    const __m512 w = _mm512_set1_ps(p[i]);
+    for (int j = 0; j < 4; ++j) a[j] = _mm512_fmadd_ps(w, kv_load16(rows[i] + d0 + 16 * j), a[j]);
+  }
+  for (int j = 0; j < 4; ++j) _mm512_storeu_ps(acc + d0 + 16 * j, _mm512_add_ps(a[j], b[j]));
+}
+#endif
+
 // acc[D] += sum_i p[i] * rows[i].
 template <typename T>
 inline void weighted_rows(const float* p, const T* const* rows, int64_t n, int64_t D,
                           float* acc) {
   int64_t d0 = 0;
+#ifdef RS_AVX512
+  for (; d0 + 64 <= D; d0 += 64) weighted_pass64(p, rows, n, d0, acc);
+#endif
 #ifdef RS_AVX2
   // 64 columns a pass: 8 independent accumulators keep the FMA units busy (with 4, each
   // row waited on the previous row's FMA latency).
