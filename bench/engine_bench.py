@@ -21,6 +21,7 @@ from radixserve.engine.engine import EngineConfig, LLMEngine
 from radixserve.engine.llm import LLM
 from radixserve.engine.outputs import RequestOutput
 from radixserve.engine.params import SamplingParams
+from radixserve.model import kernels
 from radixserve.model.batch import SeqChunk
 from radixserve.model.sampling import SamplingRow
 from radixserve.options import ATTENTION_BACKENDS, KV_CACHE_DTYPES
@@ -151,6 +152,8 @@ def case_step_vs_weights(llm: LLM, ctx: int = 2048, steps: int = 16) -> dict[str
             times.append(time.perf_counter() - t)
     finally:
         kv.pool.free(table)
+        # This thread's OpenMP workers would slow the engine loop's steps that follow.
+        kernels.release_thread_pool()
     step, read = statistics.median(times), statistics.median(reads)
     return {
         "decode step at 2k (s)": step,

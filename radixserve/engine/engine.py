@@ -30,6 +30,7 @@ from radixserve.errors import (
     QueueFullError,
     RequestTooLargeError,
 )
+from radixserve.model import kernels
 from radixserve.model.batch import SeqChunk
 from radixserve.model.config import ModelConfig
 from radixserve.model.kv_pool import KVPool, bytes_per_token, check_pool_holds_request
@@ -255,6 +256,9 @@ class LLMEngine:
                 return
             if self._stop:
                 raise EngineDeadError("the engine has been shut down")
+            # From here on the loop thread does the device work: the OpenMP workers this
+            # thread kept from loading the model would slow each of its parallel regions.
+            kernels.release_thread_pool()
             # Not a daemon: nothing may kill the loop mid-step; exit hooks stop it instead.
             self._thread = threading.Thread(target=self._loop, name="radixserve-engine")
             self._thread.start()
@@ -432,6 +436,11 @@ class LLMEngine:
         try:
             while True:
                 with self._lock:
+                    if not (self._stop or self._inbox or self._aborts or self.scheduler.has_work()):
+                        # Idle: free this thread's OpenMP workers, so that another thread's
+                        # device work meanwhile (another engine in this process, a caller's
+                        # own torch code) does not run with twice as many threads as CPUs.
+                        kernels.release_thread_pool()
                     while not (self._stop or self._inbox or self._aborts) and (
                         not self.scheduler.has_work()
                     ):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -140,3 +141,26 @@ def test_paged_prefill_attention_first_token_sees_only_itself() -> None:
     got = cpu.forward(q, batch, cpu.plan(batch), k_blocks, v_blocks).view(20, 4, 64)
     torch.testing.assert_close(got[0], v_blocks[2, 0].repeat_interleave(2, dim=0))
     assert math.isfinite(float(got.abs().sum()))
+
+
+def _os_threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_release_thread_pool_frees_this_threads_openmp_workers() -> None:
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        x = torch.randn(1, 576)
+        w = torch.randint(0, 255, (4096, 288), dtype=torch.uint8)
+        s, m = torch.rand(4096, 18), torch.rand(4096, 18)
+        out = torch.empty(1, 4096)
+        kernels.op("q4_gemm")(x, w, s, m, out)  # a parallel region: its worker stays
+        with_workers = _os_threads()
+        kernels.release_thread_pool()
+        assert _os_threads() == with_workers - 1
+        kernels.op("q4_gemm")(x, w, s, m, out)  # the workers come back when needed
+        assert _os_threads() == with_workers
+    finally:
+        torch.set_num_threads(before)
