@@ -1,6 +1,6 @@
 // CPU kernels of radixserve: weight-only quantized GEMM (one row straight from the codes; few
 // rows over 4-row dequantized blocks; many rows over packed 16-row panels and a 6x16 register
-// tile), paged decode and prefill attention that read K/V (float32, bfloat16 or float16) from
+// tile, 12x16 with AVX-512), paged decode and prefill attention that read K/V (float32, bfloat16 or float16) from
 // the block pool in place, the fused elementwise steps of a decoder layer, and a decode step's
 // whole stack of layers in one call.
 //
@@ -228,7 +228,11 @@ void quant_gemm(const at::Tensor& x, int64_t N, const at::Tensor& out, Dequant d
 // ---- Register-blocked GEMM tile over a packed panel (many input rows: prefill) ----
 // B is a panel of 16 weight rows packed k-major: B[k * 16 + j] = W[n + j, k].
 
+#ifdef RS_AVX512
+constexpr int kTileRows = 12;  // input rows per tile: 12 accumulators + 1 B
+#else
 constexpr int kTileRows = 6;   // input rows per tile: 12 accumulators + 2 B + 1 broadcast
+#endif
 constexpr int kPanel = 16;     // weight rows per packed panel (two 8-lane vectors)
 constexpr int64_t kPanelMinRows = 8;  // from 8 input rows on, packed panels beat dot_block
 
@@ -236,7 +240,17 @@ constexpr int64_t kPanelMinRows = 8;  // from 8 input rows on, packed panels bea
 template <int MR, bool ACC>
 inline void tile_x16(const float* A, int64_t lda, const float* B, int64_t ldb, int64_t K,
                      float* C, int64_t ldc) {
-#ifdef RS_AVX2
+#if defined(RS_AVX512)
+  // One 16-lane vector per row: half the FMAs of the AVX2 tile, the A values broadcast
+  // straight from memory into each FMA.
+  __m512 c[MR];
+  for (int i = 0; i < MR; ++i) c[i] = ACC ? _mm512_loadu_ps(C + i * ldc) : _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    const __m512 b = _mm512_loadu_ps(B + k * ldb);
+    for (int i = 0; i < MR; ++i) c[i] = _mm512_fmadd_ps(_mm512_set1_ps(A[i * lda + k]), b, c[i]);
+  }
+  for (int i = 0; i < MR; ++i) _mm512_storeu_ps(C + i * ldc, c[i]);
+#elif defined(RS_AVX2)
   __m256 c0[MR], c1[MR];
   for (int i = 0; i < MR; ++i) {
     c0[i] = ACC ? _mm256_loadu_ps(C + i * ldc) : _mm256_setzero_ps();
@@ -264,11 +278,19 @@ inline void tile_x16(const float* A, int64_t lda, const float* B, int64_t ldb, i
 #endif
 }
 
-// tile_x16 for mr = 1..6 rows.
+// tile_x16 for mr = 1..kTileRows rows.
 template <bool ACC = false>
 inline void tile_rows(int mr, const float* A, int64_t lda, const float* B, int64_t ldb,
                       int64_t K, float* C, int64_t ldc) {
   switch (mr) {
+#ifdef RS_AVX512
+    case 12: return tile_x16<12, ACC>(A, lda, B, ldb, K, C, ldc);
+    case 11: return tile_x16<11, ACC>(A, lda, B, ldb, K, C, ldc);
+    case 10: return tile_x16<10, ACC>(A, lda, B, ldb, K, C, ldc);
+    case 9: return tile_x16<9, ACC>(A, lda, B, ldb, K, C, ldc);
+    case 8: return tile_x16<8, ACC>(A, lda, B, ldb, K, C, ldc);
+    case 7: return tile_x16<7, ACC>(A, lda, B, ldb, K, C, ldc);
+#endif
     case 6: return tile_x16<6, ACC>(A, lda, B, ldb, K, C, ldc);
     case 5: return tile_x16<5, ACC>(A, lda, B, ldb, K, C, ldc);
     case 4: return tile_x16<4, ACC>(A, lda, B, ldb, K, C, ldc);
@@ -312,7 +334,7 @@ inline void pack_panel(const float* const* rows, int64_t K, float* panel) {
 }
 
 // y = x W^T for many input rows: each thread dequantizes 16 weight rows at a time, packs them
-// k-major (the panel stays in L2) and runs every 6-row tile of x over it.
+// k-major (the panel stays in L2) and runs every 6-row (AVX-512: 12-row) tile of x over it.
 template <typename Dequant>
 void quant_gemm_panels(const at::Tensor& x, int64_t N, const at::Tensor& out, Dequant dequant) {
   const int64_t M = x.size(0), K = x.size(1);
@@ -460,6 +482,84 @@ void gemv_codes(const float* x, const void* qv, const float* sp, const float* mp
 }
 #endif
 
+#ifdef RS_AVX512
+constexpr int64_t kSmallRows = 16;  // up to this many input rows: gemm_codes_small
+
+// out[r, n + j] = x[r] . w[n + j] for MR input rows and the NR = 1 or 2 weight rows from row
+// n: each group's codes become weights in registers (scale * q + min, as dequantized) once,
+// then meet every input row; nothing is written to memory but the outputs.
+template <int kind, int MR, int NR>
+inline void codes_block(const float* x, int64_t K, const void* qv, const float* sp,
+                        const float* mp, int64_t n, float* out, int64_t N) {
+  const int64_t G = K / kGroup;
+  __m512 acc[NR][MR];
+  for (int j = 0; j < NR; ++j)
+    for (int r = 0; r < MR; ++r) acc[j][r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    __m512 w[NR][2];
+    for (int j = 0; j < NR; ++j) {
+      load_codes16<kind>(qv, n + j, K, g, w[j]);
+      const __m512 sc = _mm512_set1_ps(sp[(n + j) * G + g]);
+      if (kind == 4) {
+        const __m512 mn = _mm512_set1_ps(mp[(n + j) * G + g]);
+        w[j][0] = _mm512_fmadd_ps(w[j][0], sc, mn);
+        w[j][1] = _mm512_fmadd_ps(w[j][1], sc, mn);
+      } else {
+        w[j][0] = _mm512_mul_ps(w[j][0], sc);
+        w[j][1] = _mm512_mul_ps(w[j][1], sc);
+      }
+    }
+    for (int r = 0; r < MR; ++r) {
+      const float* xg = x + r * K + g * kGroup;
+      const __m512 x0 = _mm512_loadu_ps(xg), x1 = _mm512_loadu_ps(xg + 16);
+      for (int j = 0; j < NR; ++j)
+        acc[j][r] = _mm512_fmadd_ps(w[j][1], x1, _mm512_fmadd_ps(w[j][0], x0, acc[j][r]));
+    }
+  }
+  for (int j = 0; j < NR; ++j)
+    for (int r = 0; r < MR; ++r) out[r * N + n + j] = _mm512_reduce_add_ps(acc[j][r]);
+}
+
+template <int kind, int MR>
+inline void codes_rows(const float* x, int64_t K, const void* qv, const float* sp,
+                       const float* mp, int64_t n, int64_t nr, float* out, int64_t N) {
+  if (nr == 2) return codes_block<kind, MR, 2>(x, K, qv, sp, mp, n, out, N);
+  codes_block<kind, MR, 1>(x, K, qv, sp, mp, n, out, N);
+}
+
+// y = x W^T for 2..16 input rows (a decode step of a few sequences): the weights are read
+// from their codes once per 8 input rows, in pairs of rows across threads, with no
+// dequantized copy (the panel path's unpacking and packing cost as much as the FMAs here).
+template <int kind>
+void gemm_codes_small(const float* x, int64_t M, const void* qv, const float* sp,
+                      const float* mp, int64_t N, int64_t K, float* out) {
+  const int64_t row_bytes = kind == 4 ? K / 2 : K;
+  at::parallel_for(0, (N + 1) / 2, 8, [&](int64_t p0, int64_t p1) {
+    for (int64_t n = 2 * p0; n < std::min(N, 2 * p1); n += 2) {
+      const int64_t nr = std::min<int64_t>(2, N - n);
+      const int64_t ahead = std::min(n + 4, N - 1);
+      const char* next = static_cast<const char*>(qv) + ahead * row_bytes;
+      for (int64_t off = 0; off < 2 * row_bytes && ahead + off / row_bytes < N; off += 64)
+        _mm_prefetch(next + off, _MM_HINT_T0);
+      for (int64_t m = 0; m < M; m += 8) {
+        const float* xm = x + m * K;
+        float* om = out + m * N;
+        switch (std::min<int64_t>(8, M - m)) {
+          case 8: codes_rows<kind, 8>(xm, K, qv, sp, mp, n, nr, om, N); break;
+          case 7: codes_rows<kind, 7>(xm, K, qv, sp, mp, n, nr, om, N); break;
+          case 6: codes_rows<kind, 6>(xm, K, qv, sp, mp, n, nr, om, N); break;
+          case 5: codes_rows<kind, 5>(xm, K, qv, sp, mp, n, nr, om, N); break;
+          case 4: codes_rows<kind, 4>(xm, K, qv, sp, mp, n, nr, om, N); break;
+          case 3: codes_rows<kind, 3>(xm, K, qv, sp, mp, n, nr, om, N); break;
+          case 2: codes_rows<kind, 2>(xm, K, qv, sp, mp, n, nr, om, N); break;
+          default: codes_rows<kind, 1>(xm, K, qv, sp, mp, n, nr, om, N);
+        }
+      }
+    }
+  });
+}
+#endif
+
 void q4_gemm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
              const at::Tensor& minv, const at::Tensor& out) {
   const int64_t K = x.size(1);
@@ -471,6 +571,13 @@ void q4_gemm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
 #ifdef RS_AVX2
   if (x.size(0) == 1 && x.is_contiguous() && out.is_contiguous() && K % kGroup == 0) {
     gemv_codes<4>(x.data_ptr<float>(), qp, sp, mp, qs.size(0), K, out.data_ptr<float>());
+    return;
+  }
+#endif
+#ifdef RS_AVX512
+  if (x.size(0) <= kSmallRows && x.is_contiguous() && out.is_contiguous() && K % kGroup == 0) {
+    gemm_codes_small<4>(x.data_ptr<float>(), x.size(0), qp, sp, mp, qs.size(0), K,
+                        out.data_ptr<float>());
     return;
   }
 #endif
@@ -491,6 +598,13 @@ void q8_gemm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
 #ifdef RS_AVX2
   if (x.size(0) == 1 && x.is_contiguous() && out.is_contiguous() && K % kGroup == 0) {
     gemv_codes<8>(x.data_ptr<float>(), qp, sp, nullptr, qs.size(0), K, out.data_ptr<float>());
+    return;
+  }
+#endif
+#ifdef RS_AVX512
+  if (x.size(0) <= kSmallRows && x.is_contiguous() && out.is_contiguous() && K % kGroup == 0) {
+    gemm_codes_small<8>(x.data_ptr<float>(), x.size(0), qp, sp, nullptr, qs.size(0), K,
+                        out.data_ptr<float>());
     return;
   }
 #endif
@@ -894,7 +1008,7 @@ inline float softmax_step(float* s, int64_t n, float& run_max, float& run_sum) {
 // attends to keys 0..that position.
 // Flash-attention style: a work unit is (KV head, tile of 32 query tokens, slice of the keys);
 // the tile's query rows (32 tokens x the heads of the group) meet 64 keys at a time: scores
-// and probability-weighted V rows are both products by the 6x16 register tile over K/V rows
+// and probability-weighted V rows are both products by the 6x16 (AVX-512: 12x16) register tile over K/V rows
 // read from the pool (K transposed into a panel, V used in place after a copy), with an
 // online softmax between. Key slices (for short chunks over long contexts, so every thread
 // has work) are merged by log-sum-exp.
