@@ -1,8 +1,9 @@
-// CPU kernels of radixserve: weight-only quantized GEMM (one row straight from the codes; few
-// rows over 4-row dequantized blocks; many rows over packed 16-row panels and a 6x16 register
-// tile, 12x16 with AVX-512), paged decode and prefill attention that read K/V (float32, bfloat16 or float16) from
-// the block pool in place, the fused elementwise steps of a decoder layer, and a decode step's
-// whole stack of layers in one call.
+// CPU kernels of radixserve: weight-only quantized GEMM (one row straight from the codes; 2-16
+// rows from the codes in registers with AVX-512, else over 4-row dequantized blocks; many rows
+// over packed 16-row panels and a 6x16 register tile, 12x16 with AVX-512), paged decode and
+// prefill attention that read K/V (float32, bfloat16 or float16) from the block pool in place,
+// the fused elementwise steps of a decoder layer, and a decode step's whole stack of layers in
+// one call.
 //
 // Quantized formats (both in groups of 32 consecutive weights along K, as llama.cpp's):
 //   int4 ("Q4_1"): w = scale * q + min, q in [0, 15]; byte j of a group holds element j in its
@@ -1008,10 +1009,10 @@ inline float softmax_step(float* s, int64_t n, float& run_max, float& run_sum) {
 // attends to keys 0..that position.
 // Flash-attention style: a work unit is (KV head, tile of 32 query tokens, slice of the keys);
 // the tile's query rows (32 tokens x the heads of the group) meet 64 keys at a time: scores
-// and probability-weighted V rows are both products by the 6x16 (AVX-512: 12x16) register tile over K/V rows
-// read from the pool (K transposed into a panel, V used in place after a copy), with an
-// online softmax between. Key slices (for short chunks over long contexts, so every thread
-// has work) are merged by log-sum-exp.
+// and probability-weighted V rows are both products by the register tile (6x16; AVX-512:
+// 12x16) over K/V rows read from the pool (K transposed into a panel, V used in place after a
+// copy), with an online softmax between. Key slices (for short chunks over long contexts, so
+// every thread has work) are merged by log-sum-exp.
 void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
                              const at::Tensor& v_pool, const at::Tensor& block_ids,
                              int64_t context_len, double sm_scale, const at::Tensor& out) {
