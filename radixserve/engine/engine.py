@@ -432,18 +432,20 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ the loop
 
+    def _idle(self) -> bool:
+        """Nothing for the loop to do (call with the lock held)."""
+        return not (self._stop or self._inbox or self._aborts or self.scheduler.has_work())
+
     def _loop(self) -> None:
         try:
             while True:
                 with self._lock:
-                    if not (self._stop or self._inbox or self._aborts or self.scheduler.has_work()):
-                        # Idle: free this thread's OpenMP workers, so that another thread's
-                        # device work meanwhile (another engine in this process, a caller's
-                        # own torch code) does not run with twice as many threads as CPUs.
+                    if self._idle():
+                        # Free this thread's OpenMP workers, so that another thread's device
+                        # work meanwhile (another engine in this process, a caller's own
+                        # torch code) does not run with more threads than CPUs.
                         kernels.release_thread_pool()
-                    while not (self._stop or self._inbox or self._aborts) and (
-                        not self.scheduler.has_work()
-                    ):
+                    while self._idle():
                         self._wake.wait()
                     if self._stop:
                         break

@@ -34,8 +34,8 @@
 #include <immintrin.h>
 #define RS_AVX2 1
 #endif
-// AVX-512 (F, BW, VL, DQ): 16 lanes a vector for the decode step's hot loops (the one-row
-// quantized GEMV and decode attention); everything else runs the AVX2 code.
+// AVX-512 (F, BW, VL, DQ): 16 lanes a vector for the hot loops (the quantized GEMV of 1-16
+// rows, decode attention, the prefill register tile); everything else runs the AVX2 code.
 #if defined(RS_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && \
     defined(__AVX512VL__) && defined(__AVX512DQ__)
 #define RS_AVX512 1
@@ -359,38 +359,29 @@ void quant_gemm_panels(const at::Tensor& x, int64_t N, const at::Tensor& out, De
   float* op = out.data_ptr<float>();
   const int64_t panels = (N + kPanel - 1) / kPanel;
 #ifdef RS_AVX512
-  // x in blocks of 12 rows, each packed k-major, once for every panel.
-  const int64_t blocks = (M + 11) / 12;
-  std::vector<float> xpk(blocks * K * 12, 0.f);
+  // x in blocks of kTileRows (12) rows, each packed k-major, once for every panel.
+  const int64_t blocks = (M + kTileRows - 1) / kTileRows;
+  std::vector<float> xpk(blocks * K * kTileRows, 0.f);
   for (int64_t m = 0; m < M; ++m) {
-    float* dst = xpk.data() + (m / 12) * K * 12 + m % 12;
-    for (int64_t k = 0; k < K; ++k) dst[k * 12] = xp[m * K + k];
+    float* dst = xpk.data() + (m / kTileRows) * K * kTileRows + m % kTileRows;
+    for (int64_t k = 0; k < K; ++k) dst[k * kTileRows] = xp[m * K + k];
   }
-  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-    std::vector<float> rows(kPanel * K), panel(kPanel * K);
-    const float* row_ptrs[kPanel];
-    for (int i = 0; i < kPanel; ++i) row_ptrs[i] = rows.data() + i * K;
-    float tile[12 * kPanel];
-    for (int64_t p = p0; p < p1; ++p) {
-      const int64_t n = p * kPanel, nr = std::min<int64_t>(kPanel, N - n);
-      if (nr < kPanel) std::fill(rows.begin(), rows.end(), 0.f);
-      dequant(n, nr, rows.data());
-      pack_panel(row_ptrs, K, panel.data());
-      for (int64_t b = 0; b < blocks; ++b) {
-        const int64_t m = b * 12;
-        const int mr = static_cast<int>(std::min<int64_t>(12, M - m));
-        const float* ap = xpk.data() + b * K * 12;
-        if (nr == kPanel && mr == 12) {
-          tile_packed12(ap, panel.data(), K, op + m * N + n, N);
-        } else {  // a partial tile: through a buffer, so the stores stay unconditional
-          tile_packed12(ap, panel.data(), K, tile, kPanel);
-          for (int i = 0; i < mr; ++i)
-            std::memcpy(op + (m + i) * N + n, tile + i * kPanel, nr * sizeof(float));
-        }
-      }
-    }
-  });
+#endif
+  // C[0:mr, 0:16] = x[m : m + mr] . panel. The packed AVX-512 tile stores all 12 rows of its
+  // block, so a short last block goes through a buffer like a short panel.
+#ifdef RS_AVX512
+  constexpr bool kStoresWholeBlock = true;
 #else
+  constexpr bool kStoresWholeBlock = false;
+#endif
+  auto tile_at = [&](int64_t m, [[maybe_unused]] int mr, const float* panel, float* C,
+                     int64_t ldc) {
+#ifdef RS_AVX512
+    tile_packed12(xpk.data() + (m / kTileRows) * K * kTileRows, panel, K, C, ldc);
+#else
+    tile_rows(mr, xp + m * K, K, panel, kPanel, K, C, ldc);
+#endif
+  };
   at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
     std::vector<float> rows(kPanel * K), panel(kPanel * K);
     const float* row_ptrs[kPanel];
@@ -403,17 +394,16 @@ void quant_gemm_panels(const at::Tensor& x, int64_t N, const at::Tensor& out, De
       pack_panel(row_ptrs, K, panel.data());
       for (int64_t m = 0; m < M; m += kTileRows) {
         const int mr = static_cast<int>(std::min<int64_t>(kTileRows, M - m));
-        if (nr == kPanel) {
-          tile_rows(mr, xp + m * K, K, panel.data(), kPanel, K, op + m * N + n, N);
-        } else {
-          tile_rows(mr, xp + m * K, K, panel.data(), kPanel, K, tile, kPanel);
+        if (nr == kPanel && (!kStoresWholeBlock || mr == kTileRows)) {
+          tile_at(m, mr, panel.data(), op + m * N + n, N);
+        } else {  // a partial tile: through a buffer
+          tile_at(m, mr, panel.data(), tile, kPanel);
           for (int i = 0; i < mr; ++i)
             std::memcpy(op + (m + i) * N + n, tile + i * kPanel, nr * sizeof(float));
         }
       }
     }
   });
-#endif
 }
 
 #ifdef RS_AVX2
