@@ -335,25 +335,99 @@ inline void pack_panel(const float* const* rows, int64_t K, float* panel) {
 }
 
 #ifdef RS_AVX512
-// C[i, 0:16] = sum_k Ap[k * 12 + i] * B[k * 16 + 0:16] for i < 12 (C row stride ldc): 12 rows
-// of A packed k-major (rows past the matrix zero), so every broadcast comes from one pointer
-// at a constant offset (on 50-512 rows 1.3-1.5x faster than the 12-row tile over A's rows).
+// C[i, 0:16] = sum_k Ap[k * 12 + i] * B[k * 16 + 0:16] for i < MR <= 12 (C row stride ldc):
+// a block of 12 rows of A packed k-major, so every broadcast comes from one pointer at a
+// constant offset (on 50-512 rows 1.3-1.5x faster than the 12-row tile over A's rows); a
+// short last block computes only its MR rows.
+template <int MR>
 inline void tile_packed12(const float* Ap, const float* B, int64_t K, float* C, int64_t ldc) {
-  __m512 c[12];
-  for (int i = 0; i < 12; ++i) c[i] = _mm512_setzero_ps();
+  __m512 c[MR];
+  for (int i = 0; i < MR; ++i) c[i] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; ++k, Ap += 12, B += kPanel) {
     const __m512 b = _mm512_loadu_ps(B);
-    for (int i = 0; i < 12; ++i) c[i] = _mm512_fmadd_ps(_mm512_set1_ps(Ap[i]), b, c[i]);
+    for (int i = 0; i < MR; ++i) c[i] = _mm512_fmadd_ps(_mm512_set1_ps(Ap[i]), b, c[i]);
   }
-  for (int i = 0; i < 12; ++i) _mm512_storeu_ps(C + i * ldc, c[i]);
+  for (int i = 0; i < MR; ++i) _mm512_storeu_ps(C + i * ldc, c[i]);
+}
+
+inline void tile_packed(int mr, const float* Ap, const float* B, int64_t K, float* C,
+                        int64_t ldc) {
+  switch (mr) {
+    case 12: return tile_packed12<12>(Ap, B, K, C, ldc);
+    case 11: return tile_packed12<11>(Ap, B, K, C, ldc);
+    case 10: return tile_packed12<10>(Ap, B, K, C, ldc);
+    case 9: return tile_packed12<9>(Ap, B, K, C, ldc);
+    case 8: return tile_packed12<8>(Ap, B, K, C, ldc);
+    case 7: return tile_packed12<7>(Ap, B, K, C, ldc);
+    case 6: return tile_packed12<6>(Ap, B, K, C, ldc);
+    case 5: return tile_packed12<5>(Ap, B, K, C, ldc);
+    case 4: return tile_packed12<4>(Ap, B, K, C, ldc);
+    case 3: return tile_packed12<3>(Ap, B, K, C, ldc);
+    case 2: return tile_packed12<2>(Ap, B, K, C, ldc);
+    default: return tile_packed12<1>(Ap, B, K, C, ldc);
+  }
+}
+#endif
+
+#ifdef RS_AVX512
+// Rows n..n+15 of an int4 weight dequantized straight into the k-major panel [K, 16]: per
+// group, the 16 rows' codes are widened to 32-bit lanes, transposed 16x16 in registers, split
+// into their nibbles and scaled with the 16 rows' scale and min as vectors (a third of the
+// instructions of dequant_rows_q4 + pack_panel; at 50 input rows those were a third of the
+// GEMM's time).
+void dequant_panel_q4(const uint8_t* qp, const float* sp, const float* mp, int64_t n,
+                      int64_t K, float* panel) {
+  const int64_t G = K / kGroup;
+  const __m512i stride = _mm512_mullo_epi32(
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+      _mm512_set1_epi32(static_cast<int>(G)));
+  const __m512i low = _mm512_set1_epi32(0x0F);
+  for (int64_t g = 0; g < G; ++g) {
+    __m512i r[16], t[16];
+    for (int j = 0; j < 16; ++j)
+      r[j] = _mm512_cvtepu8_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(qp + (n + j) * (K / 2) + g * 16)));
+    // 16x16 transpose of 32-bit lanes: 4x4 blocks inside each 128-bit lane, then the lanes.
+    for (int j = 0; j < 16; j += 4) {
+      const __m512i a = _mm512_unpacklo_epi32(r[j], r[j + 1]);
+      const __m512i b = _mm512_unpackhi_epi32(r[j], r[j + 1]);
+      const __m512i c = _mm512_unpacklo_epi32(r[j + 2], r[j + 3]);
+      const __m512i d = _mm512_unpackhi_epi32(r[j + 2], r[j + 3]);
+      t[j] = _mm512_unpacklo_epi64(a, c);      // column 0 of each lane, rows j..j+3
+      t[j + 1] = _mm512_unpackhi_epi64(a, c);  // column 1
+      t[j + 2] = _mm512_unpacklo_epi64(b, d);  // column 2
+      t[j + 3] = _mm512_unpackhi_epi64(b, d);  // column 3
+    }
+    const __m512 sc = _mm512_i32gather_ps(stride, sp + n * G + g, 4);
+    const __m512 mn = _mm512_i32gather_ps(stride, mp + n * G + g, 4);
+    float* o = panel + g * kGroup * kPanel;
+    for (int c = 0; c < 4; ++c) {
+      const __m512i a = _mm512_shuffle_i32x4(t[c], t[4 + c], 0x88);
+      const __m512i b = _mm512_shuffle_i32x4(t[c], t[4 + c], 0xDD);
+      const __m512i e = _mm512_shuffle_i32x4(t[8 + c], t[12 + c], 0x88);
+      const __m512i f = _mm512_shuffle_i32x4(t[8 + c], t[12 + c], 0xDD);
+      const __m512i col[4] = {_mm512_shuffle_i32x4(a, e, 0x88), _mm512_shuffle_i32x4(b, f, 0x88),
+                              _mm512_shuffle_i32x4(a, e, 0xDD), _mm512_shuffle_i32x4(b, f, 0xDD)};
+      for (int l = 0; l < 4; ++l) {  // byte kk = 4 l + c: elements kk (low) and kk + 16 (high)
+        const int64_t kk = 4 * l + c;
+        _mm512_storeu_ps(o + kk * kPanel,
+                         _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(col[l], low)), sc, mn));
+        _mm512_storeu_ps(o + (kk + 16) * kPanel,
+                         _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(col[l], 4)), sc, mn));
+      }
+    }
+  }
 }
 #endif
 
 // y = x W^T for many input rows: each thread dequantizes 16 weight rows at a time, packs them
 // k-major (the panel stays in L2) and runs every 6-row tile of x over it (AVX-512: every
 // 12-row block of x, packed k-major once).
-template <typename Dequant>
-void quant_gemm_panels(const at::Tensor& x, int64_t N, const at::Tensor& out, Dequant dequant) {
+// `panel_dequant(n, panel)` may fill a whole panel of 16 rows straight from the codes (true)
+// instead of dequant + pack_panel.
+template <typename Dequant, typename PanelDequant>
+void quant_gemm_panels(const at::Tensor& x, int64_t N, const at::Tensor& out, Dequant dequant,
+                       PanelDequant panel_dequant) {
   const int64_t M = x.size(0), K = x.size(1);
   const float* xp = x.data_ptr<float>();
   float* op = out.data_ptr<float>();
@@ -362,22 +436,18 @@ void quant_gemm_panels(const at::Tensor& x, int64_t N, const at::Tensor& out, De
   // x in blocks of kTileRows (12) rows, each packed k-major, once for every panel.
   const int64_t blocks = (M + kTileRows - 1) / kTileRows;
   std::vector<float> xpk(blocks * K * kTileRows, 0.f);
-  for (int64_t m = 0; m < M; ++m) {
-    float* dst = xpk.data() + (m / kTileRows) * K * kTileRows + m % kTileRows;
-    for (int64_t k = 0; k < K; ++k) dst[k * kTileRows] = xp[m * K + k];
-  }
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      float* dst = xpk.data() + blk * K * kTileRows;
+      for (int64_t m = blk * kTileRows; m < std::min(M, (blk + 1) * kTileRows); ++m)
+        for (int64_t k = 0; k < K; ++k) dst[k * kTileRows + m % kTileRows] = xp[m * K + k];
+    }
+  });
 #endif
-  // C[0:mr, 0:16] = x[m : m + mr] . panel. The packed AVX-512 tile stores all 12 rows of its
-  // block, so a short last block goes through a buffer like a short panel.
+  // C[0:mr, 0:16] = x[m : m + mr] . panel.
+  auto tile_at = [&](int64_t m, int mr, const float* panel, float* C, int64_t ldc) {
 #ifdef RS_AVX512
-  constexpr bool kStoresWholeBlock = true;
-#else
-  constexpr bool kStoresWholeBlock = false;
-#endif
-  auto tile_at = [&](int64_t m, [[maybe_unused]] int mr, const float* panel, float* C,
-                     int64_t ldc) {
-#ifdef RS_AVX512
-    tile_packed12(xpk.data() + (m / kTileRows) * K * kTileRows, panel, K, C, ldc);
+    tile_packed(mr, xpk.data() + (m / kTileRows) * K * kTileRows, panel, K, C, ldc);
 #else
     tile_rows(mr, xp + m * K, K, panel, kPanel, K, C, ldc);
 #endif
@@ -389,14 +459,16 @@ void quant_gemm_panels(const at::Tensor& x, int64_t N, const at::Tensor& out, De
     float tile[kTileRows * kPanel];
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t n = p * kPanel, nr = std::min<int64_t>(kPanel, N - n);
-      if (nr < kPanel) std::fill(rows.begin(), rows.end(), 0.f);
-      dequant(n, nr, rows.data());
-      pack_panel(row_ptrs, K, panel.data());
+      if (nr < kPanel || !panel_dequant(n, panel.data())) {
+        if (nr < kPanel) std::fill(rows.begin(), rows.end(), 0.f);
+        dequant(n, nr, rows.data());
+        pack_panel(row_ptrs, K, panel.data());
+      }
       for (int64_t m = 0; m < M; m += kTileRows) {
         const int mr = static_cast<int>(std::min<int64_t>(kTileRows, M - m));
-        if (nr == kPanel && (!kStoresWholeBlock || mr == kTileRows)) {
+        if (nr == kPanel) {
           tile_at(m, mr, panel.data(), op + m * N + n, N);
-        } else {  // a partial tile: through a buffer
+        } else {  // a short panel: through a buffer
           tile_at(m, mr, panel.data(), tile, kPanel);
           for (int i = 0; i < mr; ++i)
             std::memcpy(op + (m + i) * N + n, tile + i * kPanel, nr * sizeof(float));
@@ -625,8 +697,17 @@ void q4_gemm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
   auto dequant = [&](int64_t n, int64_t nr, float* buf) {
     dequant_rows_q4(qp, sp, mp, n, nr, K, buf);
   };
+  auto dequant_panel = [&]([[maybe_unused]] int64_t n, [[maybe_unused]] float* panel) {
+#ifdef RS_AVX512
+    if (K % kGroup == 0) {
+      dequant_panel_q4(qp, sp, mp, n, K, panel);
+      return true;
+    }
+#endif
+    return false;
+  };
   if (x.size(0) >= kPanelMinRows && K % 8 == 0)
-    return quant_gemm_panels(x, qs.size(0), out, dequant);
+    return quant_gemm_panels(x, qs.size(0), out, dequant, dequant_panel);
   quant_gemm(x, qs.size(0), out, dequant);
 }
 
@@ -652,8 +733,9 @@ void q8_gemm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
   auto dequant = [&](int64_t n, int64_t nr, float* buf) {
     dequant_rows_q8(qp, sp, n, nr, K, buf);
   };
+  auto no_panel_dequant = [](int64_t, float*) { return false; };
   if (x.size(0) >= kPanelMinRows && K % 8 == 0)
-    return quant_gemm_panels(x, qs.size(0), out, dequant);
+    return quant_gemm_panels(x, qs.size(0), out, dequant, no_panel_dequant);
   quant_gemm(x, qs.size(0), out, dequant);
 }
 
