@@ -238,9 +238,12 @@ constexpr int kPanel = 16;     // weight rows per packed panel (two 8-lane vecto
 constexpr int64_t kPanelMinRows = 8;  // from 8 input rows on, packed panels beat dot_block
 
 // C[i, 0:16] (+)= sum_k A[i * lda + k] * B[k * ldb + 0:16] for i < MR (C row stride ldc).
-template <int MR, bool ACC>
+// LDA > 0: A's row stride known at compile time (lda ignored), so the broadcasts address one
+// pointer at constant offsets instead of a register per row.
+template <int MR, bool ACC, int LDA = 0>
 inline void tile_x16(const float* A, int64_t lda, const float* B, int64_t ldb, int64_t K,
                      float* C, int64_t ldc) {
+  if constexpr (LDA > 0) lda = LDA;
 #if defined(RS_AVX512)
   // One 16-lane vector per row: half the FMAs of the AVX2 tile, the A values broadcast
   // straight from memory into each FMA.
@@ -280,24 +283,24 @@ inline void tile_x16(const float* A, int64_t lda, const float* B, int64_t ldb, i
 }
 
 // tile_x16 for mr = 1..kTileRows rows.
-template <bool ACC = false>
+template <bool ACC = false, int LDA = 0>
 inline void tile_rows(int mr, const float* A, int64_t lda, const float* B, int64_t ldb,
                       int64_t K, float* C, int64_t ldc) {
   switch (mr) {
 #ifdef RS_AVX512
-    case 12: return tile_x16<12, ACC>(A, lda, B, ldb, K, C, ldc);
-    case 11: return tile_x16<11, ACC>(A, lda, B, ldb, K, C, ldc);
-    case 10: return tile_x16<10, ACC>(A, lda, B, ldb, K, C, ldc);
-    case 9: return tile_x16<9, ACC>(A, lda, B, ldb, K, C, ldc);
-    case 8: return tile_x16<8, ACC>(A, lda, B, ldb, K, C, ldc);
-    case 7: return tile_x16<7, ACC>(A, lda, B, ldb, K, C, ldc);
+    case 12: return tile_x16<12, ACC, LDA>(A, lda, B, ldb, K, C, ldc);
+    case 11: return tile_x16<11, ACC, LDA>(A, lda, B, ldb, K, C, ldc);
+    case 10: return tile_x16<10, ACC, LDA>(A, lda, B, ldb, K, C, ldc);
+    case 9: return tile_x16<9, ACC, LDA>(A, lda, B, ldb, K, C, ldc);
+    case 8: return tile_x16<8, ACC, LDA>(A, lda, B, ldb, K, C, ldc);
+    case 7: return tile_x16<7, ACC, LDA>(A, lda, B, ldb, K, C, ldc);
 #endif
-    case 6: return tile_x16<6, ACC>(A, lda, B, ldb, K, C, ldc);
-    case 5: return tile_x16<5, ACC>(A, lda, B, ldb, K, C, ldc);
-    case 4: return tile_x16<4, ACC>(A, lda, B, ldb, K, C, ldc);
-    case 3: return tile_x16<3, ACC>(A, lda, B, ldb, K, C, ldc);
-    case 2: return tile_x16<2, ACC>(A, lda, B, ldb, K, C, ldc);
-    default: return tile_x16<1, ACC>(A, lda, B, ldb, K, C, ldc);
+    case 6: return tile_x16<6, ACC, LDA>(A, lda, B, ldb, K, C, ldc);
+    case 5: return tile_x16<5, ACC, LDA>(A, lda, B, ldb, K, C, ldc);
+    case 4: return tile_x16<4, ACC, LDA>(A, lda, B, ldb, K, C, ldc);
+    case 3: return tile_x16<3, ACC, LDA>(A, lda, B, ldb, K, C, ldc);
+    case 2: return tile_x16<2, ACC, LDA>(A, lda, B, ldb, K, C, ldc);
+    default: return tile_x16<1, ACC, LDA>(A, lda, B, ldb, K, C, ldc);
   }
 }
 
@@ -794,6 +797,28 @@ inline __m256 hsum8(const __m256* a) {
 }
 #endif
 
+#ifdef RS_AVX512
+// exp256 in 16 lanes, the same operations lane by lane (so the same values).
+inline __m512 exp512(__m512 x) {
+  const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);  // -> 0
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+  __m512 fx = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f));
+  fx = _mm512_roundscale_ps(fx, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.f)));
+  const __m512i e = _mm512_slli_epi32(
+      _mm512_add_epi32(_mm512_cvttps_epi32(fx), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mul_ps(static_cast<__mmask16>(~under), y, _mm512_castsi512_ps(e));
+}
+#endif
+
 // ---- K/V elements: pools hold float32, bfloat16 or float16 (--kv-cache-dtype); the
 // attention math is float32 either way ----
 
@@ -1124,6 +1149,68 @@ inline float softmax_step(float* s, int64_t n, float& run_max, float& run_sum) {
   return alpha;
 }
 
+#ifdef RS_AVX512
+// softmax_step in 16 lanes for a row of KT = 64 scores whose keys from `visible` on are
+// masked out (0 < visible <= 64): masking, max, exp and sum in registers, one pass each.
+inline float softmax_step64(float* s, int64_t visible, float& run_max, float& run_sum) {
+  __m512 v[4];
+  __m512 vm = _mm512_set1_ps(-INFINITY);
+  for (int j = 0; j < 4; ++j) {
+    const int64_t left = std::clamp<int64_t>(visible - 16 * j, 0, 16);
+    const __mmask16 keep = static_cast<__mmask16>((1u << left) - 1u);
+    v[j] = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), keep, s + 16 * j);
+    vm = _mm512_max_ps(vm, v[j]);
+  }
+  const float new_max = std::max(run_max, _mm512_reduce_max_ps(vm));
+  const float alpha = run_max == new_max ? 1.f : std::exp(run_max - new_max);
+  const __m512 m = _mm512_set1_ps(new_max);
+  __m512 acc = _mm512_setzero_ps();
+  for (int j = 0; j < 4; ++j) {
+    const __m512 e = exp512(_mm512_sub_ps(v[j], m));
+    _mm512_storeu_ps(s + 16 * j, e);
+    acc = _mm512_add_ps(acc, e);
+  }
+  run_sum = run_sum * alpha + _mm512_reduce_add_ps(acc);
+  run_max = new_max;
+  return alpha;
+}
+#endif
+
+#ifdef RS_AVX512
+// acc[i, d0 : d0 + 16] += sum_k p[i * P + k] * v[k][d0 : d0 + 16] for i < MR, k < K, with the
+// V rows read in place from the pool (any K/V dtype) and P a compile-time row stride.
+template <int MR, int P, typename T>
+inline void tile_pv(const float* p, const T* const* v, int64_t d0, int64_t K, float* acc,
+                    int64_t ldc) {
+  __m512 c[MR];
+  for (int i = 0; i < MR; ++i) c[i] = _mm512_loadu_ps(acc + i * ldc);
+  for (int64_t k = 0; k < K; ++k) {
+    const __m512 b = kv_load16(v[k] + d0);
+    for (int i = 0; i < MR; ++i) c[i] = _mm512_fmadd_ps(_mm512_set1_ps(p[i * P + k]), b, c[i]);
+  }
+  for (int i = 0; i < MR; ++i) _mm512_storeu_ps(acc + i * ldc, c[i]);
+}
+
+template <int P, typename T>
+inline void tile_pv_rows(int mr, const float* p, const T* const* v, int64_t d0, int64_t K,
+                         float* acc, int64_t ldc) {
+  switch (mr) {
+    case 12: return tile_pv<12, P>(p, v, d0, K, acc, ldc);
+    case 11: return tile_pv<11, P>(p, v, d0, K, acc, ldc);
+    case 10: return tile_pv<10, P>(p, v, d0, K, acc, ldc);
+    case 9: return tile_pv<9, P>(p, v, d0, K, acc, ldc);
+    case 8: return tile_pv<8, P>(p, v, d0, K, acc, ldc);
+    case 7: return tile_pv<7, P>(p, v, d0, K, acc, ldc);
+    case 6: return tile_pv<6, P>(p, v, d0, K, acc, ldc);
+    case 5: return tile_pv<5, P>(p, v, d0, K, acc, ldc);
+    case 4: return tile_pv<4, P>(p, v, d0, K, acc, ldc);
+    case 3: return tile_pv<3, P>(p, v, d0, K, acc, ldc);
+    case 2: return tile_pv<2, P>(p, v, d0, K, acc, ldc);
+    default: return tile_pv<1, P>(p, v, d0, K, acc, ldc);
+  }
+}
+#endif
+
 // Causal attention of a chunk of n new tokens over a sequence's paged context (the chunk's
 // own K/V already written). q [n, H, D] (rows may be strided: a view of the fused qkv),
 // k_pool / v_pool [NB, BS, KVH, D], block_ids [>= ceil(context_len / BS)] int64, out [n, H * D]
@@ -1176,6 +1263,7 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
       AlignedBuffer kf(std::is_same_v<T, float> ? 0 : 16 * D);  // 16 K rows as float32
       std::vector<float> mx(R), sum(R);
       const float* krow[16];
+      const T* vrow[KT];  // AVX-512: the tile's V rows, used in place
       for (;;) {
         const int64_t u = next.fetch_add(1);
         if (u >= units) break;
@@ -1199,7 +1287,6 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
           const int64_t nk = std::min(KT, k_end - k0), nk16 = (nk + 15) / 16 * 16;
           int64_t blk = k0 / BS, off = k0 % BS;
           for (int64_t j = 0; j < nk16; ++j) {
-            float* vdst = vt.data() + j * D;
             if (j < nk) {
               const int64_t row = (bid[blk] * BS + off) * KVH + h;
               if (++off == BS) off = 0, ++blk;
@@ -1210,19 +1297,32 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
                 kv_row_to_float(kp + row * D, D, kdst);
                 krow[j % 16] = kdst;
               }
-              kv_row_to_float(vp + row * D, D, vdst);
+#ifdef RS_AVX512
+              vrow[j] = vp + row * D;
+#else
+              kv_row_to_float(vp + row * D, D, vt.data() + j * D);
+#endif
             } else {
               krow[j % 16] = zero.data();
-              std::memset(vdst, 0, D * sizeof(float));
+#ifdef RS_AVX512
+              vrow[j] = vrow[nk - 1];  // any finite row: its weight is 0
+#else
+              std::memset(vt.data() + j * D, 0, D * sizeof(float));
+#endif
             }
             if (j % 16 == 15) pack_panel(krow, D, kt.data() + (j / 16) * D * 16);
           }
           // Scores [rows, nk16] = q . k.
           for (int64_t s16 = 0; s16 < nk16; s16 += 16)
-            for (int64_t m = 0; m < rows; m += kTileRows)
-              tile_rows(static_cast<int>(std::min<int64_t>(kTileRows, rows - m)),
-                        qt.data() + m * D, D, kt.data() + s16 * D, 16, D,
-                        sc.data() + m * KT + s16, KT);
+            for (int64_t m = 0; m < rows; m += kTileRows) {
+              const int mr = static_cast<int>(std::min<int64_t>(kTileRows, rows - m));
+              const float* a = qt.data() + m * D;
+              float* c = sc.data() + m * KT + s16;
+              if (D == 64)  // the usual head size: q's row stride a constant
+                tile_rows<false, 64>(mr, a, D, kt.data() + s16 * D, 16, D, c, KT);
+              else
+                tile_rows(mr, a, D, kt.data() + s16 * D, 16, D, c, KT);
+            }
           // Mask keys past each row's position (and the padding), then the online softmax.
           for (int64_t r = 0; r < rows; ++r) {
             float* srow = sc.data() + r * KT;
@@ -1231,8 +1331,12 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
               std::fill(srow, srow + nk16, 0.f);
               continue;
             }
+#ifdef RS_AVX512
+            const float alpha = softmax_step64(srow, visible, mx[r], sum[r]);
+#else
             for (int64_t j = visible; j < nk16; ++j) srow[j] = -INFINITY;
             const float alpha = softmax_step(srow, nk16, mx[r], sum[r]);
+#endif
             if (alpha != 1.f) {
               float* a = acc.data() + r * D;
               for (int64_t d = 0; d < D; ++d) a[d] *= alpha;
@@ -1240,10 +1344,16 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
           }
           // acc [rows, D] += p [rows, nk16] . v [nk16, D].
           for (int64_t d0 = 0; d0 < D; d0 += 16)
-            for (int64_t m = 0; m < rows; m += kTileRows)
-              tile_rows<true>(static_cast<int>(std::min<int64_t>(kTileRows, rows - m)),
-                              sc.data() + m * KT, KT, vt.data() + d0, D, nk16,
-                              acc.data() + m * D + d0, D);
+            for (int64_t m = 0; m < rows; m += kTileRows) {
+              const int mr = static_cast<int>(std::min<int64_t>(kTileRows, rows - m));
+#ifdef RS_AVX512
+              tile_pv_rows<KT>(mr, sc.data() + m * KT, vrow, d0, nk16, acc.data() + m * D + d0,
+                               D);
+#else
+              tile_rows<true, KT>(mr, sc.data() + m * KT, KT, vt.data() + d0, D, nk16,
+                                  acc.data() + m * D + d0, D);
+#endif
+            }
         }
         for (int64_t r = 0; r < rows; ++r) {
           const float* a = acc.data() + r * D;
