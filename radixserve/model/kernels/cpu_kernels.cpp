@@ -1264,6 +1264,7 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
       std::vector<float> mx(R), sum(R);
       const float* krow[16];
       const T* vrow[KT];  // AVX-512: the tile's V rows, used in place
+      const char* ahead[2 * KT];  // the next step's K rows, then its V rows
       for (;;) {
         const int64_t u = next.fetch_add(1);
         if (u >= units) break;
@@ -1286,6 +1287,24 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
         for (int64_t k0 = k_begin; k0 < k_end; k0 += KT) {
           const int64_t nk = std::min(KT, k_end - k0), nk16 = (nk + 15) / 16 * 16;
           int64_t blk = k0 / BS, off = k0 % BS;
+          // The pool is far bigger than the caches: the next step's K/V rows are asked for
+          // (into L2) a few at a time between this step's tiles, so they arrive while it
+          // computes (a burst of them would overflow the queue of outstanding misses).
+          int64_t ahead_n = 0, ahead_i = 0;
+          for (int64_t t = k0 + KT; t < std::min(k_end, k0 + 2 * KT); ++t, ++ahead_n) {
+            const int64_t row = (bid[t / BS] * BS + t % BS) * KVH + h;
+            ahead[ahead_n] = reinterpret_cast<const char*>(kp + row * D);
+            ahead[KT + ahead_n] = reinterpret_cast<const char*>(vp + row * D);
+          }
+          auto prefetch_ahead = [&](int64_t rows_now) {
+#ifdef RS_AVX2
+            for (int64_t e = 0; e < rows_now && ahead_i < 2 * ahead_n; ++e, ++ahead_i) {
+              const char* r = ahead[ahead_i < ahead_n ? ahead_i : KT + ahead_i - ahead_n];
+              for (int64_t b = 0; b < D * static_cast<int64_t>(sizeof(T)); b += 64)
+                _mm_prefetch(r + b, _MM_HINT_T1);
+            }
+#endif
+          };
           for (int64_t j = 0; j < nk16; ++j) {
             if (j < nk) {
               const int64_t row = (bid[blk] * BS + off) * KVH + h;
@@ -1315,6 +1334,7 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
           // Scores [rows, nk16] = q . k.
           for (int64_t s16 = 0; s16 < nk16; s16 += 16)
             for (int64_t m = 0; m < rows; m += kTileRows) {
+              prefetch_ahead(2);
               const int mr = static_cast<int>(std::min<int64_t>(kTileRows, rows - m));
               const float* a = qt.data() + m * D;
               float* c = sc.data() + m * KT + s16;
@@ -1345,6 +1365,7 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
           // acc [rows, D] += p [rows, nk16] . v [nk16, D].
           for (int64_t d0 = 0; d0 < D; d0 += 16)
             for (int64_t m = 0; m < rows; m += kTileRows) {
+              prefetch_ahead(2);
               const int mr = static_cast<int>(std::min<int64_t>(kTileRows, rows - m));
 #ifdef RS_AVX512
               tile_pv_rows<KT>(mr, sc.data() + m * KT, vrow, d0, nk16, acc.data() + m * D + d0,
@@ -1354,6 +1375,7 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
                                   acc.data() + m * D + d0, D);
 #endif
             }
+          prefetch_ahead(2 * KT);  // what the tiles left (few rows: few tiles)
         }
         for (int64_t r = 0; r < rows; ++r) {
           const float* a = acc.data() + r * D;
