@@ -1236,14 +1236,21 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
   const int64_t BS = k_pool.size(1), KVH = k_pool.size(2), GQ = H / KVH;
   check(context_len >= n && block_ids.size(0) * BS >= context_len, "context");
   const int64_t start = context_len - n;
-  constexpr int64_t TQ = 32, KT = 64;  // query tokens x keys per step of a unit
+  constexpr int64_t KT = 64;  // keys per step of a unit
+  // Query tokens per tile: up to 64 new tokens are one tile, so each K/V row is read (and K
+  // packed) once rather than once per 32 tokens; longer chunks take 32 at a time.
+  const int64_t TQ = n <= 64 ? std::max<int64_t>(n, 1) : 32;
   const int64_t R = TQ * GQ;  // query rows of a tile: token-major, the group's heads inner
   const int64_t tiles = (n + TQ - 1) / TQ;
   const int64_t nthreads = at::get_num_threads();
   const int64_t key_tiles = (context_len + KT - 1) / KT;
+  // Few (tile, head) pairs: split the keys too, into a multiple of the threads' count of
+  // units (at least 4 per thread), so every thread has work and the threads finish together.
   int64_t splits = 1;
-  if (tiles * KVH < 4 * nthreads)
+  if (tiles * KVH < 4 * nthreads) {
     splits = std::min(key_tiles, (4 * nthreads + tiles * KVH - 1) / (tiles * KVH));
+    while (splits < key_tiles && (tiles * KVH * splits) % nthreads) ++splits;
+  }
   const int64_t units = tiles * KVH * splits;
   const int64_t q_row = q.stride(0), o_row = out.stride(0);
   const float* qp = q.data_ptr<float>();
