@@ -236,6 +236,7 @@ constexpr int kTileRows = 6;   // input rows per tile: 12 accumulators + 2 B + 1
 #endif
 constexpr int kPanel = 16;     // weight rows per packed panel (two 8-lane vectors)
 constexpr int64_t kPanelMinRows = 8;  // from 8 input rows on, packed panels beat dot_block
+constexpr int64_t kSliceK = 192;  // AVX-512 panel GEMM: K per slice (a 12 KB panel slice)
 
 // C[i, 0:16] (+)= sum_k A[i * lda + k] * B[k * ldb + 0:16] for i < MR (C row stride ldc).
 // LDA > 0: A's row stride known at compile time (lda ignored), so the broadcasts address one
@@ -342,10 +343,10 @@ inline void pack_panel(const float* const* rows, int64_t K, float* panel) {
 // a block of 12 rows of A packed k-major, so every broadcast comes from one pointer at a
 // constant offset (on 50-512 rows 1.3-1.5x faster than the 12-row tile over A's rows); a
 // short last block computes only its MR rows.
-template <int MR>
+template <int MR, bool ACC>
 inline void tile_packed12(const float* Ap, const float* B, int64_t K, float* C, int64_t ldc) {
   __m512 c[MR];
-  for (int i = 0; i < MR; ++i) c[i] = _mm512_setzero_ps();
+  for (int i = 0; i < MR; ++i) c[i] = ACC ? _mm512_loadu_ps(C + i * ldc) : _mm512_setzero_ps();
   for (int64_t k = 0; k < K; ++k, Ap += 12, B += kPanel) {
     const __m512 b = _mm512_loadu_ps(B);
     for (int i = 0; i < MR; ++i) c[i] = _mm512_fmadd_ps(_mm512_set1_ps(Ap[i]), b, c[i]);
@@ -353,21 +354,22 @@ inline void tile_packed12(const float* Ap, const float* B, int64_t K, float* C, 
   for (int i = 0; i < MR; ++i) _mm512_storeu_ps(C + i * ldc, c[i]);
 }
 
+template <bool ACC>
 inline void tile_packed(int mr, const float* Ap, const float* B, int64_t K, float* C,
                         int64_t ldc) {
   switch (mr) {
-    case 12: return tile_packed12<12>(Ap, B, K, C, ldc);
-    case 11: return tile_packed12<11>(Ap, B, K, C, ldc);
-    case 10: return tile_packed12<10>(Ap, B, K, C, ldc);
-    case 9: return tile_packed12<9>(Ap, B, K, C, ldc);
-    case 8: return tile_packed12<8>(Ap, B, K, C, ldc);
-    case 7: return tile_packed12<7>(Ap, B, K, C, ldc);
-    case 6: return tile_packed12<6>(Ap, B, K, C, ldc);
-    case 5: return tile_packed12<5>(Ap, B, K, C, ldc);
-    case 4: return tile_packed12<4>(Ap, B, K, C, ldc);
-    case 3: return tile_packed12<3>(Ap, B, K, C, ldc);
-    case 2: return tile_packed12<2>(Ap, B, K, C, ldc);
-    default: return tile_packed12<1>(Ap, B, K, C, ldc);
+    case 12: return tile_packed12<12, ACC>(Ap, B, K, C, ldc);
+    case 11: return tile_packed12<11, ACC>(Ap, B, K, C, ldc);
+    case 10: return tile_packed12<10, ACC>(Ap, B, K, C, ldc);
+    case 9: return tile_packed12<9, ACC>(Ap, B, K, C, ldc);
+    case 8: return tile_packed12<8, ACC>(Ap, B, K, C, ldc);
+    case 7: return tile_packed12<7, ACC>(Ap, B, K, C, ldc);
+    case 6: return tile_packed12<6, ACC>(Ap, B, K, C, ldc);
+    case 5: return tile_packed12<5, ACC>(Ap, B, K, C, ldc);
+    case 4: return tile_packed12<4, ACC>(Ap, B, K, C, ldc);
+    case 3: return tile_packed12<3, ACC>(Ap, B, K, C, ldc);
+    case 2: return tile_packed12<2, ACC>(Ap, B, K, C, ldc);
+    default: return tile_packed12<1, ACC>(Ap, B, K, C, ldc);
   }
 }
 #endif
@@ -447,19 +449,38 @@ void quant_gemm_panels(const at::Tensor& x, int64_t N, const at::Tensor& out, De
     }
   });
 #endif
-  // C[0:mr, 0:16] = x[m : m + mr] . panel.
-  auto tile_at = [&](int64_t m, int mr, const float* panel, float* C, int64_t ldc) {
+  // out[:, n : n + nr] = x . panel, short panels (nr < 16) through the buffer cbuf [M, 16].
+  auto run_panel = [&](const float* panel, int64_t n, int64_t nr, float* cbuf) {
+    float* C = nr == kPanel ? op + n : cbuf;
+    const int64_t ldc = nr == kPanel ? N : kPanel;
 #ifdef RS_AVX512
-    tile_packed(mr, xpk.data() + (m / kTileRows) * K * kTileRows, panel, K, C, ldc);
+    // K in slices: a slice of the panel stays in L1 while every block of x meets it.
+    for (int64_t k0 = 0; k0 < K; k0 += kSliceK) {
+      const int64_t kn = std::min(kSliceK, K - k0);
+      for (int64_t m = 0; m < M; m += kTileRows) {
+        const int mr = static_cast<int>(std::min<int64_t>(kTileRows, M - m));
+        const float* a = xpk.data() + (m / kTileRows) * K * kTileRows + k0 * kTileRows;
+        if (k0 == 0)
+          tile_packed<false>(mr, a, panel, kn, C + m * ldc, ldc);
+        else
+          tile_packed<true>(mr, a, panel + k0 * kPanel, kn, C + m * ldc, ldc);
+      }
+    }
 #else
-    tile_rows(mr, xp + m * K, K, panel, kPanel, K, C, ldc);
+    for (int64_t m = 0; m < M; m += kTileRows) {
+      const int mr = static_cast<int>(std::min<int64_t>(kTileRows, M - m));
+      tile_rows(mr, xp + m * K, K, panel, kPanel, K, C + m * ldc, ldc);
+    }
 #endif
+    if (nr < kPanel)
+      for (int64_t m = 0; m < M; ++m)
+        std::memcpy(op + m * N + n, cbuf + m * kPanel, nr * sizeof(float));
   };
   at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
     std::vector<float> rows(kPanel * K), panel(kPanel * K);
+    std::vector<float> cbuf(N % kPanel ? M * kPanel : 0);
     const float* row_ptrs[kPanel];
     for (int i = 0; i < kPanel; ++i) row_ptrs[i] = rows.data() + i * K;
-    float tile[kTileRows * kPanel];
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t n = p * kPanel, nr = std::min<int64_t>(kPanel, N - n);
       if (nr < kPanel || !panel_dequant(n, panel.data())) {
@@ -467,16 +488,7 @@ void quant_gemm_panels(const at::Tensor& x, int64_t N, const at::Tensor& out, De
         dequant(n, nr, rows.data());
         pack_panel(row_ptrs, K, panel.data());
       }
-      for (int64_t m = 0; m < M; m += kTileRows) {
-        const int mr = static_cast<int>(std::min<int64_t>(kTileRows, M - m));
-        if (nr == kPanel) {
-          tile_at(m, mr, panel.data(), op + m * N + n, N);
-        } else {  // a short panel: through a buffer
-          tile_at(m, mr, panel.data(), tile, kPanel);
-          for (int i = 0; i < mr; ++i)
-            std::memcpy(op + (m + i) * N + n, tile + i * kPanel, nr * sizeof(float));
-        }
-      }
+      run_panel(panel.data(), n, nr, cbuf.data());
     }
   });
 }
