@@ -321,7 +321,13 @@ class LLMEngine:
         if not ids:
             raise InvalidRequestError("the prompt is empty", "prompt")
         vocab = self.model_config.vocab_size
-        if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in ids):
+        # The distinct types first, then min/max: C loops over a long prompt, not a Python one.
+        types = set(map(type, ids))
+        if (
+            any(not issubclass(tp, int) or issubclass(tp, bool) for tp in types)
+            or min(ids) < 0
+            or max(ids) >= vocab
+        ):
             raise InvalidRequestError(f"token ids must be integers in [0, {vocab})", "prompt")
         if len(ids) >= self.max_model_len:
             raise PromptTooLongError(
