@@ -1,6 +1,7 @@
 // CPU kernels of radixserve: weight-only quantized GEMM (one row straight from the codes; 2-16
 // rows from the codes in registers with AVX-512, else over 4-row dequantized blocks; many rows
-// over packed 16-row panels and a 6x16 register tile, 12x16 with AVX-512), paged decode and
+// over packed 16-row panels and a 6x16 register tile, 12x16 with AVX-512, where int4 codes are
+// dequantized straight into the panel), paged decode and
 // prefill attention that read K/V (float32, bfloat16 or float16) from the block pool in place,
 // the fused elementwise steps of a decoder layer, and a decode step's whole stack of layers in
 // one call.
@@ -1228,12 +1229,13 @@ inline void tile_pv_rows(int mr, const float* p, const T* const* v, int64_t d0, 
 // k_pool / v_pool [NB, BS, KVH, D], block_ids [>= ceil(context_len / BS)] int64, out [n, H * D]
 // (rows may be strided). Token i of the chunk sits at position context_len - n + i and
 // attends to keys 0..that position.
-// Flash-attention style: a work unit is (KV head, tile of 32 query tokens, slice of the keys);
-// the tile's query rows (32 tokens x the heads of the group) meet 64 keys at a time: scores
-// and probability-weighted V rows are both products by the register tile (6x16; AVX-512:
-// 12x16) over K/V rows read from the pool (K transposed into a panel, V used in place after a
-// copy), with an online softmax between. Key slices (for short chunks over long contexts, so
-// every thread has work) are merged by log-sum-exp.
+// Flash-attention style: a work unit is (KV head, tile of query tokens, slice of the keys);
+// the tile's query rows (up to 64 new tokens, else 32 at a time, x the heads of the group)
+// meet 64 keys at a time: scores and probability-weighted V rows are both products by the
+// register tile (6x16; AVX-512: 12x16) over K/V rows read from the pool (K transposed into a
+// panel; V copied, AVX-512: used in place), with an online softmax between, the next 64 keys'
+// rows asked for meanwhile. Key slices (for short chunks over long contexts, so every thread
+// has work) are merged by log-sum-exp.
 void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
                              const at::Tensor& v_pool, const at::Tensor& block_ids,
                              int64_t context_len, double sm_scale, const at::Tensor& out) {
