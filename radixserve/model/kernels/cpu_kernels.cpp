@@ -1,7 +1,7 @@
 // CPU kernels of radixserve: weight-only quantized GEMM (one row straight from the codes; 2-16
 // rows from the codes in registers with AVX-512, else over 4-row dequantized blocks; many rows
-// over packed 16-row panels and a 6x16 register tile, 12x16 with AVX-512, where int4 codes are
-// dequantized straight into the panel), paged decode and
+// over packed 16-row panels and a 6x16 register tile; with AVX-512 an 8x32 tile over pairs of
+// panels into which int4 codes are dequantized straight), paged decode and
 // prefill attention that read K/V (float32, bfloat16 or float16) from the block pool in place,
 // the fused elementwise steps of a decoder layer, and a decode step's whole stack of layers in
 // one call.
@@ -237,7 +237,7 @@ constexpr int kTileRows = 6;   // input rows per tile: 12 accumulators + 2 B + 1
 #endif
 constexpr int kPanel = 16;     // weight rows per packed panel (two 8-lane vectors)
 constexpr int64_t kPanelMinRows = 8;  // from 8 input rows on, packed panels beat dot_block
-constexpr int64_t kSliceK = 192;  // AVX-512 panel GEMM: K per slice (a 12 KB panel slice)
+constexpr int64_t kSliceK = 192;  // AVX-512 panel GEMM: K per slice (two 12 KB panel slices)
 
 // C[i, 0:16] (+)= sum_k A[i * lda + k] * B[k * ldb + 0:16] for i < MR (C row stride ldc).
 // LDA > 0: A's row stride known at compile time (lda ignored), so the broadcasts address one
@@ -339,43 +339,50 @@ inline void pack_panel(const float* const* rows, int64_t K, float* panel) {
 #endif
 }
 
+
 #ifdef RS_AVX512
-// C[i, 0:16] = sum_k Ap[k * 12 + i] * B[k * 16 + 0:16] for i < MR <= 12 (C row stride ldc):
-// a block of 12 rows of A packed k-major, so every broadcast comes from one pointer at a
-// constant offset (on 50-512 rows 1.3-1.5x faster than the 12-row tile over A's rows); a
-// short last block computes only its MR rows.
-template <int MR, bool ACC>
-inline void tile_packed12(const float* Ap, const float* B, int64_t K, float* C, int64_t ldc) {
-  __m512 c[MR];
-  for (int i = 0; i < MR; ++i) c[i] = ACC ? _mm512_loadu_ps(C + i * ldc) : _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; ++k, Ap += 12, B += kPanel) {
-    const __m512 b = _mm512_loadu_ps(B);
-    for (int i = 0; i < MR; ++i) c[i] = _mm512_fmadd_ps(_mm512_set1_ps(Ap[i]), b, c[i]);
+#ifdef RS_AVX512
+constexpr int kPackRows = 8;  // AVX-512 panel GEMM: rows of x per packed block
+
+// C[i, 0:16 NP] (+)= sum_k Ap[k * 8 + i] * (B0 | B1)[k * 16 + 0:16] for i < MR <= 8: a block
+// of 8 rows of x packed k-major against one or two panels (8x32: 16 accumulators, 2 loads
+// and 8 broadcasts per 16 FMAs, so the FMAs and not the loads set the pace).
+template <int MR, bool ACC, int NP>
+inline void tile_x8(const float* Ap, const float* B0, const float* B1, int64_t K, float* C,
+                    int64_t ldc) {
+  __m512 c[MR][NP];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NP; ++j)
+      c[i][j] = ACC ? _mm512_loadu_ps(C + i * ldc + 16 * j) : _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; ++k, Ap += kPackRows, B0 += kPanel, B1 += kPanel) {
+    const __m512 b0 = _mm512_loadu_ps(B0);
+    const __m512 b1 = NP == 2 ? _mm512_loadu_ps(B1) : b0;
+    for (int i = 0; i < MR; ++i) {
+      const __m512 a = _mm512_set1_ps(Ap[i]);
+      c[i][0] = _mm512_fmadd_ps(a, b0, c[i][0]);
+      if (NP == 2) c[i][NP - 1] = _mm512_fmadd_ps(a, b1, c[i][NP - 1]);
+    }
   }
-  for (int i = 0; i < MR; ++i) _mm512_storeu_ps(C + i * ldc, c[i]);
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NP; ++j) _mm512_storeu_ps(C + i * ldc + 16 * j, c[i][j]);
 }
 
-template <bool ACC>
-inline void tile_packed(int mr, const float* Ap, const float* B, int64_t K, float* C,
-                        int64_t ldc) {
+template <bool ACC, int NP>
+inline void tile_x8_rows(int mr, const float* Ap, const float* B0, const float* B1, int64_t K,
+                         float* C, int64_t ldc) {
   switch (mr) {
-    case 12: return tile_packed12<12, ACC>(Ap, B, K, C, ldc);
-    case 11: return tile_packed12<11, ACC>(Ap, B, K, C, ldc);
-    case 10: return tile_packed12<10, ACC>(Ap, B, K, C, ldc);
-    case 9: return tile_packed12<9, ACC>(Ap, B, K, C, ldc);
-    case 8: return tile_packed12<8, ACC>(Ap, B, K, C, ldc);
-    case 7: return tile_packed12<7, ACC>(Ap, B, K, C, ldc);
-    case 6: return tile_packed12<6, ACC>(Ap, B, K, C, ldc);
-    case 5: return tile_packed12<5, ACC>(Ap, B, K, C, ldc);
-    case 4: return tile_packed12<4, ACC>(Ap, B, K, C, ldc);
-    case 3: return tile_packed12<3, ACC>(Ap, B, K, C, ldc);
-    case 2: return tile_packed12<2, ACC>(Ap, B, K, C, ldc);
-    default: return tile_packed12<1, ACC>(Ap, B, K, C, ldc);
+    case 8: return tile_x8<8, ACC, NP>(Ap, B0, B1, K, C, ldc);
+    case 7: return tile_x8<7, ACC, NP>(Ap, B0, B1, K, C, ldc);
+    case 6: return tile_x8<6, ACC, NP>(Ap, B0, B1, K, C, ldc);
+    case 5: return tile_x8<5, ACC, NP>(Ap, B0, B1, K, C, ldc);
+    case 4: return tile_x8<4, ACC, NP>(Ap, B0, B1, K, C, ldc);
+    case 3: return tile_x8<3, ACC, NP>(Ap, B0, B1, K, C, ldc);
+    case 2: return tile_x8<2, ACC, NP>(Ap, B0, B1, K, C, ldc);
+    default: return tile_x8<1, ACC, NP>(Ap, B0, B1, K, C, ldc);
   }
 }
 #endif
 
-#ifdef RS_AVX512
 // Rows n..n+15 of an int4 weight dequantized straight into the k-major panel [K, 16]: per
 // group, the 16 rows' codes are widened to 32-bit lanes, transposed 16x16 in registers, split
 // into their nibbles and scaled with the 16 rows' scale and min as vectors (a third of the
@@ -427,8 +434,8 @@ void dequant_panel_q4(const uint8_t* qp, const float* sp, const float* mp, int64
 #endif
 
 // y = x W^T for many input rows: each thread dequantizes 16 weight rows at a time, packs them
-// k-major (the panel stays in L2) and runs every 6-row tile of x over it (AVX-512: every
-// 12-row block of x, packed k-major once).
+// k-major (the panel stays in L2) and runs every 6-row tile of x over it (AVX-512: two panels
+// at a time, every 8-row block of x, packed k-major once, meets them in slices of K).
 // `panel_dequant(n, panel)` may fill a whole panel of 16 rows straight from the codes (true)
 // instead of dequant + pack_panel.
 template <typename Dequant, typename PanelDequant>
@@ -439,32 +446,42 @@ void quant_gemm_panels(const at::Tensor& x, int64_t N, const at::Tensor& out, De
   float* op = out.data_ptr<float>();
   const int64_t panels = (N + kPanel - 1) / kPanel;
 #ifdef RS_AVX512
-  // x in blocks of kTileRows (12) rows, each packed k-major, once for every panel.
-  const int64_t blocks = (M + kTileRows - 1) / kTileRows;
-  std::vector<float> xpk(blocks * K * kTileRows, 0.f);
+  // x in blocks of kPackRows (8) rows, each packed k-major, once for every panel.
+  const int64_t blocks = (M + kPackRows - 1) / kPackRows;
+  std::vector<float> xpk(blocks * K * kPackRows, 0.f);
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t blk = b0; blk < b1; ++blk) {
-      float* dst = xpk.data() + blk * K * kTileRows;
-      for (int64_t m = blk * kTileRows; m < std::min(M, (blk + 1) * kTileRows); ++m)
-        for (int64_t k = 0; k < K; ++k) dst[k * kTileRows + m % kTileRows] = xp[m * K + k];
+      float* dst = xpk.data() + blk * K * kPackRows;
+      for (int64_t m = blk * kPackRows; m < std::min(M, (blk + 1) * kPackRows); ++m)
+        for (int64_t k = 0; k < K; ++k) dst[k * kPackRows + m % kPackRows] = xp[m * K + k];
     }
   });
+  constexpr int64_t kGroupPanels = 2;  // panels a thread takes at a time: the 8x32 tile's two
+#else
+  constexpr int64_t kGroupPanels = 1;
 #endif
-  // out[:, n : n + nr] = x . panel, short panels (nr < 16) through the buffer cbuf [M, 16].
-  auto run_panel = [&](const float* panel, int64_t n, int64_t nr, float* cbuf) {
-    float* C = nr == kPanel ? op + n : cbuf;
-    const int64_t ldc = nr == kPanel ? N : kPanel;
+  // out[:, n : n + nr] = x . (np panels from `panel`, kPanel * K floats apart); a short last
+  // panel (nr < 16 np) through the buffer cbuf [M, 32].
+  auto run_panels = [&](const float* panel, int64_t np, int64_t n, int64_t nr, float* cbuf) {
+    const bool whole = nr == np * kPanel;
+    float* C = whole ? op + n : cbuf;
+    const int64_t ldc = whole ? N : 2 * kPanel;
 #ifdef RS_AVX512
-    // K in slices: a slice of the panel stays in L1 while every block of x meets it.
+    // K in slices: a slice of the panels stays in L1 while every block of x meets it.
+    const float* p1 = panel + K * kPanel;
     for (int64_t k0 = 0; k0 < K; k0 += kSliceK) {
       const int64_t kn = std::min(kSliceK, K - k0);
-      for (int64_t m = 0; m < M; m += kTileRows) {
-        const int mr = static_cast<int>(std::min<int64_t>(kTileRows, M - m));
-        const float* a = xpk.data() + (m / kTileRows) * K * kTileRows + k0 * kTileRows;
-        if (k0 == 0)
-          tile_packed<false>(mr, a, panel, kn, C + m * ldc, ldc);
+      for (int64_t m = 0; m < M; m += kPackRows) {
+        const int mr = static_cast<int>(std::min<int64_t>(kPackRows, M - m));
+        const float* a = xpk.data() + (m / kPackRows) * K * kPackRows + k0 * kPackRows;
+        const float *b0 = panel + k0 * kPanel, *b1 = p1 + k0 * kPanel;
+        float* c = C + m * ldc;
+        if (np == 2)
+          k0 == 0 ? tile_x8_rows<false, 2>(mr, a, b0, b1, kn, c, ldc)
+                  : tile_x8_rows<true, 2>(mr, a, b0, b1, kn, c, ldc);
         else
-          tile_packed<true>(mr, a, panel + k0 * kPanel, kn, C + m * ldc, ldc);
+          k0 == 0 ? tile_x8_rows<false, 1>(mr, a, b0, b0, kn, c, ldc)
+                  : tile_x8_rows<true, 1>(mr, a, b0, b0, kn, c, ldc);
       }
     }
 #else
@@ -473,23 +490,29 @@ void quant_gemm_panels(const at::Tensor& x, int64_t N, const at::Tensor& out, De
       tile_rows(mr, xp + m * K, K, panel, kPanel, K, C + m * ldc, ldc);
     }
 #endif
-    if (nr < kPanel)
+    if (!whole)
       for (int64_t m = 0; m < M; ++m)
-        std::memcpy(op + m * N + n, cbuf + m * kPanel, nr * sizeof(float));
+        std::memcpy(op + m * N + n, cbuf + m * 2 * kPanel, nr * sizeof(float));
   };
-  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-    std::vector<float> rows(kPanel * K), panel(kPanel * K);
-    std::vector<float> cbuf(N % kPanel ? M * kPanel : 0);
+  const int64_t units = (panels + kGroupPanels - 1) / kGroupPanels;
+  at::parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
+    std::vector<float> rows(kPanel * K), panel(kGroupPanels * kPanel * K);
+    std::vector<float> cbuf(N % (kGroupPanels * kPanel) ? M * 2 * kPanel : 0);
     const float* row_ptrs[kPanel];
     for (int i = 0; i < kPanel; ++i) row_ptrs[i] = rows.data() + i * K;
-    for (int64_t p = p0; p < p1; ++p) {
-      const int64_t n = p * kPanel, nr = std::min<int64_t>(kPanel, N - n);
-      if (nr < kPanel || !panel_dequant(n, panel.data())) {
-        if (nr < kPanel) std::fill(rows.begin(), rows.end(), 0.f);
-        dequant(n, nr, rows.data());
-        pack_panel(row_ptrs, K, panel.data());
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t n = u * kGroupPanels * kPanel;
+      const int64_t np = std::min(kGroupPanels, panels - u * kGroupPanels);
+      for (int64_t j = 0; j < np; ++j) {
+        const int64_t nj = n + j * kPanel, nr = std::min<int64_t>(kPanel, N - nj);
+        float* pj = panel.data() + j * kPanel * K;
+        if (nr < kPanel || !panel_dequant(nj, pj)) {
+          if (nr < kPanel) std::fill(rows.begin(), rows.end(), 0.f);
+          dequant(nj, nr, rows.data());
+          pack_panel(row_ptrs, K, pj);
+        }
       }
-      run_panel(panel.data(), n, nr, cbuf.data());
+      run_panels(panel.data(), np, n, std::min(np * kPanel, N - n), cbuf.data());
     }
   });
 }
