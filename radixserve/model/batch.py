@@ -175,3 +175,33 @@ def build_batch(
         logits_chunk_index=logits_chunk,
         block_size=block_size,
     )
+
+
+def narrow_to_outputs(batch: ForwardBatch) -> tuple[torch.Tensor, ForwardBatch] | None:
+    """The rows whose last-layer output is used (every decode row, the last row of each
+    prefill chunk that returns logits) and the batch restricted to them, each such prefill
+    row a one-token chunk over its full context; None where that is every row. The last
+    decoder layer needs the other rows only for their K/V."""
+    b = batch.decode.num_seqs if batch.decode is not None else 0
+    keep = list(range(b))
+    wanted = set(batch.logits_rows.tolist())
+    prefills = []
+    for p in batch.prefills:
+        last = p.token_start + p.num_tokens - 1
+        if last in wanted:
+            prefills.append(PrefillMeta(len(keep), 1, p.context_len, p.block_ids))
+            keep.append(last)
+    if len(keep) == batch.input_ids.shape[0]:
+        return None
+    rows = torch.tensor(keep, dtype=torch.long, device=batch.input_ids.device)
+    narrow = ForwardBatch(
+        input_ids=batch.input_ids[rows],
+        positions=batch.positions[rows],
+        slot_mapping=batch.slot_mapping[rows],
+        decode=batch.decode,
+        prefills=prefills,
+        logits_rows=torch.searchsorted(rows, batch.logits_rows),  # keep is ascending
+        logits_chunk_index=batch.logits_chunk_index,
+        block_size=batch.block_size,
+    )
+    return rows, narrow

@@ -11,7 +11,7 @@ from torch import nn
 
 from radixserve.model import kernels
 from radixserve.model.attention import AttentionBackend, CpuPagedBackend, SdpaBackend
-from radixserve.model.batch import ForwardBatch
+from radixserve.model.batch import ForwardBatch, narrow_to_outputs
 from radixserve.model.config import ModelConfig
 from radixserve.model.kv_pool import KVPool
 from radixserve.model.quant import GROUP, QuantizedWeight, QuantLinear, quantize
@@ -167,10 +167,15 @@ class DecoderLayer(nn.Module):
         attend: Attend,
         k_blocks: torch.Tensor,
         v_blocks: torch.Tensor,
+        out_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """h [T, hidden] -> [T, hidden]; writes the tokens' K/V at `slot_mapping` first."""
+        """h [T, hidden] -> [T, hidden]; writes the tokens' K/V at `slot_mapping` first. With
+        `out_rows`, every row's K/V is written but only those rows go on through attention
+        (whose `attend` then describes just them) and the MLP: -> [len(out_rows), hidden]."""
         if self.fused:
-            return self._forward_fused(h, cos, sin, slot_mapping, attend, k_blocks, v_blocks)
+            return self._forward_fused(
+                h, cos, sin, slot_mapping, attend, k_blocks, v_blocks, out_rows
+            )
         t = h.shape[0]
         x = rms_norm(h, self.input_norm, self.eps)
         qkv = self.qkv_lin(x)
@@ -183,6 +188,8 @@ class DecoderLayer(nn.Module):
         v_slots = v_blocks.view(-1, self.num_kv, self.head_dim)
         k_slots.index_copy_(0, slot_mapping, k.to(k_slots.dtype))  # --kv-cache-dtype
         v_slots.index_copy_(0, slot_mapping, v.to(v_slots.dtype))
+        if out_rows is not None:
+            q, h = q[out_rows], h[out_rows]
         h = h + self.o_lin(attend(q, k_blocks, v_blocks))
         x = rms_norm(h, self.post_norm, self.eps)
         gate, up = self.gate_up_lin(x).chunk(2, dim=-1)
@@ -197,18 +204,22 @@ class DecoderLayer(nn.Module):
         attend: Attend,
         k_blocks: torch.Tensor,
         v_blocks: torch.Tensor,
+        out_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """`forward` with the elementwise steps in radixserve's CPU kernels (float32 on CPU):
-        a dozen op calls per layer instead of about fifty. Updates h in place."""
+        a dozen op calls per layer instead of about fifty. Updates h in place (without
+        `out_rows`)."""
         rms_norm_into = kernels.op("rms_norm")
-        t, nh = h.shape[0], self.num_heads
+        nh = self.num_heads
         x = torch.empty_like(h)
         rms_norm_into(h, self.input_norm, self.eps, x)
         qkv = self.qkv_lin(x).contiguous()
         kernels.op("rope_kv_write")(qkv, cos, sin, slot_mapping, k_blocks, v_blocks, nh)
-        h += self.o_lin(
-            attend(qkv[:, : nh * self.head_dim].view(t, nh, self.head_dim), k_blocks, v_blocks)
-        )
+        q = qkv[:, : nh * self.head_dim]
+        if out_rows is not None:
+            q, h, x = q[out_rows], h[out_rows], x[out_rows]
+        t = h.shape[0]
+        h += self.o_lin(attend(q.view(t, nh, self.head_dim), k_blocks, v_blocks))
         rms_norm_into(h, self.post_norm, self.eps, x)
         gate_up = self.gate_up_lin(x)
         act = torch.empty(t, gate_up.shape[1] // 2, dtype=h.dtype)
@@ -265,10 +276,29 @@ class LlamaModel(nn.Module):
         def attend(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor) -> torch.Tensor:
             return backend.forward(q, batch, plan, k_blocks, v_blocks)
 
-        h = self._layers(batch.input_ids, batch.positions, batch.slot_mapping, kv, attend)
+        # The last layer's attention and MLP only for the rows whose output is used (a chunk
+        # of 50 new tokens: 1 of them); its K/V for every row. The backends whose plan
+        # depends only on the batch's description (ours on CPU).
+        narrowed = (
+            narrow_to_outputs(batch)
+            if isinstance(backend, (CpuPagedBackend, SdpaBackend))
+            else None
+        )
+        last = None
+        if narrowed is not None:
+            rows, narrow = narrowed
+            narrow_plan = backend.plan(narrow)
+
+            def attend_narrow(
+                q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor
+            ) -> torch.Tensor:
+                return backend.forward(q, narrow, narrow_plan, k_blocks, v_blocks)
+
+            last = (rows, attend_narrow)
+        h = self._layers(batch.input_ids, batch.positions, batch.slot_mapping, kv, attend, last)
         if batch.logits_rows.numel() == 0:
             return torch.empty(0, self.config.vocab_size, device=h.device)
-        return self._logits(h[batch.logits_rows])
+        return self._logits(h[narrowed[1].logits_rows if narrowed else batch.logits_rows])
 
     def decode(
         self,
@@ -300,11 +330,21 @@ class LlamaModel(nn.Module):
         slot_mapping: torch.Tensor,
         kv: KVPool,
         attend: Attend,
+        last: tuple[torch.Tensor, Attend] | None = None,
     ) -> torch.Tensor:
+        """Hidden states after every layer; with `last` = (rows, attend for them), the last
+        layer's output of those rows only."""
         h = self.embed[input_ids]
         cos, sin = self.rotary(positions)
-        for i, layer in enumerate(self.decoder_layers()):
+        layers = self.decoder_layers()
+        for i, layer in enumerate(layers):
             k_blocks, v_blocks = kv.blocks(i)
+            if last is not None and i == len(layers) - 1:
+                rows, attend_rows = last
+                out: torch.Tensor = layer(
+                    h, cos, sin, slot_mapping, attend_rows, k_blocks, v_blocks, rows
+                )
+                return out
             h = layer(h, cos, sin, slot_mapping, attend, k_blocks, v_blocks)
         return h
 

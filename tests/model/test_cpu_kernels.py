@@ -104,13 +104,14 @@ def test_paged_decode_attention_equals_sdpa_over_the_same_blocks(
 def test_paged_prefill_attention_equals_sdpa_over_the_same_blocks(
     heads: int, kv_heads: int, block_size: int, kv_dtype: torch.dtype
 ) -> None:
-    """Chunks that start their sequence and chunks over a cached prefix, short and long
-    (several 32-token query tiles, 64-key tiles, a 2-token chunk over 300 cached tokens whose
-    keys are split across threads), scattered blocks, q rows inside a wider (fused qkv) tensor,
-    decode rows in the same step, and pools of each K/V dtype."""
+    """Chunks that start their sequence and chunks over a cached prefix, short and long (up to
+    64 new tokens in one query tile, 100 in 32-token tiles, 64-key tiles, a 2-token chunk over
+    300 cached tokens whose keys are split across threads), scattered blocks, q rows inside a
+    wider (fused qkv) tensor, decode rows in the same step, and pools of each K/V dtype."""
     torch.manual_seed(heads * block_size)
     head_dim = 64
-    shapes = [(50, 0), (2, 300), (37, 70), (1, 20), (17, 17)]  # (new tokens, cached); 1: decode
+    # (new tokens, cached); 1: decode
+    shapes = [(50, 0), (2, 300), (37, 70), (1, 20), (17, 17), (100, 40)]
     nblocks = sum(-(-(start + n) // block_size) for n, start in shapes) + 3
     order = torch.randperm(nblocks).tolist()
     chunks = []

@@ -119,3 +119,34 @@ def test_mixed_prefill_and_decode_batch_matches_hf(tiny_pair, attn) -> None:
     by_chunk = dict(zip(batch.logits_chunk_index, got, strict=True))
     assert (by_chunk[0] - hf_logits(hf, b)[-1]).abs().max() <= TOL
     assert (by_chunk[1] - hf_logits(hf, a + [tok])[-1]).abs().max() <= TOL
+
+
+def test_rows_without_logits_still_write_the_last_layers_kv(tiny_pair, attn) -> None:
+    """The last layer runs attention and the MLP only for rows whose output is used, but
+    writes every row's K/V: a batch with prefill chunks and a one-token chunk that return no
+    logits, beside ones that do; the sequences then continue and still match transformers."""
+    hf, ours = tiny_pair
+    rng = random.Random(6)
+    pool = new_pool(ours)
+    seqs = [[rng.randrange(101) for _ in range(n)] for n in (11, 9, 6, 5)]
+    tables, free = [], list(range(64))
+    rng.shuffle(free)
+    for _ in seqs:
+        tables.append([free.pop() for _ in range(8)])
+    run_chunks(ours, pool, seqs[3], tables[3], [4], attn)  # 4 tokens cached: row 3 decodes one
+    chunks = [
+        SeqChunk(seqs[0], 0, tables[0]),  # prefill, logits
+        SeqChunk(seqs[1][:7], 0, tables[1], need_logits=False),  # prefill, no logits
+        SeqChunk(seqs[2][:1], 0, tables[2], need_logits=False),  # one token, no logits
+        SeqChunk(seqs[3][4:5], 4, tables[3]),  # decode, logits
+    ]
+    batch = build_batch(chunks, BS)
+    got = dict(zip(batch.logits_chunk_index, ours(batch, pool, attn), strict=True))
+    assert sorted(got) == [0, 3]
+    assert (got[0] - hf_logits(hf, seqs[0])[-1]).abs().max() <= TOL
+    assert (got[3] - hf_logits(hf, seqs[3])[-1]).abs().max() <= TOL
+    # Continuing the chunks that returned nothing reads the K/V they wrote, last layer too.
+    b = ours(build_batch([SeqChunk(seqs[1][7:], 7, tables[1])], BS), pool, attn)[0]
+    c = ours(build_batch([SeqChunk(seqs[2][1:], 1, tables[2])], BS), pool, attn)[0]
+    assert (b - hf_logits(hf, seqs[1])[-1]).abs().max() <= TOL
+    assert (c - hf_logits(hf, seqs[2])[-1]).abs().max() <= TOL

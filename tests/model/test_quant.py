@@ -31,18 +31,22 @@ def test_quantize_error_is_at_most_half_a_step(kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", ["int4", "int8"])
-# 1: codes straight into the dot product; 2-7: 4-row blocks; 8+: packed 16-row panels,
-# tiles of 6 input rows (13 and 50 end on partial tiles)
+# 1: codes straight into the dot product; 2-16: codes in registers (AVX-512) or 4-row blocks;
+# 8+ (17+ with AVX-512): packed 16-row panels under register tiles of 6 (AVX-512: 8) input
+# rows, where 13 and 50 end on partial tiles
 @pytest.mark.parametrize("rows", [1, 2, 3, 7, 8, 13, 50])
 # 78: a last 4-row block and a last 16-row panel that are partial; 77: also an odd row count
-# (one input row takes weight rows in pairs)
-@pytest.mark.parametrize("out_features", [80, 78, 77])
+# (one input row takes weight rows in pairs); 90: a last pair of panels (AVX-512 tiles take
+# two) whose second panel is partial
+@pytest.mark.parametrize("out_features", [80, 78, 77, 90])
+# 416: more than one slice of K (192) in the AVX-512 panel GEMM, the last one short
+@pytest.mark.parametrize("in_features", [160, 416])
 def test_quant_linear_equals_dense_gemm_of_dequantized_weight(
-    kind: str, rows: int, out_features: int
+    kind: str, rows: int, out_features: int, in_features: int
 ) -> None:
     torch.manual_seed(rows)
-    q = quantize(torch.randn(out_features, 160), kind)
-    x = torch.randn(rows, 160)
+    q = quantize(torch.randn(out_features, in_features), kind)
+    x = torch.randn(rows, in_features)
     want = F.linear(x, q.dequantize())
     got = QuantLinear(q)(x)
     assert got.shape == (rows, out_features)
