@@ -279,26 +279,24 @@ class LlamaModel(nn.Module):
         # The last layer's attention and MLP only for the rows whose output is used (a chunk
         # of 50 new tokens: 1 of them); its K/V for every row. The backends whose plan
         # depends only on the batch's description (ours on CPU).
-        narrowed = (
-            narrow_to_outputs(batch)
-            if isinstance(backend, (CpuPagedBackend, SdpaBackend))
-            else None
-        )
+        logits_rows = batch.logits_rows
         last = None
-        if narrowed is not None:
-            rows, narrow = narrowed
-            narrow_plan = backend.plan(narrow)
+        if isinstance(backend, (CpuPagedBackend, SdpaBackend)):
+            narrowed = narrow_to_outputs(batch)
+            if narrowed is not None:
+                rows, narrow = narrowed
+                narrow_plan = backend.plan(narrow)
 
-            def attend_narrow(
-                q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor
-            ) -> torch.Tensor:
-                return backend.forward(q, narrow, narrow_plan, k_blocks, v_blocks)
+                def attend_narrow(
+                    q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor
+                ) -> torch.Tensor:
+                    return backend.forward(q, narrow, narrow_plan, k_blocks, v_blocks)
 
-            last = (rows, attend_narrow)
+                last, logits_rows = (rows, attend_narrow), narrow.logits_rows
         h = self._layers(batch.input_ids, batch.positions, batch.slot_mapping, kv, attend, last)
-        if batch.logits_rows.numel() == 0:
+        if logits_rows.numel() == 0:
             return torch.empty(0, self.config.vocab_size, device=h.device)
-        return self._logits(h[narrowed[1].logits_rows if narrowed else batch.logits_rows])
+        return self._logits(h[logits_rows])
 
     def decode(
         self,

@@ -227,6 +227,18 @@ void quant_gemm(const at::Tensor& x, int64_t N, const at::Tensor& out, Dequant d
   });
 }
 
+// f(std::integral_constant<int, MR>{}) for the row count mr in 1..Max (anything else: 1), so
+// a tile written for a compile-time row count runs for the rows at hand.
+template <typename F, int... I>
+inline void with_rows_impl(int mr, F& f, std::integer_sequence<int, I...>) {
+  const bool done = ((mr == I + 1 && (f(std::integral_constant<int, I + 1>{}), true)) || ...);
+  if (!done) f(std::integral_constant<int, 1>{});
+}
+template <int Max, typename F>
+inline void with_rows(int mr, F&& f) {
+  with_rows_impl(mr, f, std::make_integer_sequence<int, Max>{});
+}
+
 // ---- Register-blocked GEMM tile over a packed panel (many input rows: prefill) ----
 // B is a panel of 16 weight rows packed k-major: B[k * 16 + j] = W[n + j, k].
 
@@ -288,22 +300,7 @@ inline void tile_x16(const float* A, int64_t lda, const float* B, int64_t ldb, i
 template <bool ACC = false, int LDA = 0>
 inline void tile_rows(int mr, const float* A, int64_t lda, const float* B, int64_t ldb,
                       int64_t K, float* C, int64_t ldc) {
-  switch (mr) {
-#ifdef RS_AVX512
-    case 12: return tile_x16<12, ACC, LDA>(A, lda, B, ldb, K, C, ldc);
-    case 11: return tile_x16<11, ACC, LDA>(A, lda, B, ldb, K, C, ldc);
-    case 10: return tile_x16<10, ACC, LDA>(A, lda, B, ldb, K, C, ldc);
-    case 9: return tile_x16<9, ACC, LDA>(A, lda, B, ldb, K, C, ldc);
-    case 8: return tile_x16<8, ACC, LDA>(A, lda, B, ldb, K, C, ldc);
-    case 7: return tile_x16<7, ACC, LDA>(A, lda, B, ldb, K, C, ldc);
-#endif
-    case 6: return tile_x16<6, ACC, LDA>(A, lda, B, ldb, K, C, ldc);
-    case 5: return tile_x16<5, ACC, LDA>(A, lda, B, ldb, K, C, ldc);
-    case 4: return tile_x16<4, ACC, LDA>(A, lda, B, ldb, K, C, ldc);
-    case 3: return tile_x16<3, ACC, LDA>(A, lda, B, ldb, K, C, ldc);
-    case 2: return tile_x16<2, ACC, LDA>(A, lda, B, ldb, K, C, ldc);
-    default: return tile_x16<1, ACC, LDA>(A, lda, B, ldb, K, C, ldc);
-  }
+  with_rows<kTileRows>(mr, [&](auto R) { tile_x16<R, ACC, LDA>(A, lda, B, ldb, K, C, ldc); });
 }
 
 // Transpose 16 rows of length K (K % 8 == 0) into the k-major panel [K, 16].
@@ -370,16 +367,7 @@ inline void tile_x8(const float* Ap, const float* B0, const float* B1, int64_t K
 template <bool ACC, int NP>
 inline void tile_x8_rows(int mr, const float* Ap, const float* B0, const float* B1, int64_t K,
                          float* C, int64_t ldc) {
-  switch (mr) {
-    case 8: return tile_x8<8, ACC, NP>(Ap, B0, B1, K, C, ldc);
-    case 7: return tile_x8<7, ACC, NP>(Ap, B0, B1, K, C, ldc);
-    case 6: return tile_x8<6, ACC, NP>(Ap, B0, B1, K, C, ldc);
-    case 5: return tile_x8<5, ACC, NP>(Ap, B0, B1, K, C, ldc);
-    case 4: return tile_x8<4, ACC, NP>(Ap, B0, B1, K, C, ldc);
-    case 3: return tile_x8<3, ACC, NP>(Ap, B0, B1, K, C, ldc);
-    case 2: return tile_x8<2, ACC, NP>(Ap, B0, B1, K, C, ldc);
-    default: return tile_x8<1, ACC, NP>(Ap, B0, B1, K, C, ldc);
-  }
+  with_rows<kPackRows>(mr, [&](auto R) { tile_x8<R, ACC, NP>(Ap, B0, B1, K, C, ldc); });
 }
 #endif
 
@@ -696,16 +684,9 @@ void gemm_codes_small(const float* x, int64_t M, const void* qv, const float* sp
       for (int64_t m = 0; m < M; m += 8) {
         const float* xm = x + m * K;
         float* om = out + m * N;
-        switch (std::min<int64_t>(8, M - m)) {
-          case 8: codes_rows<kind, 8>(xm, K, qv, sp, mp, n, nr, om, N); break;
-          case 7: codes_rows<kind, 7>(xm, K, qv, sp, mp, n, nr, om, N); break;
-          case 6: codes_rows<kind, 6>(xm, K, qv, sp, mp, n, nr, om, N); break;
-          case 5: codes_rows<kind, 5>(xm, K, qv, sp, mp, n, nr, om, N); break;
-          case 4: codes_rows<kind, 4>(xm, K, qv, sp, mp, n, nr, om, N); break;
-          case 3: codes_rows<kind, 3>(xm, K, qv, sp, mp, n, nr, om, N); break;
-          case 2: codes_rows<kind, 2>(xm, K, qv, sp, mp, n, nr, om, N); break;
-          default: codes_rows<kind, 1>(xm, K, qv, sp, mp, n, nr, om, N);
-        }
+        with_rows<8>(static_cast<int>(std::min<int64_t>(8, M - m)), [&](auto R) {
+          codes_rows<kind, R>(xm, K, qv, sp, mp, n, nr, om, N);
+        });
       }
     }
   });
@@ -803,20 +784,20 @@ void q8_dequant(const at::Tensor& qs, const at::Tensor& scale, const at::Tensor&
 
 #ifdef RS_AVX2
 // e^x for x <= 0 (softmax terms), Cephes' polynomial: within 2 ulp of expf; 0 below -87.3
-// (where expf is subnormal) and for -inf.
+// (where expf is subnormal) and for -inf. Its constants, shared by exp256 and exp512:
+constexpr float kExpMin = -87.3f, kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;  // ln 2 in two parts
+constexpr float kExpPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                               4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
 inline __m256 exp256(__m256 x) {
-  const __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);  // -> 0
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
-  __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
+  const __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(kExpMin), _CMP_LT_OQ);  // -> 0
+  x = _mm256_max_ps(x, _mm256_set1_ps(kExpMin));
+  __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(kLog2e), _mm256_set1_ps(0.5f));
   fx = _mm256_floor_ps(fx);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(kLn2Hi), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(kLn2Lo), x);
+  __m256 y = _mm256_set1_ps(kExpPoly[0]);
+  for (int i = 1; i < 6; ++i) y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(kExpPoly[i]));
   y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
   const __m256i e = _mm256_slli_epi32(
       _mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
@@ -836,18 +817,14 @@ inline __m256 hsum8(const __m256* a) {
 #ifdef RS_AVX512
 // exp256 in 16 lanes, the same operations lane by lane (so the same values).
 inline __m512 exp512(__m512 x) {
-  const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);  // -> 0
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
-  __m512 fx = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f));
+  const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpMin), _CMP_LT_OQ);  // -> 0
+  x = _mm512_max_ps(x, _mm512_set1_ps(kExpMin));
+  __m512 fx = _mm512_fmadd_ps(x, _mm512_set1_ps(kLog2e), _mm512_set1_ps(0.5f));
   fx = _mm512_roundscale_ps(fx, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
-  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(kLn2Hi), x);
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(kLn2Lo), x);
+  __m512 y = _mm512_set1_ps(kExpPoly[0]);
+  for (int i = 1; i < 6; ++i) y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(kExpPoly[i]));
   y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.f)));
   const __m512i e = _mm512_slli_epi32(
       _mm512_add_epi32(_mm512_cvttps_epi32(fx), _mm512_set1_epi32(127)), 23);
@@ -1230,20 +1207,7 @@ inline void tile_pv(const float* p, const T* const* v, int64_t d0, int64_t K, fl
 template <int P, typename T>
 inline void tile_pv_rows(int mr, const float* p, const T* const* v, int64_t d0, int64_t K,
                          float* acc, int64_t ldc) {
-  switch (mr) {
-    case 12: return tile_pv<12, P>(p, v, d0, K, acc, ldc);
-    case 11: return tile_pv<11, P>(p, v, d0, K, acc, ldc);
-    case 10: return tile_pv<10, P>(p, v, d0, K, acc, ldc);
-    case 9: return tile_pv<9, P>(p, v, d0, K, acc, ldc);
-    case 8: return tile_pv<8, P>(p, v, d0, K, acc, ldc);
-    case 7: return tile_pv<7, P>(p, v, d0, K, acc, ldc);
-    case 6: return tile_pv<6, P>(p, v, d0, K, acc, ldc);
-    case 5: return tile_pv<5, P>(p, v, d0, K, acc, ldc);
-    case 4: return tile_pv<4, P>(p, v, d0, K, acc, ldc);
-    case 3: return tile_pv<3, P>(p, v, d0, K, acc, ldc);
-    case 2: return tile_pv<2, P>(p, v, d0, K, acc, ldc);
-    default: return tile_pv<1, P>(p, v, d0, K, acc, ldc);
-  }
+  with_rows<kTileRows>(mr, [&](auto R) { tile_pv<R, P>(p, v, d0, K, acc, ldc); });
 }
 #endif
 
@@ -1303,11 +1267,16 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
     const T* kp = static_cast<const T*>(k_pool.data_ptr());
     const T* vp = static_cast<const T*>(v_pool.data_ptr());
     at::parallel_for(0, nthreads, 1, [&](int64_t, int64_t) {
-      AlignedBuffer qt(R * D), sc(R * KT), kt(D * KT), vt(KT * D), acc(R * D), zero(D);
+      AlignedBuffer qt(R * D), sc(R * KT), kt(D * KT), acc(R * D), zero(D);
       AlignedBuffer kf(std::is_same_v<T, float> ? 0 : 16 * D);  // 16 K rows as float32
+#ifndef RS_AVX512
+      AlignedBuffer vt(KT * D);  // the tile's V rows as float32 (AVX-512 reads them in place)
+#endif
       std::vector<float> mx(R), sum(R);
       const float* krow[16];
-      const T* vrow[KT];  // AVX-512: the tile's V rows, used in place
+#ifdef RS_AVX512
+      const T* vrow[KT];  // the tile's V rows, used in place
+#endif
       const char* ahead[2 * KT];  // the next step's K rows, then its V rows
       for (;;) {
         const int64_t u = next.fetch_add(1);
