@@ -905,15 +905,32 @@ void with_kv_type(const at::Tensor& pool, F&& f) {
   }
 }
 
-// scores[i] = scale * q . rows[i] for n rows of length D.
+// Rows the cache should fetch while a pass over other rows runs: during the pass's row i,
+// row rows[i] (i < n) of length D. A decode step's K and V rows come from DRAM, one head's
+// rows scattered through the pool, and the hardware prefetchers do not see them coming: asked
+// for one pass ahead, their latency hides behind that pass's FMAs.
+template <typename T>
+struct FetchAhead {
+  const T* const* rows = nullptr;
+  int64_t n = 0, D = 0;
+  inline void operator()(int64_t i) const {
+    if (i >= n) return;
+    const char* p = reinterpret_cast<const char*>(rows[i]);
+    for (int64_t b = 0; b < D * static_cast<int64_t>(sizeof(T)); b += 64)
+      __builtin_prefetch(p + b, 0, 3);
+  }
+};
+
+// scores[i] = scale * q . rows[i] for n rows of length D (fetching `ahead`'s rows meanwhile).
 template <typename T>
 inline void score_rows(const float* q, const T* const* rows, int64_t n, int64_t D,
-                       float scale, float* scores) {
+                       float scale, float* scores, const FetchAhead<T>& ahead = {}) {
   int64_t i = 0;
 #ifdef RS_AVX512
   if (D % 16 == 0) {
     const __m256 sc = _mm256_set1_ps(scale);
     for (; i + 8 <= n; i += 8) {
+      for (int j = 0; j < 8; ++j) ahead(i + j);
       __m512 acc[8];
       for (int j = 0; j < 8; ++j) acc[j] = _mm512_setzero_ps();
       for (int64_t d = 0; d < D; d += 16) {
@@ -932,6 +949,7 @@ inline void score_rows(const float* q, const T* const* rows, int64_t n, int64_t 
   if (D % 8 == 0) {
     const __m256 sc = _mm256_set1_ps(scale);
     for (; i + 8 <= n; i += 8) {
+      for (int j = 0; j < 8; ++j) ahead(i + j);
       __m256 acc[8];
       for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
       for (int64_t d = 0; d < D; d += 8) {
@@ -944,6 +962,7 @@ inline void score_rows(const float* q, const T* const* rows, int64_t n, int64_t 
   }
 #endif
   for (; i < n; ++i) {
+    ahead(i);
     float d = 0;
     for (int64_t k = 0; k < D; ++k) d += q[k] * kv_float(rows[i][k]);
     scores[i] = d * scale;
@@ -997,10 +1016,11 @@ inline std::pair<float, float> softmax_terms(float* p, int64_t n) {
 // acc[d0 : d0 + 8A] += sum_i p[i] * rows[i][d0 : d0 + 8A], in A independent accumulators.
 template <int A, typename T>
 inline void weighted_pass(const float* p, const T* const* rows, int64_t n, int64_t d0,
-                          float* acc) {
+                          float* acc, const FetchAhead<T>& ahead) {
   __m256 a[A];
   for (int j = 0; j < A; ++j) a[j] = _mm256_loadu_ps(acc + d0 + 8 * j);
   for (int64_t i = 0; i < n; ++i) {
+    ahead(i);
     const __m256 w = _mm256_set1_ps(p[i]);
     const T* r = rows[i] + d0;
     for (int j = 0; j < A; ++j) a[j] = _mm256_fmadd_ps(w, kv_load8(r + 8 * j), a[j]);
@@ -1014,11 +1034,13 @@ inline void weighted_pass(const float* p, const T* const* rows, int64_t n, int64
 // accumulators (8 in all), so no row waits on the previous row's FMA latency.
 template <typename T>
 inline void weighted_pass64(const float* p, const T* const* rows, int64_t n, int64_t d0,
-                            float* acc) {
+                            float* acc, const FetchAhead<T>& ahead) {
   __m512 a[4], b[4];
   for (int j = 0; j < 4; ++j) a[j] = _mm512_loadu_ps(acc + d0 + 16 * j), b[j] = _mm512_setzero_ps();
   int64_t i = 0;
   for (; i + 2 <= n; i += 2) {
+    ahead(i);
+    ahead(i + 1);
     const __m512 w = _mm512_set1_ps(p[i]), v = _mm512_set1_ps(p[i + 1]);
     const T *r = rows[i] + d0, *s = rows[i + 1] + d0;
     for (int j = 0; j < 4; ++j) {
@@ -1027,6 +1049,7 @@ inline void weighted_pass64(const float* p, const T* const* rows, int64_t n, int
     }
   }
   if (i < n) {
+    ahead(i);
     const __m512 w = _mm512_set1_ps(p[i]);
     for (int j = 0; j < 4; ++j) a[j] = _mm512_fmadd_ps(w, kv_load16(rows[i] + d0 + 16 * j), a[j]);
   }
@@ -1034,22 +1057,24 @@ inline void weighted_pass64(const float* p, const T* const* rows, int64_t n, int
 }
 #endif
 
-// acc[D] += sum_i p[i] * rows[i].
+// acc[D] += sum_i p[i] * rows[i] (fetching `ahead`'s rows meanwhile, in the first pass).
 template <typename T>
 inline void weighted_rows(const float* p, const T* const* rows, int64_t n, int64_t D,
-                          float* acc) {
+                          float* acc, FetchAhead<T> ahead = {}) {
   int64_t d0 = 0;
 #ifdef RS_AVX512
-  for (; d0 + 64 <= D; d0 += 64) weighted_pass64(p, rows, n, d0, acc);
+  for (; d0 + 64 <= D; d0 += 64, ahead = {}) weighted_pass64(p, rows, n, d0, acc, ahead);
 #endif
 #ifdef RS_AVX2
   // 64 columns a pass: 8 independent accumulators keep the FMA units busy (with 4, each
   // row waited on the previous row's FMA latency).
-  for (; d0 + 64 <= D; d0 += 64) weighted_pass<8>(p, rows, n, d0, acc);
-  for (; d0 + 32 <= D; d0 += 32) weighted_pass<4>(p, rows, n, d0, acc);
+  for (; d0 + 64 <= D; d0 += 64, ahead = {}) weighted_pass<8>(p, rows, n, d0, acc, ahead);
+  for (; d0 + 32 <= D; d0 += 32, ahead = {}) weighted_pass<4>(p, rows, n, d0, acc, ahead);
 #endif
-  for (int64_t i = 0; i < n; ++i)
+  for (int64_t i = 0; i < n; ++i) {
+    ahead(i);
     for (int64_t d = d0; d < D; ++d) acc[d] += p[i] * kv_float(rows[i][d]);
+  }
 }
 
 // Partial attention results over disjoint key ranges, each [max, sum, acc[D]] (acc not yet
@@ -1115,35 +1140,47 @@ void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
     const T* vp = static_cast<const T*>(v_pool.data_ptr());
     at::parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
       std::vector<float> scores(chunk);
-      std::vector<const T*> krows(chunk), vrows(chunk);
-      for (int64_t u = u0; u < u1; ++u) {
-        // The KV heads of one chunk are neighbours in memory, so they are neighbouring units.
+      std::vector<const T*> krows(chunk), vrows(chunk), knext(chunk), vnext(chunk);
+      // Unit u's K and V rows into k and v; returns their count.
+      auto unit_rows = [&](int64_t u, const T** k, const T** v) -> int64_t {
         const int64_t h = u % KVH, c = (u / KVH) % max_chunks, b = u / (max_chunks * KVH);
         const int64_t t0 = c * chunk, t1 = std::min<int64_t>(lens[b], t0 + chunk);
-        float* pu = part.data() + u * GQ * stride;
-        if (t0 >= t1) {
-          for (int64_t g = 0; g < GQ; ++g) pu[g * stride] = -INFINITY;
-          continue;
-        }
-        const int64_t n = t1 - t0;
         // Chunks are whole blocks: walk them block by block (no division per key).
         for (int64_t t = t0, blk = t0 / BS; t < t1; ++blk) {
           const int64_t base = static_cast<int64_t>(bt[b * MAXB + blk]) * BS;
           for (int64_t off = 0; off < BS && t < t1; ++off, ++t) {
             const int64_t row = (base + off) * KVH + h;
-            krows[t - t0] = kp + row * D;
-            vrows[t - t0] = vp + row * D;
+            k[t - t0] = kp + row * D;
+            v[t - t0] = vp + row * D;
           }
         }
-        for (int64_t g = 0; g < GQ; ++g) {
+        return std::max<int64_t>(0, t1 - t0);
+      };
+      int64_t n = unit_rows(u0, krows.data(), vrows.data());
+      for (int64_t u = u0; u < u1; ++u) {
+        // The KV heads of one chunk are neighbours in memory, so they are neighbouring units.
+        const int64_t h = u % KVH, b = u / (max_chunks * KVH);
+        const int64_t n_next = u + 1 < u1 ? unit_rows(u + 1, knext.data(), vnext.data()) : 0;
+        float* pu = part.data() + u * GQ * stride;
+        if (n == 0)
+          for (int64_t g = 0; g < GQ; ++g) pu[g * stride] = -INFINITY;
+        for (int64_t g = 0; g < GQ && n > 0; ++g) {
           float* pg = pu + g * stride;
-          score_rows(qp + b * q_row + (h * GQ + g) * D, krows.data(), n, D, scale, scores.data());
+          // The first head's scores fetch this unit's V rows, the last head's weighted sum
+          // the next unit's K rows.
+          const FetchAhead<T> v_ahead{g == 0 ? vrows.data() : nullptr, n, D};
+          const FetchAhead<T> k_ahead{g == GQ - 1 ? knext.data() : nullptr, n_next, D};
+          score_rows(qp + b * q_row + (h * GQ + g) * D, krows.data(), n, D, scale,
+                     scores.data(), v_ahead);
           const auto [mx, sum] = softmax_terms(scores.data(), n);
           pg[0] = mx;
           pg[1] = sum;
           std::memset(pg + 2, 0, D * sizeof(float));
-          weighted_rows(scores.data(), vrows.data(), n, D, pg + 2);
+          weighted_rows(scores.data(), vrows.data(), n, D, pg + 2, k_ahead);
         }
+        n = n_next;
+        std::swap(krows, knext);
+        std::swap(vrows, vnext);
       }
     });
   });
