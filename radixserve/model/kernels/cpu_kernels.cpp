@@ -345,8 +345,6 @@ inline void pack_panel(const float* const* rows, int64_t K, float* panel) {
 #endif
 }
 
-
-#ifdef RS_AVX512
 #ifdef RS_AVX512
 constexpr int kPackRows = 8;  // AVX-512 panel GEMM: rows of x per packed block
 
@@ -378,7 +376,6 @@ inline void tile_x8_rows(int mr, const float* Ap, const float* B0, const float* 
                          float* C, int64_t ldc) {
   with_rows<kPackRows>(mr, [&](auto R) { tile_x8<R, ACC, NP>(Ap, B0, B1, K, C, ldc); });
 }
-#endif
 
 // Rows n..n+15 of an int4 weight dequantized straight into the k-major panel [K, 16]: per
 // group, the 16 rows' codes are widened to 32-bit lanes, transposed 16x16 in registers, split
