@@ -296,7 +296,7 @@ inline void tile_x16(const float* A, int64_t lda, const float* B, int64_t ldb, i
     _mm256_storeu_ps(C + i * ldc + 8, c1[i]);
   }
 #else
-  RS_UNROLL for (int i = 0; i < MR; ++i)
+  for (int i = 0; i < MR; ++i)
     for (int j = 0; j < 16; ++j) {
       float acc = ACC ? C[i * ldc + j] : 0.f;
       for (int64_t k = 0; k < K; ++k) acc += A[i * lda + k] * B[k * ldb + j];
@@ -1164,9 +1164,9 @@ void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
         for (int64_t g = 0; g < GQ && n > 0; ++g) {
           float* pg = pu + g * stride;
           // The first head's scores fetch this unit's V rows, the last head's weighted sum
-          // the next unit's K rows.
-          const FetchAhead<T> v_ahead{g == 0 ? vrows.data() : nullptr, n, D};
-          const FetchAhead<T> k_ahead{g == GQ - 1 ? knext.data() : nullptr, n_next, D};
+          // the next unit's K rows (a count of 0 fetches nothing).
+          const FetchAhead<T> v_ahead{vrows.data(), g == 0 ? n : 0, D};
+          const FetchAhead<T> k_ahead{knext.data(), g == GQ - 1 ? n_next : 0, D};
           score_rows(qp + b * q_row + (h * GQ + g) * D, krows.data(), n, D, scale,
                      scores.data(), v_ahead);
           const auto [mx, sum] = softmax_terms(scores.data(), n);
