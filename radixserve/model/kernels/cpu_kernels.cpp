@@ -1,5 +1,5 @@
 // CPU kernels of radixserve: weight-only quantized GEMM (one row straight from the codes; 2-16
-// rows from the codes in registers with AVX-512, else over 4-row dequantized blocks; many rows
+// rows from the codes in registers, without AVX2 over 4-row dequantized blocks; many rows
 // over packed 16-row panels and a 6x16 register tile; with AVX-512 an 8x32 tile over pairs of
 // panels into which int4 codes are dequantized straight), paged decode and
 // prefill attention that read K/V (float32, bfloat16 or float16) from the block pool in place,
@@ -628,22 +628,28 @@ void gemv_codes(const float* x, const void* qv, const float* sp, const float* mp
 }
 #endif
 
-#ifdef RS_AVX512
+#ifdef RS_AVX2
 constexpr int64_t kSmallRows = 16;  // up to this many input rows: gemm_codes_small
+#ifdef RS_AVX512
+constexpr int64_t kCodeRows = 2;  // weight rows a block: 4 weight vectors + 2 x 8 accumulators
+#else
+constexpr int64_t kCodeRows = 1;  // 16 registers: 4 weight vectors + 8 accumulators + x
+#endif
 
-// out[r, n + j] = x[r] . w[n + j] for MR input rows and the NR = 1 or 2 weight rows from row
-// n: each group's codes become weights in registers (scale * q + min, as dequantized) once,
-// then meet every input row; nothing is written to memory but the outputs.
+// out[r, n + j] = x[r] . w[n + j] for MR input rows and the NR <= kCodeRows weight rows from
+// row n: each group's codes become weights in registers (scale * q + min, as dequantized)
+// once, then meet every input row; nothing is written to memory but the outputs.
 template <int kind, int MR, int NR>
 inline void codes_block(const float* x, int64_t K, const void* qv, const float* sp,
                         const float* mp, int64_t n, float* out, int64_t N) {
   const int64_t G = K / kGroup;
+#ifdef RS_AVX512
   __m512 acc[NR][MR];
-  for (int j = 0; j < NR; ++j)
-    for (int r = 0; r < MR; ++r) acc[j][r] = _mm512_setzero_ps();
+  RS_UNROLL for (int j = 0; j < NR; ++j)
+    RS_UNROLL for (int r = 0; r < MR; ++r) acc[j][r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < G; ++g) {
     __m512 w[NR][2];
-    for (int j = 0; j < NR; ++j) {
+    RS_UNROLL for (int j = 0; j < NR; ++j) {
       load_codes16<kind>(qv, n + j, K, g, w[j]);
       const __m512 sc = _mm512_set1_ps(sp[(n + j) * G + g]);
       if (kind == 4) {
@@ -655,37 +661,64 @@ inline void codes_block(const float* x, int64_t K, const void* qv, const float* 
         w[j][1] = _mm512_mul_ps(w[j][1], sc);
       }
     }
-    for (int r = 0; r < MR; ++r) {
+    RS_UNROLL for (int r = 0; r < MR; ++r) {
       const float* xg = x + r * K + g * kGroup;
       const __m512 x0 = _mm512_loadu_ps(xg), x1 = _mm512_loadu_ps(xg + 16);
-      for (int j = 0; j < NR; ++j)
+      RS_UNROLL for (int j = 0; j < NR; ++j)
         acc[j][r] = _mm512_fmadd_ps(w[j][1], x1, _mm512_fmadd_ps(w[j][0], x0, acc[j][r]));
     }
   }
-  for (int j = 0; j < NR; ++j)
-    for (int r = 0; r < MR; ++r) out[r * N + n + j] = _mm512_reduce_add_ps(acc[j][r]);
+  RS_UNROLL for (int j = 0; j < NR; ++j)
+    RS_UNROLL for (int r = 0; r < MR; ++r) out[r * N + n + j] = _mm512_reduce_add_ps(acc[j][r]);
+#else
+  static_assert(NR == 1, "AVX2: one weight row a block");
+  // A row's 4 FMAs a group chain on each other: below 5 rows, two accumulators a row (even
+  // and odd vectors) keep enough FMAs in flight.
+  constexpr int A = MR <= 4 ? 2 : 1;
+  __m256 acc[MR][A];
+  RS_UNROLL for (int r = 0; r < MR; ++r)
+    RS_UNROLL for (int a = 0; a < A; ++a) acc[r][a] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    __m256 w[4];
+    load_codes<kind>(qv, n, K, g, w);
+    const __m256 sc = _mm256_set1_ps(sp[n * G + g]);
+    const __m256 mn = kind == 4 ? _mm256_set1_ps(mp[n * G + g]) : _mm256_setzero_ps();
+    RS_UNROLL for (int j = 0; j < 4; ++j) w[j] = _mm256_fmadd_ps(w[j], sc, mn);
+    RS_UNROLL for (int r = 0; r < MR; ++r) {
+      const float* xg = x + r * K + g * kGroup;
+      RS_UNROLL for (int j = 0; j < 4; ++j)
+        acc[r][j % A] = _mm256_fmadd_ps(w[j], _mm256_loadu_ps(xg + 8 * j), acc[r][j % A]);
+    }
+  }
+  RS_UNROLL for (int r = 0; r < MR; ++r) {
+    __m256 sum = acc[r][0];
+    if (A == 2) sum = _mm256_add_ps(sum, acc[r][A - 1]);
+    out[r * N + n] = hsum(sum);
+  }
+#endif
 }
 
 template <int kind, int MR>
 inline void codes_rows(const float* x, int64_t K, const void* qv, const float* sp,
                        const float* mp, int64_t n, int64_t nr, float* out, int64_t N) {
-  if (nr == 2) return codes_block<kind, MR, 2>(x, K, qv, sp, mp, n, out, N);
+  if (kCodeRows == 2 && nr == 2)
+    return codes_block<kind, MR, kCodeRows>(x, K, qv, sp, mp, n, out, N);
   codes_block<kind, MR, 1>(x, K, qv, sp, mp, n, out, N);
 }
 
 // y = x W^T for 2..16 input rows (a decode step of a few sequences): the weights are read
-// from their codes once per 8 input rows, in pairs of rows across threads, with no
+// from their codes once per 8 input rows, kCodeRows rows at a time across threads, with no
 // dequantized copy (the panel path's unpacking and packing cost as much as the FMAs here).
 template <int kind>
 void gemm_codes_small(const float* x, int64_t M, const void* qv, const float* sp,
                       const float* mp, int64_t N, int64_t K, float* out) {
   const int64_t row_bytes = kind == 4 ? K / 2 : K;
-  at::parallel_for(0, (N + 1) / 2, 8, [&](int64_t p0, int64_t p1) {
-    for (int64_t n = 2 * p0; n < std::min(N, 2 * p1); n += 2) {
-      const int64_t nr = std::min<int64_t>(2, N - n);
+  at::parallel_for(0, (N + kCodeRows - 1) / kCodeRows, 8, [&](int64_t p0, int64_t p1) {
+    for (int64_t n = kCodeRows * p0; n < std::min(N, kCodeRows * p1); n += kCodeRows) {
+      const int64_t nr = std::min<int64_t>(kCodeRows, N - n);
       const int64_t ahead = std::min(n + 4, N - 1);
       const char* next = static_cast<const char*>(qv) + ahead * row_bytes;
-      for (int64_t off = 0; off < 2 * row_bytes && ahead + off / row_bytes < N; off += 64)
+      for (int64_t off = 0; off < kCodeRows * row_bytes && ahead + off / row_bytes < N; off += 64)
         _mm_prefetch(next + off, _MM_HINT_T0);
       for (int64_t m = 0; m < M; m += 8) {
         const float* xm = x + m * K;
@@ -713,7 +746,7 @@ void q4_gemm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
     return;
   }
 #endif
-#ifdef RS_AVX512
+#ifdef RS_AVX2
   if (x.size(0) <= kSmallRows && x.is_contiguous() && out.is_contiguous() && K % kGroup == 0) {
     gemm_codes_small<4>(x.data_ptr<float>(), x.size(0), qp, sp, mp, qs.size(0), K,
                         out.data_ptr<float>());
@@ -749,7 +782,7 @@ void q8_gemm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
     return;
   }
 #endif
-#ifdef RS_AVX512
+#ifdef RS_AVX2
   if (x.size(0) <= kSmallRows && x.is_contiguous() && out.is_contiguous() && K % kGroup == 0) {
     gemm_codes_small<8>(x.data_ptr<float>(), x.size(0), qp, sp, nullptr, qs.size(0), K,
                         out.data_ptr<float>());
