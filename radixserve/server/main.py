@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -45,6 +46,16 @@ def startup_line(engine: Any, model_name: str, host: str, port: int, prefix_cach
         f"{'on' if prefix_cache else 'off'}; max_model_len {engine.max_model_len}; "
         f"listening on http://{host_part}:{port}"
     )
+
+
+def freeze_startup_heap() -> int:
+    """Collect, then move every object alive now (model, tokenizer, app: about 300,000) into
+    the permanent generation that garbage collections skip; returns how many it holds. A full
+    collection over them stalled the engine loop for ~270 ms on a 2-core CPU; new objects
+    are still collected (vLLM freezes its start-up heap the same way)."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -97,9 +108,15 @@ def _serve(engine: Any, args: argparse.Namespace, tiers: dict[str, int] | None =
         log_level=args.log_level,
         timeout_graceful_shutdown=args.shutdown_timeout,
     )
+
+    def on_started() -> None:
+        log.info(line)
+        frozen = freeze_startup_heap()
+        log.info("start-up heap: %d objects frozen out of garbage collection", frozen)
+
     server = _Server(
         config,
-        on_started=lambda: log.info(line),
+        on_started=on_started,
         on_exit=app.state.cache_events.close,
         engine=engine,
         drain=_drain_of(app),

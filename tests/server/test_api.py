@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import uuid
@@ -51,6 +52,11 @@ def metric_values(server: Any) -> dict[str, float]:
 
 def test_health_is_ok(server: Any) -> None:
     assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
+
+
+def test_the_server_freezes_its_startup_heap_once_it_listens(server: Any) -> None:
+    frozen = re.search(r"start-up heap: (\d+) objects frozen out of garbage", server.log())
+    assert frozen is not None and int(frozen.group(1)) > 0
 
 
 def test_version_route_answers_the_package_version(server: Any) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import types
 from types import SimpleNamespace
@@ -21,7 +22,7 @@ from radixserve.errors import (
     RequestTooLargeError,
 )
 from radixserve.server.errors import APIError, to_api_error
-from radixserve.server.main import startup_line
+from radixserve.server.main import freeze_startup_heap, startup_line
 from radixserve.server.protocol import ChatCompletionRequest, CompletionRequest, parse_body
 
 
@@ -139,6 +140,19 @@ def test_more_than_one_worker_delegates_to_the_router(monkeypatch: pytest.Monkey
     launch.add_serve_args(parser)
     assert launch.run_serve(parser.parse_args(["--workers", "3"])) == 0
     assert seen == [3]
+
+
+def test_freezing_the_startup_heap_takes_live_objects_out_of_collections() -> None:
+    alive = [0.5]  # a container the collector tracks
+    try:
+        frozen = freeze_startup_heap()
+        assert frozen == gc.get_freeze_count() > 0
+        later = [0.5]
+        scanned = gc.get_objects()  # what collections go through
+        assert not any(o is alive for o in scanned)
+        assert any(o is later for o in scanned)  # objects made afterwards still are
+    finally:
+        gc.unfreeze()
 
 
 def test_startup_line_names_model_pool_and_url() -> None:
