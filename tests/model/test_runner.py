@@ -227,7 +227,7 @@ def test_a_decode_step_in_one_kernel_call_equals_the_layer_by_layer_step(
     op = kernels.op
     monkeypatch.setattr(kernels, "op", lambda name: calls.append(name) or op(name))
     res = runner.run(chunks, [SamplingRow(0.0)] * 3, [True] * 3)
-    assert calls == ["decode_layers"]
+    assert calls == ["decode_layers", "rms_norm"]  # every layer, then the final norm
     one_call = torch.stack([res.logits[i] for i in range(3)])
     written = pool.k.clone(), pool.v.clone()
     pool.k.copy_(before[0])
