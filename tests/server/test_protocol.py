@@ -145,8 +145,7 @@ def test_more_than_one_worker_delegates_to_the_router(monkeypatch: pytest.Monkey
 def test_freezing_the_startup_heap_takes_live_objects_out_of_collections() -> None:
     alive = [0.5]  # a container the collector tracks
     try:
-        frozen = freeze_startup_heap()
-        assert frozen == gc.get_freeze_count() > 0
+        assert freeze_startup_heap() > 0  # (other threads may free frozen objects since)
         later = [0.5]
         scanned = gc.get_objects()  # what collections go through
         assert not any(o is alive for o in scanned)
