@@ -347,7 +347,7 @@ class LlamaModel(nn.Module):
         return h
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        if fused_kernels_apply(self.norm):
+        if self.fused_norm:
             # One kernel call: after a decode step's layers have streamed the weights and K/V
             # through the caches, torch's composite rms_norm took ~250 us of cold dispatch.
             x = torch.empty_like(h)
@@ -388,6 +388,7 @@ class LlamaModel(nn.Module):
         self._decode_weights, self._decode_weights_possible = None, True
         self.quantization = "none"
         self.head_lin = Linear(self.embed if self.lm_head is None else self.lm_head)
+        self.fused_norm = fused_kernels_apply(self.norm)  # as each layer decides its own
         for layer in self.decoder_layers():
             layer.prepare()
 
