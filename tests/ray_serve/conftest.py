@@ -22,6 +22,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def start_serve_on_a_free_port(serve: Any, attempts: int = 3) -> int:
+    """Start Serve's HTTP proxy on a port free now; the port it listens on.
+
+    A port found free can be taken before the proxy binds it (Ray's own agents open ports
+    while starting: CI once lost 52365 that way), so a failed bind is retried on another.
+    """
+    for attempt in range(attempts):
+        port = free_port()
+        try:
+            serve.start(http_options={"host": "127.0.0.1", "port": port})
+            return port
+        except Exception as e:
+            if "Failed to bind" not in str(e) or attempt == attempts - 1:
+                raise
+            serve.shutdown()
+    raise AssertionError("unreachable")
+
+
 def tiny_model_dir(out: Path, default_dir: Path, build_tiny_pair: Callable[..., Any]) -> Path:
     """A 2-layer random Llama saved as a model directory, with the default model's tokenizer."""
     hf, _ = build_tiny_pair(
@@ -69,7 +87,6 @@ def ray_app(
     model = tiny_model_dir(
         tmp_path_factory.mktemp("tiny-llama"), Path(default_model_files.path), tiny_pair_factory
     )
-    port = free_port()
     # Few logical CPUs: this machine has 2 cores; the workers import this checkout.
     ray.init(
         num_cpus=2,
@@ -78,7 +95,7 @@ def ray_app(
         log_to_driver=False,
     )
     try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        port = start_serve_on_a_free_port(serve)
         opts = WorkerOptions(
             model=str(model),
             dtype="float32",
