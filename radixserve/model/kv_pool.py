@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import ctypes
 import math
-import mmap
-import sys
 from pathlib import Path
 
 import torch
 
 from radixserve.errors import KVPoolSizeError
 from radixserve.model.config import ModelConfig
+from radixserve.model.hugepages import zeros_on_huge_pages
 from radixserve.options import format_size, parse_size
 
 # Share of the free memory a suggested --kv-cache-memory leaves the pool (the rest: activations).
@@ -86,41 +84,6 @@ def bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
     return 2 * config.num_layers * config.num_kv_heads * config.head_dim * elem
 
 
-_MADV_HUGEPAGE = 14  # Linux
-
-
-def advise_huge_pages(t: torch.Tensor) -> bool:
-    """Ask Linux to back the CPU tensor `t`'s untouched pages with 2 MiB pages (transparent
-    huge pages in `madvise` mode, the common default); False where that is not possible.
-
-    A decode step reads every block of every sequence from anywhere in the pool: on 4 KiB
-    pages each block's pages miss the TLB and start a new hardware-prefetch stream.
-    """
-    if t.device.type != "cpu" or not sys.platform.startswith("linux"):
-        return False
-    page = mmap.PAGESIZE
-    start = -(-t.data_ptr() // page) * page
-    end = t.data_ptr() + t.numel() * t.element_size()
-    if end - start < 2 * 1024 * 1024:
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return bool(
-            libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_HUGEPAGE) == 0
-        )
-    except (OSError, AttributeError):
-        return False
-
-
-def _zeros_on_huge_pages(
-    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
-) -> torch.Tensor:
-    """torch.zeros(shape), on huge pages where the CPU allows (advised before the first touch)."""
-    t = torch.empty(shape, dtype=dtype, device=device)
-    advise_huge_pages(t)
-    return t.zero_()
-
-
 class KVPool:
     """K and V tensors of shape [num_layers, num_blocks + 1, block_size, num_kv_heads, head_dim].
 
@@ -152,8 +115,8 @@ class KVPool:
         nbytes = 2 * math.prod(shape) * torch.tensor([], dtype=dtype).element_size()
         check_pool_fits_memory(nbytes, torch.device(device))
         try:
-            self.k = _zeros_on_huge_pages(shape, dtype, torch.device(device))
-            self.v = _zeros_on_huge_pages(shape, dtype, torch.device(device))
+            self.k = zeros_on_huge_pages(shape, dtype, torch.device(device))
+            self.v = zeros_on_huge_pages(shape, dtype, torch.device(device))
         except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
             raise KVPoolSizeError(
                 f"cannot allocate the KV pool ({format_size(nbytes)}): {str(e).splitlines()[0]}; "

@@ -13,6 +13,7 @@ from radixserve.model import kernels
 from radixserve.model.attention import AttentionBackend, CpuPagedBackend, SdpaBackend
 from radixserve.model.batch import ForwardBatch, narrow_to_outputs
 from radixserve.model.config import ModelConfig
+from radixserve.model.hugepages import pack_on_huge_pages
 from radixserve.model.kv_pool import KVPool
 from radixserve.model.quant import GROUP, QuantizedWeight, QuantLinear, quantize
 
@@ -437,6 +438,47 @@ class LlamaModel(nn.Module):
         head_w = self.embed if self.lm_head is None else self.lm_head
         self.head_lin = linear([head], head_w, self.head_lin)
         self.quantization = kind
+        self._decode_weights, self._decode_weights_possible = None, True
+
+    def pack_weights(self) -> None:
+        """On CPU, move the weights a forward step reads (norms, projections or their codes,
+        the LM head) into one buffer on huge pages, in the order the step reads them: the
+        step then streams one run of memory instead of ~250 scattered tensors. Call after
+        `quantize`; the computation is unchanged."""
+        if self.embed.device.type != "cpu":
+            return
+        moves: list[tuple[list[torch.Tensor], Callable[[list[torch.Tensor]], None]]] = []
+
+        def param(p: torch.Tensor | None) -> None:
+            if p is not None and p.numel():
+                moves.append(([p.data], lambda new: setattr(p, "data", new[0])))
+
+        def linear(lin: Linear | QuantLinear, dense: nn.Parameter) -> None:
+            if isinstance(lin, QuantLinear):
+                w = lin.weight
+                parts = [w.qs, w.scale] + ([w.minv] if w.minv is not None else [])
+
+                def use(new: list[torch.Tensor]) -> None:
+                    minv = new[2] if len(new) > 2 else None
+                    lin.use_weight(QuantizedWeight(w.kind, new[0], new[1], minv))
+
+                moves.append((parts, use))
+            else:
+                param(dense)
+            param(lin.bias)
+
+        for layer in self.decoder_layers():
+            param(layer.input_norm)
+            linear(layer.qkv_lin, layer.qkv)
+            linear(layer.o_lin, layer.o)
+            param(layer.post_norm)
+            linear(layer.gate_up_lin, layer.gate_up)
+            linear(layer.down_lin, layer.down)
+        param(self.norm)
+        linear(self.head_lin, self.embed if self.lm_head is None else self.lm_head)
+        packed = iter(pack_on_huge_pages([t for parts, _ in moves for t in parts]))
+        for parts, use in moves:
+            use([next(packed) for _ in parts])
         self._decode_weights, self._decode_weights_possible = None, True
 
     def decoder_layers(self) -> list[DecoderLayer]:

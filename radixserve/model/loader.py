@@ -291,4 +291,5 @@ def load_model(
                 if w.kind == kind or w.kind == "int8"  # Q8_0 is exact and at least as precise
             }
         model.quantize(kind, stored)
+    model.pack_weights()
     return model

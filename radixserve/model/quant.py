@@ -108,6 +108,10 @@ class QuantLinear:
         self.out_features, self.in_features = weight.shape
         self._kernel: Callable[[torch.Tensor, torch.Tensor], None] | None = None
 
+    def use_weight(self, weight: QuantizedWeight) -> None:
+        """Compute with `weight` (the same matrix, e.g. moved in memory) from now on."""
+        self.weight, self._kernel = weight, None
+
     def _cpu_kernel(self) -> Callable[[torch.Tensor, torch.Tensor], None] | None:
         """kernel(x, out) for float32 x [M, in] on the CPU, bound to this weight once (a
         decode step makes ~120 of these calls)."""
