@@ -56,12 +56,24 @@ class PersistReport:
 
 
 def weights_hash(model: torch.nn.Module) -> str:
-    """BLAKE2b of every parameter and buffer's name, dtype, shape and bytes."""
+    """BLAKE2b of every parameter and buffer's name, dtype, shape and bytes, and of every
+    quantized matrix's kind and codes (`model.quantized_weights()`, where the model has it:
+    codes are not parameters, and two quantizations of one checkpoint share its parameters)."""
     h = hashlib.blake2b(digest_size=20)
-    for name, t in sorted(model.state_dict().items()):
+
+    def add(name: str, t: torch.Tensor) -> None:
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
         flat = t.detach().reshape(-1).contiguous().cpu()
         h.update(flat.view(torch.uint8).numpy().tobytes())
+
+    for name, t in sorted(model.state_dict().items()):
+        add(name, t)
+    quantized = getattr(model, "quantized_weights", None)
+    for name, w in quantized() if callable(quantized) else []:
+        h.update(f"{name}:{w.kind};".encode())
+        for part, t in (("qs", w.qs), ("scale", w.scale), ("minv", w.minv)):
+            if t is not None:
+                add(f"{name}.{part}", t)
     return h.hexdigest()
 
 

@@ -440,6 +440,16 @@ class LlamaModel(nn.Module):
         self.quantization = kind
         self._decode_weights, self._decode_weights_possible = None, True
 
+    def quantized_weights(self) -> list[tuple[str, QuantizedWeight]]:
+        """Each quantized matrix by name ("layers.0.qkv_lin", ..., "head_lin"): their codes
+        are not parameters, so `state_dict()` does not hold them."""
+        named: list[tuple[str, Linear | QuantLinear]] = []
+        for i, layer in enumerate(self.decoder_layers()):
+            for attr in ("qkv_lin", "o_lin", "gate_up_lin", "down_lin"):
+                named.append((f"layers.{i}.{attr}", getattr(layer, attr)))
+        named.append(("head_lin", self.head_lin))
+        return [(name, lin.weight) for name, lin in named if isinstance(lin, QuantLinear)]
+
     def pack_weights(self) -> None:
         """On CPU, move the weights a forward step reads (norms, projections or their codes,
         the LM head) into one buffer on huge pages, in the order the step reads them: the

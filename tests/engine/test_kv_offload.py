@@ -161,6 +161,22 @@ def test_save_of_other_weights_is_not_loaded(
     assert "different weights" in caplog.text
 
 
+def test_the_weights_hash_covers_quantized_codes(tiny_pair_factory) -> None:
+    """A save is keyed by the codes too: int4 and int8 of one checkpoint (same parameters)
+    differ, and so does one changed code."""
+    from radixserve.engine.kv_persist import weights_hash
+
+    hashes = []
+    for kind in ("int4", "int8"):
+        _, model = tiny_pair_factory(intermediate_size=128)
+        model.quantize(kind)
+        hashes.append(weights_hash(model))
+    assert weights_hash(model) == hashes[-1]  # deterministic
+    model.decoder_layers()[0].qkv_lin.weight.qs.view(-1)[0] += 1
+    hashes.append(weights_hash(model))
+    assert len(set(hashes)) == 3
+
+
 def test_offload_hits_are_exported_as_a_prometheus_counter(make_tiny_engine) -> None:
     from prometheus_client import generate_latest
 
