@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 POLICIES = ("cache_aware", "round_robin", "least_load", "random")
 
@@ -47,7 +46,8 @@ class PolicyConfig:
     balance_rel_threshold: float = 1.5
 
 
-class Decision(NamedTuple):
+@dataclass(frozen=True)
+class Decision:
     """The chosen worker, why, and how many prompt tokens it is expected to have cached."""
 
     index: int

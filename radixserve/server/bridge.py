@@ -103,18 +103,18 @@ class EngineBridge:
         `stream` says whether the caller reads every output or only the last; a bridge to a
         remote engine may use it, this one does not need to.
         """
-        stream = RequestStream(self.engine, asyncio.get_running_loop(), self.observer)
-        stream.request_id = self.engine.add_request(
+        out = RequestStream(self.engine, asyncio.get_running_loop(), self.observer)
+        out.request_id = self.engine.add_request(
             prompt_token_ids,
             params,
             request_id=request_id,
             namespace=namespace,
             priority=priority,
-            on_output=stream.on_output,
+            on_output=out.on_output,
             bounded=True,
             session_id=session_id,
         )
-        return stream
+        return out
 
 
 @contextlib.asynccontextmanager

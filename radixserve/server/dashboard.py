@@ -43,7 +43,7 @@ STATIC_FILES = {
 
 def static_text(name: str) -> str:
     """A file of the page, read from the installed package."""
-    return resources.files("radixserve.server").joinpath("static", name).read_text("utf-8")
+    return (resources.files("radixserve.server") / "static" / name).read_text("utf-8")
 
 
 def parse_max_nodes(request: Request) -> int:
