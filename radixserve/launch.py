@@ -66,7 +66,8 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.ray:
         from radixserve.ray.cli import serve_ray
 
-        return serve_ray(args)
+        code: int = serve_ray(args)  # radixserve.ray is not type-checked (pyproject.toml)
+        return code
     if args.workers > 1:
         from radixserve.router.launcher import serve_workers
 

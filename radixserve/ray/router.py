@@ -25,7 +25,7 @@ from radixserve.router.trie import WorkerTrie
 log = logging.getLogger(__name__)
 
 
-class RadixRequestRouter(RequestRouter):  # type: ignore[misc]  # Any where ray is not installed
+class RadixRequestRouter(RequestRouter):
     """Routes each request to the replica whose cache holds most of its prompt, load allowing."""
 
     def initialize_state(
