@@ -159,6 +159,16 @@ class DecoderLayer(nn.Module):
         self.gate_up_lin = Linear(self.gate_up)
         self.down_lin = Linear(self.down)
 
+    def projections(self) -> list[tuple[str, Linear | QuantLinear, nn.Parameter]]:
+        """(attribute, matmul wrapper, dense weight) of the four projections, in the order a
+        step runs them."""
+        return [
+            ("qkv_lin", self.qkv_lin, self.qkv),
+            ("o_lin", self.o_lin, self.o),
+            ("gate_up_lin", self.gate_up_lin, self.gate_up),
+            ("down_lin", self.down_lin, self.down),
+        ]
+
     def forward(
         self,
         h: torch.Tensor,
@@ -369,7 +379,7 @@ class LlamaModel(nn.Module):
             return self._decode_weights
         weights: list[torch.Tensor] = []
         for layer in self.decoder_layers():
-            lins = (layer.qkv_lin, layer.o_lin, layer.gate_up_lin, layer.down_lin)
+            lins = [lin for _, lin, _ in layer.projections()]
             if not layer.fused or not all(
                 isinstance(q, QuantLinear) and q.bias is None and q.weight.qs.is_cpu for q in lins
             ):
@@ -426,12 +436,7 @@ class LlamaModel(nn.Module):
             gate_up = [m + "gate_proj.weight", m + "up_proj.weight"]
             layer.gate_up_lin = linear(gate_up, layer.gate_up, layer.gate_up_lin)
             layer.down_lin = linear([m + "down_proj.weight"], layer.down, layer.down_lin)
-            for lin, p in (
-                (layer.qkv_lin, layer.qkv),
-                (layer.o_lin, layer.o),
-                (layer.gate_up_lin, layer.gate_up),
-                (layer.down_lin, layer.down),
-            ):
+            for _, lin, p in layer.projections():
                 if isinstance(lin, QuantLinear):  # release the dense copy
                     p.data = torch.empty(0, dtype=p.dtype, device=p.device)
         head = "model.embed_tokens.weight" if self.lm_head is None else "lm_head.weight"
@@ -443,10 +448,11 @@ class LlamaModel(nn.Module):
     def quantized_weights(self) -> list[tuple[str, QuantizedWeight]]:
         """Each quantized matrix by name ("layers.0.qkv_lin", ..., "head_lin"): their codes
         are not parameters, so `state_dict()` does not hold them."""
-        named: list[tuple[str, Linear | QuantLinear]] = []
-        for i, layer in enumerate(self.decoder_layers()):
-            for attr in ("qkv_lin", "o_lin", "gate_up_lin", "down_lin"):
-                named.append((f"layers.{i}.{attr}", getattr(layer, attr)))
+        named: list[tuple[str, Linear | QuantLinear]] = [
+            (f"layers.{i}.{attr}", lin)
+            for i, layer in enumerate(self.decoder_layers())
+            for attr, lin, _ in layer.projections()
+        ]
         named.append(("head_lin", self.head_lin))
         return [(name, lin.weight) for name, lin in named if isinstance(lin, QuantLinear)]
 
@@ -478,12 +484,13 @@ class LlamaModel(nn.Module):
             param(lin.bias)
 
         for layer in self.decoder_layers():
+            qkv, o, gate_up, down = ((lin, dense) for _, lin, dense in layer.projections())
             param(layer.input_norm)
-            linear(layer.qkv_lin, layer.qkv)
-            linear(layer.o_lin, layer.o)
+            linear(*qkv)
+            linear(*o)
             param(layer.post_norm)
-            linear(layer.gate_up_lin, layer.gate_up)
-            linear(layer.down_lin, layer.down)
+            linear(*gate_up)
+            linear(*down)
         param(self.norm)
         linear(self.head_lin, self.embed if self.lm_head is None else self.lm_head)
         packed = iter(pack_on_huge_pages([t for parts, _ in moves for t in parts]))
