@@ -12,5 +12,5 @@ fi
 . .venv/bin/activate
 ruff check radixserve tests bench
 ruff format --check radixserve tests bench
-mypy radixserve --exclude '^radixserve/ray/'
+mypy radixserve
 python -m pytest -q "$@"
