@@ -4,7 +4,9 @@ Run: python bench/engine_bench.py [--dtype bfloat16] [--quick]
 Cases: (a) 16 requests sharing a 4,096-token prefix, distinct 64-token suffixes, 32 output
 tokens each; (b) an exact repeat of a 2,048-token prompt, and the same plus 50 new tokens;
 (c) 8 interleaved chats x 6 turns over a 1,000-token system prompt; (d) decode speed of 1
-and 8 concurrent streams. Prints a Markdown table with the on/off ratios.
+and 8 concurrent streams; (e) one decode step at 2k context against one read of the weights at
+bf16 size. Prints a Markdown table with the on/off ratios, and case (a)'s work: the GFLOP of its
+cold prompt and of a hit, whose ratio bounds the hit's gain while both run at one FLOP rate.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from radixserve.engine.outputs import RequestOutput
 from radixserve.engine.params import SamplingParams
 from radixserve.model import kernels
 from radixserve.model.batch import SeqChunk
+from radixserve.model.config import ModelConfig
 from radixserve.model.sampling import SamplingRow
 from radixserve.options import ATTENTION_BACKENDS, KV_CACHE_DTYPES
 
@@ -57,12 +60,15 @@ def greedy(n: int) -> SamplingParams:
     return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
 
 
+SUFFIX = 64  # case (a): each request's own tokens after the shared prefix
+
+
 def case_shared_prefix(llm: LLM, n_prefix: int, n_req: int) -> dict[str, float]:
     prefix = text_tokens(llm, n_prefix, 1)
     t0 = time.perf_counter()
-    first = llm.generate([prefix + text_tokens(llm, 64, 100)], greedy(32))[0]
+    first = llm.generate([prefix + text_tokens(llm, SUFFIX, 100)], greedy(32))[0]
     rest = [
-        llm.generate([prefix + text_tokens(llm, 64, 101 + i)], greedy(32))[0]
+        llm.generate([prefix + text_tokens(llm, SUFFIX, 101 + i)], greedy(32))[0]
         for i in range(n_req - 1)
     ]
     total = time.perf_counter() - t0
@@ -71,6 +77,20 @@ def case_shared_prefix(llm: LLM, n_prefix: int, n_req: int) -> dict[str, float]:
         "hit TTFT p50 (s)": statistics.median(ttft(o) for o in rest),
         "total (s)": total,
     }
+
+
+def work_line(c: ModelConfig, n_prefix: int, res: dict[str, float]) -> None:
+    """Case (a)'s work: the cold prompt's and a hit's GFLOP, the most a hit can gain at equal
+    FLOP rates (their ratio), and the rates each ran at (cache on)."""
+    cold = prompt_flops(c, n_prefix + SUFFIX, 0) / 1e9
+    hit = prompt_flops(c, SUFFIX, n_prefix) / 1e9
+    rate_cold, rate_hit = cold / res["cold TTFT (s)"], hit / res["hit TTFT p50 (s)"]
+    print(
+        f"| (a) work | GFLOP cold vs hit; at equal rates a hit gains | {cold:.1f} vs {hit:.2f} "
+        f"| | {cold / hit:.1f}x |\n"
+        f"| (a) work | GFLOP/s cold vs hit | {rate_cold:.1f} vs {rate_hit:.1f} | | |",
+        flush=True,
+    )
 
 
 def case_repeat(llm: LLM, n: int) -> dict[str, float]:
@@ -120,18 +140,34 @@ def case_decode(llm: LLM, streams: int, n_out: int) -> dict[str, float]:
     return {f"{streams}-stream decode tok/s": decode_tokens / (last - first), "total (s)": total}
 
 
+def layer_params(c: ModelConfig) -> int:
+    """Weights of one decoder layer's projections."""
+    return c.hidden_size * (
+        (c.num_heads + 2 * c.num_kv_heads) * c.head_dim  # q, k, v
+        + c.num_heads * c.head_dim  # o
+        + 3 * c.intermediate_size  # gate, up, down
+    )
+
+
+def prompt_flops(c: ModelConfig, new: int, cached: int) -> float:
+    """Multiply-adds x 2 of the work a prompt's first token needs: `new` tokens after `cached`
+    ones, every layer's projections and causal attention, with the last layer's attention and
+    MLP for the final token only (its K/V for all) and the LM head for that token."""
+    kv_proj = c.hidden_size * 2 * c.num_kv_heads * c.head_dim
+    pairs = new * cached + new * (new + 1) // 2  # (query, key) pairs over the new tokens
+    attn = 4 * c.num_heads * c.head_dim  # scores and weighted values, per pair and layer
+    body = (c.num_layers - 1) * (new * layer_params(c) * 2 + pairs * attn)
+    last = new * kv_proj * 2 + (layer_params(c) - kv_proj) * 2 + (cached + new) * attn
+    return body + last + 2 * c.vocab_size * c.hidden_size
+
+
 def case_step_vs_weights(llm: LLM, ctx: int = 2048, steps: int = 16) -> dict[str, float]:
     """One stream's decode step at `ctx` tokens of context against one read of the model's
     weights in bf16 (2 bytes per parameter), both timed here (medians)."""
     engine = llm.engine
     c = engine.model_config
-    per_layer = c.hidden_size * (
-        (c.num_heads + 2 * c.num_kv_heads) * c.head_dim  # q, k, v
-        + c.num_heads * c.head_dim  # o
-        + 3 * c.intermediate_size  # gate, up, down
-    )
     n_params = c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)
-    n_params += c.num_layers * per_layer
+    n_params += c.num_layers * layer_params(c)
     # The bytes of bf16 weights, written once: untouched pages would all read the one zero page.
     blob = torch.ones(n_params // 2, dtype=torch.float32)
     reads = []
@@ -171,10 +207,11 @@ def main() -> None:
     ap.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
     args = ap.parse_args()
     q = args.quick
+    n_prefix = 1024 if q else 4096
     cases: list[tuple[str, Callable[[LLM], dict[str, float]]]] = [
         (
             "(a) shared 4k prefix",
-            lambda llm: case_shared_prefix(llm, 1024 if q else 4096, 4 if q else 16),
+            lambda llm: case_shared_prefix(llm, n_prefix, 4 if q else 16),
         ),
         ("(b) 2k repeat", lambda llm: case_repeat(llm, 512 if q else 2048)),
         (
@@ -212,6 +249,8 @@ def main() -> None:
             a, b = res[True][metric], res[False][metric]
             gain = b / a if metric.endswith("(s)") else a / b  # times shrink, rates grow
             print(f"| {name} | {metric} | {a:.3f} | {b:.3f} | {gain:.2f}x |", flush=True)
+        if name.startswith("(a)"):
+            work_line(e.model_config, n_prefix, res[True])
     for metric, value in case_step_vs_weights(llms[True]).items():
         print(f"| (e) step vs weights | {metric} | {value:.4f} | | |", flush=True)
     for llm in llms.values():
