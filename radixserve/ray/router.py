@@ -15,6 +15,7 @@ import logging
 import random
 from typing import Any
 
+import ray
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from radixserve.ray.bridge import EngineCall
@@ -66,7 +67,10 @@ class RadixRequestRouter(RequestRouter):
                 epoch, updates = await self._log.pull.remote(
                     self._epoch, dict(self._cursors), self.poll_timeout_s
                 )
-            except Exception as e:  # the log is restarting; the next pull snapshots everything
+            except Exception as e:
+                if not ray.is_initialized():  # this process's Ray has shut down: nothing to follow
+                    return
+                # The log is restarting; the next pull snapshots everything.
                 log.warning("cannot pull cache events: %r", e)
                 self._epoch = None
                 await asyncio.sleep(0.5)

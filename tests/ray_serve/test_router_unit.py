@@ -100,3 +100,50 @@ def test_calls_other_than_generation_go_to_any_replica() -> None:
         assert sorted(rank, key=id) == sorted([a, b], key=id)
 
     asyncio.run(go())
+
+
+class FlakyLog:
+    """An event log whose pulls fail `failures` times, then return one replica's update."""
+
+    def __init__(self, failures: int, error: Exception) -> None:
+        self.failures, self.error = failures, error
+        self.pull = SimpleNamespace(remote=self._pull)
+
+    async def _pull(self, epoch: str | None, cursors: dict[str, int], timeout: float) -> Any:
+        if self.failures:
+            self.failures -= 1
+            raise self.error
+        await asyncio.sleep(0)
+        return "epoch-1", {"a": ReplicaUpdate(1, 16, 100, snapshot=[(None, tuple(CHAT))])}
+
+
+def test_a_failed_pull_is_retried_while_ray_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("radixserve.ray.router.ray.is_initialized", lambda: True)
+
+    async def go() -> None:
+        r = await make_router()
+        r._log = FlakyLog(1, RuntimeError("log actor restarting"))
+        task = asyncio.create_task(r._follow())
+        for _ in range(100):  # the retry comes after half a second
+            await asyncio.sleep(0.05)
+            if "a" in r.tries:
+                break
+        task.cancel()
+        assert "a" in r.tries and r._epoch == "epoch-1"
+
+    asyncio.run(go())
+
+
+def test_the_follower_stops_quietly_once_ray_has_shut_down(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr("radixserve.ray.router.ray.is_initialized", lambda: False)
+
+    async def go() -> None:
+        r = await make_router()
+        # What a pull raises once ray.shutdown() has torn this process's worker down.
+        r._log = FlakyLog(1, AttributeError("'Worker' object has no attribute 'core_worker'"))
+        await asyncio.wait_for(r._follow(), timeout=5)
+
+    asyncio.run(go())
+    assert "cannot pull cache events" not in caplog.text
