@@ -62,6 +62,7 @@ class RadixRequestRouter(RequestRouter):
             self._follower = asyncio.get_running_loop().create_task(self._follow())
 
     async def _follow(self) -> None:
+        failing = False  # one warning an outage, not one a retry
         while True:
             try:
                 epoch, updates = await self._log.pull.remote(
@@ -71,10 +72,15 @@ class RadixRequestRouter(RequestRouter):
                 if not ray.is_initialized():  # this process's Ray has shut down: nothing to follow
                     return
                 # The log is restarting; the next pull snapshots everything.
-                log.warning("cannot pull cache events: %r", e)
+                if not failing:
+                    log.warning("cannot pull cache events, retrying every 0.5 s: %r", e)
+                    failing = True
                 self._epoch = None
                 await asyncio.sleep(0.5)
                 continue
+            if failing:
+                log.info("cache events pulled again")
+                failing = False
             if epoch != self._epoch:
                 self._epoch = epoch
                 self._cursors.clear()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from types import SimpleNamespace
 from typing import Any
 
@@ -117,14 +118,17 @@ class FlakyLog:
         return "epoch-1", {"a": ReplicaUpdate(1, 16, 100, snapshot=[(None, tuple(CHAT))])}
 
 
-def test_a_failed_pull_is_retried_while_ray_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failed_pulls_are_retried_while_ray_runs_with_one_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setattr("radixserve.ray.router.ray.is_initialized", lambda: True)
+    caplog.set_level(logging.INFO, logger="radixserve.ray.router")
 
     async def go() -> None:
         r = await make_router()
-        r._log = FlakyLog(1, RuntimeError("log actor restarting"))
+        r._log = FlakyLog(2, RuntimeError("log actor restarting"))
         task = asyncio.create_task(r._follow())
-        for _ in range(100):  # the retry comes after half a second
+        for _ in range(100):  # a retry every half second
             await asyncio.sleep(0.05)
             if "a" in r.tries:
                 break
@@ -132,6 +136,8 @@ def test_a_failed_pull_is_retried_while_ray_runs(monkeypatch: pytest.MonkeyPatch
         assert "a" in r.tries and r._epoch == "epoch-1"
 
     asyncio.run(go())
+    assert caplog.text.count("cannot pull cache events") == 1
+    assert "cache events pulled again" in caplog.text
 
 
 def test_the_follower_stops_quietly_once_ray_has_shut_down(
