@@ -71,11 +71,10 @@ class RadixRequestRouter(RequestRouter):
             except Exception as e:
                 if not ray.is_initialized():  # this process's Ray has shut down: nothing to follow
                     return
-                # The log is restarting; the next pull snapshots everything.
                 if not failing:
                     log.warning("cannot pull cache events, retrying every 0.5 s: %r", e)
                     failing = True
-                self._epoch = None
+                self._epoch = None  # the log may be restarting: the next pull snapshots all
                 await asyncio.sleep(0.5)
                 continue
             if failing:
