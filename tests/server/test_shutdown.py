@@ -15,12 +15,14 @@ pytestmark = pytest.mark.slow
 
 
 def stops_accepting(url: str, within: float) -> bool:
-    """True once connecting to `url` is refused, polling for at most `within` seconds."""
+    """True once connecting to `url` is refused, polling for at most `within` seconds. A
+    connection the kernel had queued when the server closed its socket is reset instead of
+    refused (ECONNRESET before any response): that is a refusal too."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         try:
             httpx.get(f"{url}/health", timeout=1)
-        except httpx.ConnectError:
+        except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
             return True
         time.sleep(0.05)
     return False
