@@ -1,56 +1,32 @@
 """argparse value types shared by every command: a bad value fails at parse time, exit 2.
 
 Each returns the parsed value or raises `argparse.ArgumentTypeError`, which argparse turns
-into `radixserve CMD: error: argument --flag: <message>`. None imports torch except `device`
-when CUDA is asked for.
+into `radixserve CMD: error: argument --flag: <message>`. None imports torch.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
-import re
 from collections.abc import Callable
 
-LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
-# --attention-backend values (radixserve.model.attention implements them).
-ATTENTION_BACKENDS = ("auto", "sdpa", "cpu", "triton")
-# --kv-cache-dtype values: auto stores K/V in the model dtype (vLLM's and SGLang's meaning).
-KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
-_KV_CACHE_DTYPE_ALIASES = {
-    "fp32": "float32",
-    "bf16": "bfloat16",
-    "fp16": "float16",
-    "half": "float16",
-}
-# vLLM accepts block sizes 1..256; larger blocks make prefix sharing too coarse to pay.
-MAX_BLOCK_SIZE = 256
+from radixserve.values import (
+    ATTENTION_BACKENDS,
+    KV_CACHE_DTYPES,
+    LOG_LEVELS,
+    MAX_BLOCK_SIZE,
+    device_name,
+    format_size,
+    kv_cache_dtype_name,
+    parse_size,
+)
 
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-_SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([kmgtKMGT]?)(i?[bB])?\s*")
-
-
-def parse_size(size: str | int) -> int:
-    """Bytes of a size such as 2GiB, 512MiB, 1.5G or a plain integer (binary units).
-
-    Raises ValueError when `size` is not such a size.
-    """
-    if isinstance(size, int):
-        return size
-    m = _SIZE.fullmatch(size)
-    if not m:
-        raise ValueError(f"cannot parse memory size {size!r} (e.g. 2GiB, 512MiB)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
-
-def format_size(n: float, up: bool = False) -> str:
-    """`n` bytes as a --kv-cache-memory value to one decimal (22.8GiB, 512MiB), rounded down
-    (or up when `up`)."""
-    rnd = math.ceil if up else math.floor
-    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{rnd(n / scale * 10) / 10:g}{unit}"
-    return f"{rnd(n)}B"
+__all__ = [
+    "ATTENTION_BACKENDS",
+    "KV_CACHE_DTYPES",
+    "LOG_LEVELS",
+    "format_size",
+    "parse_size",
+]
 
 
 def memory_size(text: str) -> str:
@@ -119,27 +95,16 @@ block_size = int_in(1, MAX_BLOCK_SIZE)
 
 def kv_cache_dtype(text: str) -> str:
     """auto | float32 | bfloat16 | float16 (bf16, fp16 and fp32 are accepted as aliases)."""
-    value = text.strip().lower()
-    value = _KV_CACHE_DTYPE_ALIASES.get(value, value)
-    if value in KV_CACHE_DTYPES:
-        return value
-    if value.startswith("fp8"):
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: fp8 KV caches are not supported; use auto, bfloat16 or float16"
-        )
-    raise argparse.ArgumentTypeError(f"{text!r}: use one of {', '.join(KV_CACHE_DTYPES)}")
+    try:
+        return kv_cache_dtype_name(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def device(text: str) -> str:
-    """auto | cpu | cuda | cuda:N, where CUDA must be usable on this machine."""
-    value = text.strip().lower()
-    if value in ("auto", "cpu"):
-        return value
-    from radixserve.errors import DeviceError
-    from radixserve.model.loader import resolve_device
-
+    """auto | cpu | cuda | cuda:N (spelling only: whether CUDA is there is checked before the
+    model loads, by radixserve.preflight)."""
     try:
-        resolve_device(value)
-    except DeviceError as e:
+        return device_name(text)
+    except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-    return value

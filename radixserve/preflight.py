@@ -11,7 +11,7 @@ import errno
 import socket
 from urllib.parse import urlsplit
 
-from radixserve.errors import ConfigError
+from radixserve.errors import ConfigError, DeviceError
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1", "0.0.0.0", "::"}
 
@@ -39,7 +39,10 @@ def check_engine_args(args: argparse.Namespace) -> None:
             f"--max-model-len {max_model_len} is more than the model's context of "
             f"{config.max_position_embeddings} tokens"
         )
-    device = resolve_device(args.device)  # the first check that imports torch
+    try:
+        device = resolve_device(args.device)  # the first check that imports torch
+    except DeviceError as e:
+        raise DeviceError(f"--device {args.device}: {e}") from None
     try:
         quantization = resolve_quantization(getattr(args, "quantization", None), files, device)
     except ValueError as e:

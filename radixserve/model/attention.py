@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from radixserve.model import kernels
 from radixserve.model.batch import ForwardBatch
-from radixserve.options import ATTENTION_BACKENDS
+from radixserve.values import ATTENTION_BACKENDS
 
 
 @dataclass

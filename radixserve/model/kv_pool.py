@@ -10,7 +10,7 @@ import torch
 from radixserve.errors import KVPoolSizeError
 from radixserve.model.config import ModelConfig
 from radixserve.model.hugepages import zeros_on_huge_pages
-from radixserve.options import format_size, parse_size
+from radixserve.values import format_size, parse_size
 
 # Share of the free memory a suggested --kv-cache-memory leaves the pool (the rest: activations).
 FIT_FRACTION = 0.9

@@ -172,15 +172,13 @@ def resolve_dtype(dtype: str, device: torch.device, quantized: bool = False) -> 
 def resolve_kv_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
     """The KV pool's element type: `auto` is the model dtype (as vLLM's); float32, bfloat16 or
     float16 (aliases bf16, fp16, fp32) store K/V so. Raises ValueError for anything else."""
-    import argparse
-
     import torch
 
-    from radixserve.options import kv_cache_dtype as parse
+    from radixserve.values import kv_cache_dtype_name
 
     try:
-        name = parse(kv_cache_dtype)
-    except argparse.ArgumentTypeError as e:
+        name = kv_cache_dtype_name(kv_cache_dtype)
+    except ValueError as e:
         raise ValueError(f"--kv-cache-dtype {e}") from None
     table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     return model_dtype if name == "auto" else table[name]
@@ -232,7 +230,7 @@ def resolve_quantization(quantization: str | None, files: ModelFiles, device: to
     """none | int8 | int4; None (the default) keeps a GGUF's own 4-bit weights where our
     kernels run them (CPU) and is "none" otherwise, as vLLM serves a checkpoint's own format."""
     from radixserve.model import kernels
-    from radixserve.model.quant import QUANTIZATIONS
+    from radixserve.values import QUANTIZATIONS
 
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {quantization!r}; use one of {QUANTIZATIONS}")

@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from radixserve.model import kernels
+from radixserve.values import QUANTIZATIONS
 
 GROUP = 32
-QUANTIZATIONS = ("none", "int8", "int4")
 
 
 @dataclass
