@@ -19,7 +19,8 @@ from collections.abc import Callable
 
 import torch
 
-from radixserve.engine.engine import EngineConfig, LLMEngine
+from radixserve.engine.config import EngineConfig
+from radixserve.engine.engine import LLMEngine
 from radixserve.engine.llm import LLM
 from radixserve.engine.outputs import RequestOutput
 from radixserve.engine.params import SamplingParams
@@ -27,7 +28,7 @@ from radixserve.model import kernels
 from radixserve.model.batch import SeqChunk
 from radixserve.model.config import ModelConfig
 from radixserve.model.sampling import SamplingRow
-from radixserve.options import ATTENTION_BACKENDS, KV_CACHE_DTYPES
+from radixserve.values import ATTENTION_BACKENDS, KV_CACHE_DTYPES
 
 
 @functools.cache

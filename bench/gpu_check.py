@@ -38,14 +38,15 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as `python bench/gpu_check.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
-from radixserve.engine.engine import EngineConfig, LLMEngine  # noqa: E402
+from radixserve.engine.config import EngineConfig  # noqa: E402
+from radixserve.engine.engine import LLMEngine  # noqa: E402
 from radixserve.engine.llm import LLM  # noqa: E402
 from radixserve.engine.outputs import RequestOutput  # noqa: E402
 from radixserve.engine.params import SamplingParams  # noqa: E402
 from radixserve.engine.tokenizer import Tokenizer  # noqa: E402
 from radixserve.model.config import ModelConfig  # noqa: E402
 from radixserve.model.llama import LlamaModel  # noqa: E402
-from radixserve.options import ATTENTION_BACKENDS  # noqa: E402
+from radixserve.values import ATTENTION_BACKENDS  # noqa: E402
 
 # SmolLM2-135M-Instruct's config.json (the default model), as transformers reads it.
 SMOLLM2_135M: dict[str, Any] = dict(

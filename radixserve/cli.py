@@ -30,6 +30,23 @@ PREFLIGHT: dict[str, str] = {
     "route": "check_route_args",
 }
 
+# The tables of docs/options.md: (title, "module:Class", the command whose defaults it shows)
+OPTION_TABLES: tuple[tuple[str, str, str | None], ...] = (
+    (
+        "Engine: `serve`, `generate`, `chat`, and `LLM(...)`",
+        "radixserve.engine.config:EngineConfig",
+        None,
+    ),
+    ("Server: `serve`", "radixserve.server.config:ServerConfig", "serve"),
+    ("Workers: `serve`", "radixserve.launch:LaunchConfig", "serve"),
+    ("Sampling: `generate`, `chat`", "radixserve.offline:GenerateConfig", "generate"),
+    ("Router: `route`", "radixserve.router.main:RouteConfig", "route"),
+    ("Routing policy: `route`", "radixserve.router.policy:PolicyConfig", "route"),
+    ("Worker watch: `route`", "radixserve.router.worker:WorkerConfig", "route"),
+    ("Benchmark: `bench`", "radixserve.bench.config:BenchConfig", "bench"),
+    ("Trace analysis: `analyze`", "radixserve.bench.config:AnalyzeConfig", "analyze"),
+)
+
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -51,6 +68,24 @@ def build_parser() -> argparse.ArgumentParser:
         getattr(mod, add_fn)(p)
         p.set_defaults(_run=(module, run_fn))
     return parser
+
+
+def options_markdown() -> str:
+    """docs/options.md: a table per group of options, generated from their declarations."""
+    from radixserve.options import markdown_table
+
+    rows = []
+    for title, path, command in OPTION_TABLES:
+        module, name = path.split(":")
+        rows.append((title, getattr(importlib.import_module(module), name), command))
+    head = (
+        "# Options\n\n"
+        "Generated from the declarations (`radixserve.options.option` fields) by\n"
+        "`python -c 'import radixserve.cli as c; print(c.options_markdown(), end=\"\")' > "
+        "docs/options.md`;\n"
+        "tests/test_option_declarations.py fails when this page and the code disagree.\n\n"
+    )
+    return head + markdown_table(rows)
 
 
 def main(argv: list[str] | None = None) -> int:

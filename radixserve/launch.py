@@ -1,16 +1,62 @@
 """`radixserve serve`: one worker, N workers behind the cache-aware router, or a Ray Serve app.
 
-All three take the same worker options (`radixserve.worker_options`); this module only adds
-the flags that choose how many workers run and where, and dispatches. It is the one place that
-knows both the server and the router, so neither of those imports the other.
+All three take the same worker options (`radixserve.server.config.WorkerOptions`); this module
+only adds the flags that choose how many workers run and where (`LaunchConfig`), and
+dispatches.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+from dataclasses import dataclass
 
-from radixserve import options
+from radixserve import options as types
+from radixserve.options import add_options, option
+
+_RAY = "Ray Serve (pip install 'radixserve[ray]'; see docs/ray.md)"
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How many workers `serve` runs and where: one, N behind the router, or on Ray Serve."""
+
+    workers: int = option(
+        1, "N>1: N engine workers behind the cache-aware router", type=types.positive_int
+    )
+    ray: bool = option(
+        False,
+        "deploy on Ray Serve: engine replicas behind an OpenAI ingress, routed by the "
+        "cache-aware RadixRequestRouter",
+        group=_RAY,
+    )
+    replicas: int = option(1, "engine replicas (with --ray)", type=types.positive_int, group=_RAY)
+    ray_address: str | None = option(
+        None,
+        "join this Ray cluster (e.g. auto, ray://head:10001)",
+        default_text="start a local one",
+        group=_RAY,
+    )
+    ray_num_cpus: float | None = option(
+        None,
+        "CPUs each engine replica reserves",
+        type=types.positive_float,
+        default_text="its --num-threads, else 1",
+        group=_RAY,
+    )
+    ray_router: str = option(
+        "radix",
+        "request router of the engine deployment: radix (ours), pow2 (Ray's default) or "
+        "prefix (Ray's PrefixCacheAffinityRouter); for comparisons",
+        choices=("radix", "pow2", "prefix"),
+        group=_RAY,
+    )
+    ray_router_kwargs: dict[str, object] = option(
+        {},
+        "keyword arguments of the request router, e.g. '{\"cache_threshold\": 0.5}'",
+        type=types.json_value,
+        metavar="JSON",
+        group=_RAY,
+    )
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
@@ -18,47 +64,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     from radixserve.server.main import add_serve_args as add_one
 
     add_one(parser)
-    parser.add_argument(
-        "--workers",
-        type=options.positive_int,
-        default=1,
-        help="N>1: N engine workers behind the cache-aware router",
-    )
-    ray = parser.add_argument_group("Ray Serve (pip install 'radixserve[ray]'; see docs/ray.md)")
-    ray.add_argument(
-        "--ray",
-        action="store_true",
-        help="deploy on Ray Serve: engine replicas behind an OpenAI ingress, routed by the "
-        "cache-aware RadixRequestRouter",
-    )
-    ray.add_argument(
-        "--replicas", type=options.positive_int, default=1, help="engine replicas (with --ray)"
-    )
-    ray.add_argument(
-        "--ray-address",
-        default=None,
-        help="join this Ray cluster (e.g. auto, ray://head:10001); default: start a local one",
-    )
-    ray.add_argument(
-        "--ray-num-cpus",
-        type=float,
-        default=None,
-        help="CPUs each engine replica reserves (default: its --num-threads, else 1)",
-    )
-    ray.add_argument(
-        "--ray-router",
-        default="radix",
-        choices=("radix", "pow2", "prefix"),
-        help="request router of the engine deployment: radix (ours), pow2 (Ray's default) or "
-        "prefix (Ray's PrefixCacheAffinityRouter); for comparisons",
-    )
-    ray.add_argument(
-        "--ray-router-kwargs",
-        type=json.loads,
-        default={},
-        metavar="JSON",
-        help="keyword arguments of the request router, e.g. '{\"cache_threshold\": 0.5}'",
-    )
+    add_options(parser, LaunchConfig, "serve")
 
 
 def run_serve(args: argparse.Namespace) -> int:

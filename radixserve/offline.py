@@ -5,80 +5,71 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import dataclass
 
-from radixserve import options
+from radixserve import options as types
+from radixserve.engine.config import EngineConfig
+from radixserve.options import add_options, from_args, option
 
 
-def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="HF directory or .gguf (default: SmolLM2)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--device", type=options.device, default="auto", help="auto | cpu | cuda")
-    p.add_argument("--kv-cache-memory", type=options.memory_size, default="256MiB")
-    p.add_argument("--quantization", "-q", default=None, choices=["none", "int8", "int4"])
-    p.add_argument("--attention-backend", default="auto", choices=options.ATTENTION_BACKENDS)
-    p.add_argument(
-        "--kv-cache-dtype",
-        type=options.kv_cache_dtype,
-        default="auto",
-        help="K/V storage: auto (the model dtype), float32, bfloat16, float16",
+@dataclass(frozen=True)
+class GenerateConfig:
+    """How `generate` and `chat` sample their one answer, and what they print."""
+
+    max_tokens: int = option(128, "tokens to generate at most", type=types.positive_int)
+    temperature: float = option(0.0, "sampling temperature (0: greedy)", type=types.number)
+    top_p: float = option(
+        1.0, "nucleus sampling: keep the top tokens up to this mass", type=types.number
     )
-    p.add_argument(
-        "--enforce-eager",
-        action="store_true",
-        help="no CUDA graphs for decode steps (CPU steps always run eagerly)",
+    top_k: int = option(-1, "keep only the k likeliest tokens (-1: all)", type=types.whole_number)
+    seed: int | None = option(
+        None, "seed of the draw (with temperature > 0)", type=types.whole_number
     )
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=-1)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--stats", action="store_true", help="print timing to stderr")
+    stop: list[str] = option([], "stop string (repeatable)", repeat=True)
+    stats: bool = option(False, "print timing to stderr")
+    system: str | None = option(None, "an optional system prompt", commands=("chat",))
+
+
+def _add_common(p: argparse.ArgumentParser, command: str) -> None:
+    add_options(p, EngineConfig, command)
+    add_options(p, GenerateConfig, command)
 
 
 def add_generate_args(p: argparse.ArgumentParser) -> None:
     """Arguments of `radixserve generate PROMPT`."""
     p.add_argument("prompt", help="raw text to complete")
-    _add_common(p)
+    _add_common(p, "generate")
 
 
 def add_chat_args(p: argparse.ArgumentParser) -> None:
     """Arguments of `radixserve chat MESSAGE`."""
     p.add_argument("message", help="the user's message")
-    p.add_argument("--system", default=None, help="an optional system prompt")
-    _add_common(p)
+    _add_common(p, "chat")
 
 
 def _run(args: argparse.Namespace, chat: bool) -> int:
+    from radixserve.engine.engine import LLMEngine
     from radixserve.engine.llm import LLM
     from radixserve.engine.params import SamplingParams
     from radixserve.errors import RadixServeError
 
     try:
+        gen = from_args(GenerateConfig, args)
         params = SamplingParams(
-            max_tokens=args.max_tokens,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            top_k=args.top_k,
-            seed=args.seed,
-            stop=args.stop,
+            max_tokens=gen.max_tokens,
+            temperature=gen.temperature,
+            top_p=gen.top_p,
+            top_k=gen.top_k,
+            seed=gen.seed,
+            stop=gen.stop,
         )
         t0 = time.perf_counter()
-        with LLM(
-            model=args.model,
-            dtype=args.dtype,
-            device=args.device,
-            kv_cache_memory=args.kv_cache_memory,
-            quantization=args.quantization,
-            attention_backend=args.attention_backend,
-            kv_cache_dtype=args.kv_cache_dtype,
-            enforce_eager=args.enforce_eager,
-        ) as llm:
+        with LLM.from_engine(LLMEngine(from_args(EngineConfig, args))) as llm:
             t1 = time.perf_counter()
             if chat:
                 messages = [{"role": "user", "content": args.message}]
-                if args.system:
-                    messages.insert(0, {"role": "system", "content": args.system})
+                if gen.system:
+                    messages.insert(0, {"role": "system", "content": gen.system})
                 out = llm.chat(messages, params)[0]
             else:
                 out = llm.generate([args.prompt], params)[0]
@@ -87,7 +78,7 @@ def _run(args: argparse.Namespace, chat: bool) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(out.text)
-    if args.stats:
+    if gen.stats:
         print(
             f"[load {t1 - t0:.1f}s, {len(out.prompt_token_ids)} prompt + "
             f"{len(out.token_ids)} output tokens in {t2 - t1:.2f}s, {out.finish_reason}; "

@@ -13,4 +13,5 @@ fi
 ruff check radixserve tests bench
 ruff format --check radixserve tests bench
 mypy radixserve
+lint-imports  # the layer and no-cycle contracts of pyproject.toml [tool.importlinter]
 python -m pytest -q "$@"

@@ -11,23 +11,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from radixserve import options
 from radixserve.bench.client import NotLoopbackError, check_loopback, make_client
+from radixserve.bench.config import AnalyzeConfig, BenchConfig
 from radixserve.bench.corpus import TokenCounter
 from radixserve.bench.load import BenchPlan, LoadConfig
 from radixserve.bench.report import format_summary, summarize
-from radixserve.bench.workloads import APIS, WORKLOADS, build_sessions, make_workload, script
+from radixserve.bench.workloads import build_sessions, make_workload, script
 from radixserve.errors import RadixServeError
-
-DEFAULT_URL = "http://127.0.0.1:8000"
-
-
-def _workload_help() -> str:
-    lines = []
-    for name, cls in WORKLOADS.items():
-        sizes = ", ".join(f"{f.name}={f.default}" for f in dataclasses.fields(cls))
-        lines.append(f"{name} ({cls.summary}): {sizes}")
-    return "; ".join(lines)
+from radixserve.options import add_options
 
 
 def load_tokenizer(model: str | None, tokenizer_dir: str | None = None) -> Any:
@@ -42,89 +33,8 @@ def load_tokenizer(model: str | None, tokenizer_dir: str | None = None) -> Any:
 
 
 def add_bench_args(parser: argparse.ArgumentParser) -> None:
-    """Arguments of `radixserve bench`."""
-    p = parser
-    p.add_argument("--url", default=DEFAULT_URL, help="server base URL (loopback only)")
-    p.add_argument("--workload", default="rag", choices=list(WORKLOADS))
-    p.add_argument(
-        "--param",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="workload size override, repeatable. Defaults: " + _workload_help(),
-    )
-    p.add_argument("--seed", type=int, default=0, help="selects the text (and Poisson times)")
-    p.add_argument("--api", choices=APIS, help="chat or completion (default: per workload)")
-    p.add_argument("--model", help="model name to request (default: the server's first)")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument(
-        "--ignore-eos", action="store_true", help='send "ignore_eos": true (vLLM/SGLang style)'
-    )
-    p.add_argument("--api-key", help="sent as a Bearer token")
-    g = p.add_argument_group("load")
-    g.add_argument(
-        "--concurrency", type=options.positive_int, default=4, help="requests in flight (default 4)"
-    )
-    g.add_argument(
-        "--rate",
-        type=options.positive_float,
-        help="Poisson arrivals at this many requests/s instead",
-    )
-    g.add_argument(
-        "--max-requests", type=options.positive_int, help="stop after this many requests"
-    )
-    g.add_argument(
-        "--duration",
-        type=options.positive_float,
-        help="send no new request after this many seconds",
-    )
-    g.add_argument(
-        "--timeout", type=options.positive_float, default=600.0, help="per-request timeout (s)"
-    )
-    o = p.add_argument_group("output")
-    o.add_argument("--output-dir", help="write results.json and PNG plots here")
-    o.add_argument("--trace-out", help="write the requests sent as a JSONL trace (for analyze)")
-    o.add_argument("--no-progress", action="store_true", help="no progress bar")
-    o.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="build the workload without a server (placeholder answers); use with --trace-out",
-    )
-    o.add_argument(
-        "--tokenizer",
-        help="tokenizer dir for measuring sizes (default: the default model's; 'none' = "
-        "estimate 4 characters per token)",
-    )
-    c = p.add_argument_group("comparison")
-    c.add_argument(
-        "--compare",
-        nargs=2,
-        metavar=("A", "B"),
-        help="run the workload against two servers alternately; each is a URL or a server "
-        "command to start ('{port}' is replaced by a free port, else --port P is appended)",
-    )
-    c.add_argument("--labels", nargs=2, default=["A", "B"], metavar=("LABEL_A", "LABEL_B"))
-    c.add_argument(
-        "--rounds", type=options.positive_int, default=1, help="alternations (each with seed+round)"
-    )
-    c.add_argument(
-        "--suite",
-        action="store_true",
-        help="every workload, cache on vs off, against two `radixserve serve` it starts; "
-        "writes report.md + plots into --output-dir (default bench-results)",
-    )
-    c.add_argument(
-        "--scale", type=options.positive_float, default=1.0, help="suite: scale request counts"
-    )
-    c.add_argument("--workloads", help="suite: comma-separated subset of workloads")
-    c.add_argument(
-        "--server-args",
-        default="",
-        help="suite: extra `radixserve serve` arguments, quoted (default --kv-cache-memory 1GiB)",
-    )
-    c.add_argument(
-        "--server-cmd", help="suite: the server command instead of `radixserve serve`, quoted"
-    )
+    """Arguments of `radixserve bench` (radixserve.bench.config.BenchConfig)."""
+    add_options(parser, BenchConfig, "bench")
 
 
 def _params(items: list[str]) -> dict[str, str]:
@@ -172,7 +82,7 @@ def _plan(args: argparse.Namespace, counter: TokenCounter) -> BenchPlan:
 
 def _run_bench(args: argparse.Namespace) -> int:
     counter = _counter(args)
-    progress = not args.no_progress
+    progress = args.progress
     if args.suite:
         from radixserve.bench.suite import run_suite
 
@@ -328,27 +238,11 @@ def _run_compare(args: argparse.Namespace, plan: BenchPlan, progress: bool) -> i
 
 
 def add_analyze_args(parser: argparse.ArgumentParser) -> None:
-    """Arguments of `radixserve analyze`."""
-    p = parser
-    p.add_argument("trace", help="JSONL trace: one OpenAI request body per line (docs/bench.md)")
-    p.add_argument("--model", help="model whose tokenizer and KV shape to use (default model)")
-    p.add_argument("--tokenizer", help="tokenizer directory, if not the model's")
-    p.add_argument(
-        "--block-size", type=options.block_size, default=16, help="cache block size in tokens"
+    """Arguments of `radixserve analyze` (radixserve.bench.config.AnalyzeConfig)."""
+    parser.add_argument(
+        "trace", help="JSONL trace: one OpenAI request body per line (docs/bench.md)"
     )
-    p.add_argument(
-        "--kv-dtype", default="bfloat16", choices=["float32", "bfloat16", "float16", "fp8"]
-    )
-    p.add_argument(
-        "--capacities",
-        help="cache sizes to replay, comma-separated: blocks (1024) or bytes (256MiB, 2GiB)",
-    )
-    p.add_argument(
-        "--policy",
-        help="eviction policies to replay and compare, comma-separated (e.g. lru,fanout,slru); "
-        "adds a table and policy_curves.png",
-    )
-    p.add_argument("--output-dir", help="write analysis.json and PNG plots here")
+    add_options(parser, AnalyzeConfig, "analyze")
 
 
 def parse_capacity(text: str, bytes_per_block: int) -> int:

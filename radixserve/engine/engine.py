@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from radixserve.cache import DEFAULT_POLICY, CacheEvent, TreeSnapshot
+from radixserve.cache import CacheEvent, TreeSnapshot
+from radixserve.engine.config import EngineConfig
 from radixserve.engine.kv_manager import KVCacheManager
 from radixserve.engine.kv_persist import KVPersistence
 from radixserve.engine.outputs import RequestMetrics
@@ -57,38 +58,6 @@ threading._register_atexit(_shutdown_running_engines)  # type: ignore[attr-defin
 
 
 @dataclass
-class EngineConfig:
-    """Everything that shapes an engine; see docs/INTERFACES.md."""
-
-    model: str | None = None
-    dtype: str = "auto"
-    device: str = "auto"
-    kv_cache_memory: str | int | None = "2GiB"
-    num_blocks: int | None = None
-    block_size: int = 16
-    enable_prefix_cache: bool = True
-    max_num_batched_tokens: int = 512
-    max_num_seqs: int = 64
-    max_model_len: int | None = None
-    max_waiting: int = 256
-    schedule_policy: str = "lpm"
-    num_threads: int | None = None
-    cache_dir: str | None = None
-    # none | int8 | int4; None keeps a GGUF's own 4-bit weights on CPU (see loader).
-    quantization: str | None = None
-    attention_backend: str = "auto"  # radixserve.options.ATTENTION_BACKENDS
-    kv_cache_dtype: str = "auto"  # K/V storage: auto (the model dtype), float32, bfloat16, float16
-    enforce_eager: bool = False  # no CUDA graphs for decode steps (vLLM's flag)
-    eviction_policy: str = DEFAULT_POLICY  # lru | fanout | slru | priority (docs/eviction.md)
-    session_ttl: float = 0.0  # s a session request's path stays warm after each turn; 0: off
-    namespace_quota: float | None = None  # share of the pool one namespace may keep unlocked
-    refetch_window: float = 60.0  # s after an eviction within which a re-prefill is a refetch
-    kv_offload_memory: str | int | None = None
-    kv_offload_dir: str | None = None
-    kv_persist_dir: str | None = None
-
-
-@dataclass
 class EngineStats:
     """Monotonic counters and current gauges of an engine."""
 
@@ -114,7 +83,7 @@ class EngineStats:
 class LLMEngine:
     """Owns the model, the KV pool and the cache; runs requests to completion in a thread."""
 
-    def __init__(self, config: EngineConfig | None = None, **overrides: object) -> None:
+    def __init__(self, config: EngineConfig | None = None) -> None:
         from radixserve.model.loader import (
             load_model,
             resolve_device,
@@ -124,8 +93,6 @@ class LLMEngine:
         )
 
         config = config or EngineConfig()
-        for k, v in overrides.items():
-            setattr(config, k, v)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         files = resolve_model(config.model, Path(config.cache_dir) if config.cache_dir else None)

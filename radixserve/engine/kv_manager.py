@@ -18,7 +18,7 @@ from radixserve.cache import (
 from radixserve.engine.request import Request
 
 if TYPE_CHECKING:
-    from radixserve.engine.engine import EngineConfig
+    from radixserve.engine.config import EngineConfig
 
 
 def _path_blocks(node: RadixNode) -> list[int]:

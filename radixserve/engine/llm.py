@@ -6,7 +6,8 @@ import threading
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
-from radixserve.engine.engine import EngineConfig, LLMEngine
+from radixserve.engine.config import EngineConfig
+from radixserve.engine.engine import LLMEngine
 from radixserve.engine.outputs import RequestOutput
 from radixserve.engine.params import SamplingParams
 
@@ -16,26 +17,11 @@ Prompt = str | Sequence[int]
 class LLM:
     """Load a model once and complete batches of prompts with the prefix cache."""
 
-    def __init__(
-        self,
-        model: str | None = None,
-        dtype: str = "auto",
-        device: str = "auto",
-        kv_cache_memory: str | int | None = "2GiB",
-        block_size: int = 16,
-        enable_prefix_cache: bool = True,
-        **engine_kwargs: Any,
-    ) -> None:
-        config = EngineConfig(
-            model=model,
-            dtype=dtype,
-            device=device,
-            kv_cache_memory=kv_cache_memory,
-            block_size=block_size,
-            enable_prefix_cache=enable_prefix_cache,
-            **engine_kwargs,
-        )
-        self.engine = LLMEngine(config)
+    def __init__(self, model: str | None = None, **options: Any) -> None:
+        """Load `model` (default: the default model) with any `EngineConfig` field as a
+        keyword (dtype, device, kv_cache_memory, block_size, enable_prefix_cache, ...; see
+        docs/options.md); an unknown keyword is a TypeError naming it."""
+        self.engine = LLMEngine(EngineConfig(model=model, **options))
         self.engine.start()
         self.tokenizer = self.engine.tokenizer
 

@@ -9,7 +9,7 @@ import signal
 import threading
 from typing import Any
 
-from radixserve.worker_options import WorkerOptions
+from radixserve.server.config import WorkerOptions
 
 log = logging.getLogger("radixserve.ray")
 

@@ -19,7 +19,7 @@ from ray.serve.config import RequestRouterConfig
 
 from radixserve.ray.bridge import EngineCall, RemoteBridge, RemoteEngine, slim
 from radixserve.ray.events import EventPublisher, get_event_log
-from radixserve.worker_options import WorkerOptions
+from radixserve.server.config import WorkerOptions
 
 log = logging.getLogger(__name__)
 

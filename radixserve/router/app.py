@@ -18,6 +18,7 @@ from starlette.types import Receive, Scope, Send
 from radixserve import __version__
 from radixserve.router.balancer import Balancer, Prompt, Route
 from radixserve.router.dashboard import add_router_dashboard
+from radixserve.router.errors import error_response
 from radixserve.router.metrics import RouterMetrics
 from radixserve.router.prompt import normalize_body
 
@@ -29,12 +30,6 @@ MAX_ATTEMPTS = 2  # the first try and one retry on another worker
 # httpx error on a pooled connection whose worker was killed: seen in the kill -9 fault test,
 # where it surfaced as a 500 instead of a retry.
 TRANSPORT_ERRORS = (httpx.HTTPError, OSError, AttributeError)
-
-
-def error_response(status: int, message: str, type_: str = "upstream_error") -> JSONResponse:
-    """An OpenAI-style error body."""
-    body = {"error": {"message": message, "type": type_, "param": None, "code": status}}
-    return JSONResponse(body, status_code=status)
 
 
 @dataclass
@@ -396,6 +391,6 @@ def build_app(
         return JSONResponse({"workers": out})
 
     # The cache dashboard, one panel per worker: /dashboard, /v1/router/workers/{i}/...
-    add_router_dashboard(app, proxy, api_key)
+    add_router_dashboard(app, proxy.balancer.workers, proxy.client, proxy.headers, api_key)
 
     return app

@@ -8,25 +8,28 @@ and each worker decides, as when it is asked directly, whether its tree carries 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from radixserve.router.errors import error_response
+from radixserve.router.worker import Worker
 from radixserve.server.dashboard import add_static_routes
-
-if TYPE_CHECKING:
-    from radixserve.router.app import Proxy
 
 FORWARDED = {"cache/tree": "/v1/cache/tree", "dashboard/stats": "/v1/dashboard/stats"}
 
 
-def add_router_dashboard(app: FastAPI, proxy: Proxy, api_key: str | None) -> None:
-    """Register `/dashboard` (a panel per worker) and the per-worker data routes on `app`."""
-    from radixserve.router.app import error_response
-
-    workers = proxy.balancer.workers
+def add_router_dashboard(
+    app: FastAPI,
+    workers: Sequence[Worker],
+    client: httpx.AsyncClient,
+    headers: Callable[[Request], dict[str, str]],
+    api_key: str | None,
+) -> None:
+    """Register `/dashboard` (a panel per worker) and the per-worker data routes on `app`;
+    worker data is fetched with `client`, sending `headers(request)`."""
     config = {
         "title": f"radixserve router · {len(workers)} workers",
         "auth": bool(api_key),
@@ -43,8 +46,8 @@ def add_router_dashboard(app: FastAPI, proxy: Proxy, api_key: str | None) -> Non
             return error_response(404, f"no such route: {request.url.path}", "not_found")
         url = workers[index].url + FORWARDED[kind]
         try:
-            r = await proxy.client.get(
-                url, params=request.query_params, headers=proxy.headers(request), timeout=30.0
+            r = await client.get(
+                url, params=request.query_params, headers=headers(request), timeout=30.0
             )
         except httpx.HTTPError as e:
             return error_response(502, f"worker {workers[index].url} failed: {type(e).__name__}")

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from radixserve.worker_options import WorkerOptions
+from radixserve.server.config import WorkerOptions
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ def worker_argv(opts: WorkerOptions, port: int) -> list[str]:
         num_threads=opts.num_threads or 1,
         log_level="warning" if opts.log_level == "info" else opts.log_level,
     )
-    head = [sys.executable, "-m", "radixserve.server", "--host", "127.0.0.1", "--port", str(port)]
+    head = [sys.executable, "-m", "radixserve", "serve", "--host", "127.0.0.1", "--port", str(port)]
     return head + opts.to_argv()
 
 

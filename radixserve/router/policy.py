@@ -6,6 +6,9 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from radixserve import options as types
+from radixserve.options import option
+
 POLICIES = ("cache_aware", "round_robin", "least_load", "random")
 
 # Reasons a decision gives; they label the router's `decisions_total` metric.
@@ -37,13 +40,21 @@ class WorkerView:
 class PolicyConfig:
     """Thresholds of the cache_aware policy (see docs/router.md)."""
 
-    # Route by cache when the best worker's match beats the least-loaded worker's match by at
-    # least this fraction of the prompt. A prefix every worker holds (the chat template's system
-    # prompt) gains nothing, so it never pins traffic to one worker.
-    cache_threshold: float = 0.3
+    # A prefix every worker holds (the chat template's system prompt) gains nothing, so it
+    # never pins traffic to one worker.
+    cache_threshold: float = option(
+        0.3,
+        "route by cache when the best match beats the least-loaded worker's by this fraction "
+        "of the prompt",
+        type=types.fraction,
+    )
     # Loads are uneven when max - min in-flight > abs AND max > rel * min.
-    balance_abs_threshold: int = 4
-    balance_rel_threshold: float = 1.5
+    balance_abs_threshold: int = option(
+        4, "loads are uneven when max-min in-flight exceeds this ...", type=types.non_negative_int
+    )
+    balance_rel_threshold: float = option(
+        1.5, "... and max exceeds this times min", type=types.float_in(1.0)
+    )
 
 
 @dataclass(frozen=True)

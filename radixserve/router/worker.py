@@ -12,6 +12,8 @@ from typing import Any
 
 import httpx
 
+from radixserve import options as types
+from radixserve.options import option
 from radixserve.router.metrics import RouterMetrics
 from radixserve.router.policy import WorkerView
 from radixserve.router.trie import WorkerTrie
@@ -31,12 +33,25 @@ CONNECTION_ERRORS: tuple[type[Exception], ...] = (
 class WorkerConfig:
     """How the router watches its workers."""
 
-    health_interval: float = 2.0  # seconds between /health probes
+    health_interval: float = option(
+        2.0, "seconds between /health probes of each worker", type=types.positive_float
+    )
     health_timeout: float = 5.0
     health_failures: int = 2  # consecutive failed probes (not refused) before a worker is down
-    cache_events: bool = True  # subscribe to /v1/cache/events; else only record routed prompts
-    block_size: int | None = None  # None: the worker's /v1/cache/stats, else 16
-    mirror_blocks: int | None = None  # mirror capacity; None: the worker's pool size
+    cache_events: bool = option(
+        True,
+        "do not subscribe to /v1/cache/events; mirror routed prompts only",
+        flag="--no-cache-events",
+    )
+    block_size: int | None = option(
+        None,
+        "the workers' block size",
+        type=types.block_size,
+        default_text="read from /v1/cache/stats, else 16",
+    )
+    mirror_blocks: int | None = option(
+        None, "blocks per worker mirror", type=types.positive_int, default_text="the worker's pool"
+    )
     headers: dict[str, str] = field(default_factory=dict)  # sent on every worker call
 
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import uvicorn
 
-from radixserve import options
+from radixserve.options import add_options
+from radixserve.server.config import ServerConfig, WorkerOptions
 from radixserve.server.lifecycle import FAULT_ENV, install_fault_injection, watch_engine
-from radixserve.worker_options import WorkerOptions, add_worker_args
 
 log = logging.getLogger("radixserve.server")
 
@@ -26,12 +26,8 @@ ENGINE_DEAD_LINGER_S = 2.0
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
-    """Add the options of one serving process: the worker options plus its address."""
-    add_worker_args(parser)
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
-    parser.add_argument(
-        "--port", type=options.port, default=8000, help="port to bind (default: 8000)"
-    )
+    """Add the options of one serving process (radixserve.server.config.WorkerOptions)."""
+    add_options(parser, WorkerOptions, "serve")
 
 
 def startup_line(engine: Any, model_name: str, host: str, port: int, prefix_cache: bool) -> str:
@@ -60,53 +56,55 @@ def freeze_startup_heap() -> int:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; in-flight requests get --shutdown-timeout to finish."""
+    opts = WorkerOptions.from_namespace(args)
     logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=opts.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     tiers = None
-    if args.api_key_tiers:
+    if opts.api_key_tiers:
         from radixserve.server.tiers import load_api_key_tiers
 
-        tiers = load_api_key_tiers(args.api_key_tiers)  # a bad file: ValueError, one line
+        tiers = load_api_key_tiers(opts.api_key_tiers)  # a bad file: ValueError, one line
     from radixserve.engine.engine import LLMEngine
 
     # Start-up errors propagate: radixserve.cli prints them as one line (after the checks
     # of radixserve.preflight, which run before this).
-    engine = LLMEngine(WorkerOptions.from_namespace(args).engine_config())
+    engine = LLMEngine(opts.engine_config())
     fault = os.environ.get(FAULT_ENV)
     if fault:
         install_fault_injection(engine, fault)  # a bad spec is a ValueError: one line, exit 2
     try:
         engine.start()
-        return _serve(engine, args, tiers)
+        return _serve(engine, opts.server_config(), tiers)
     finally:
         engine.shutdown()
 
 
-def _serve(engine: Any, args: argparse.Namespace, tiers: dict[str, int] | None = None) -> int:
+def _serve(engine: Any, cfg: ServerConfig, tiers: dict[str, int] | None = None) -> int:
     from radixserve.server.app import build_app
 
     app = build_app(
         engine,
-        api_key=args.api_key,
-        served_model_name=args.served_model_name,
-        default_max_tokens=args.default_max_tokens,
-        dashboard_show_text=args.dashboard_show_text,
+        api_key=cfg.api_key,
+        served_model_name=cfg.served_model_name,
+        default_max_tokens=cfg.default_max_tokens,
+        dashboard_show_text=cfg.dashboard_show_text,
         api_key_tiers=tiers,
     )
     line = startup_line(
         engine,
-        args.served_model_name or engine.model_name,
-        args.host,
-        args.port,
-        not args.no_prefix_cache,
+        cfg.served_model_name or engine.model_name,
+        cfg.host,
+        cfg.port,
+        engine.config.enable_prefix_cache,
     )
     config = uvicorn.Config(
         app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        timeout_graceful_shutdown=args.shutdown_timeout,
+        host=cfg.host,
+        port=cfg.port,
+        log_level=cfg.log_level,
+        # uvicorn waits for a float just as well; its annotation says int
+        timeout_graceful_shutdown=cfg.shutdown_timeout,  # type: ignore[arg-type]
     )
 
     def on_started() -> None:
@@ -120,7 +118,7 @@ def _serve(engine: Any, args: argparse.Namespace, tiers: dict[str, int] | None =
         on_exit=app.state.cache_events.close,
         engine=engine,
         drain=_drain_of(app),
-        drain_timeout=args.shutdown_timeout,
+        drain_timeout=cfg.shutdown_timeout,
     )
     # uvicorn re-raises the signal it handled once it has shut down; with these handlers in
     # place that re-raise is a no-op, so a graceful shutdown exits 0.

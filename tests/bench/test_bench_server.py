@@ -17,7 +17,7 @@ from radixserve.bench.workloads import make_workload
 
 pytestmark = pytest.mark.slow
 
-SERVER = [sys.executable, "-m", "radixserve.server", "--port", "{port}"]
+SERVER = [sys.executable, "-m", "radixserve", "serve", "--port", "{port}"]
 SMALL = ["--dtype", "float32", "--max-model-len", "1024", "--kv-cache-memory", "64MiB"]
 BLOCK = 16
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
-from radixserve.engine.engine import EngineConfig, LLMEngine
+from radixserve.engine.config import EngineConfig
+from radixserve.engine.engine import LLMEngine
 from radixserve.engine.tokenizer import Tokenizer
 from radixserve.model.llama import LlamaModel
 
@@ -31,10 +33,10 @@ def make_tiny_engine(
 ) -> Callable[..., LLMEngine]:
     """Build an unstarted engine over the tiny model; keyword args go to EngineConfig."""
 
-    def make(**kw: object) -> LLMEngine:
-        cfg = EngineConfig(block_size=4, num_blocks=64, max_num_batched_tokens=64)
-        for k, v in kw.items():
-            setattr(cfg, k, v)
+    def make(**kw: Any) -> LLMEngine:
+        cfg = EngineConfig(
+            **{"block_size": 4, "num_blocks": 64, "max_num_batched_tokens": 64, **kw}
+        )
         return LLMEngine.from_parts(cfg, tiny_llama, default_tokenizer, "tiny")
 
     return make

@@ -143,7 +143,8 @@ def test_save_of_another_block_size_is_not_loaded(make_tiny_engine, tmp_path, ca
 def test_save_of_other_weights_is_not_loaded(
     make_tiny_engine, tiny_pair_factory, default_tokenizer, tmp_path, caplog
 ) -> None:
-    from radixserve.engine.engine import EngineConfig, LLMEngine
+    from radixserve.engine.config import EngineConfig
+    from radixserve.engine.engine import LLMEngine
 
     saved(make_tiny_engine, tmp_path)
     _, other = tiny_pair_factory(
@@ -195,7 +196,7 @@ def test_serve_flags_reach_the_engine_config() -> None:
     import argparse
 
     from radixserve.launch import add_serve_args, run_serve
-    from radixserve.worker_options import WorkerOptions
+    from radixserve.server.config import WorkerOptions
 
     parser = argparse.ArgumentParser()
     add_serve_args(parser)

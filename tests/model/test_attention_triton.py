@@ -314,7 +314,7 @@ def test_the_flag_and_the_preflight_know_triton(monkeypatch) -> None:
     import argparse
 
     from radixserve.errors import ConfigError
-    from radixserve.options import ATTENTION_BACKENDS
+    from radixserve.values import ATTENTION_BACKENDS
 
     assert "triton" in ATTENTION_BACKENDS
     monkeypatch.setattr(attention, "triton_unavailable", lambda device: "reason X")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixserve.engine.engine import EngineConfig, LLMEngine
+from radixserve.engine.config import EngineConfig
+from radixserve.engine.engine import LLMEngine
 from radixserve.engine.llm import LLM
 from radixserve.engine.params import SamplingParams
 from radixserve.errors import ModelNotFoundError

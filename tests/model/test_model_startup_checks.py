@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from radixserve import options
+from radixserve import options, values
 from radixserve.errors import KVPoolSizeError
 from radixserve.model import kernels, loader
 from radixserve.model.config import ModelConfig
@@ -36,14 +36,14 @@ TINY = ModelConfig(
     ],
 )
 def test_sizes_parse_in_binary_units(text: str, expected: int) -> None:
-    assert options.parse_size(text) == expected
+    assert values.parse_size(text) == expected
 
 
 def test_suggested_sizes_parse_back_and_round_the_right_way() -> None:
     n = (22 << 30) + (850 << 20)  # 22.83 GiB
-    assert options.format_size(n) == "22.8GiB"
-    assert options.format_size(n, up=True) == "22.9GiB"
-    assert options.parse_size(options.format_size(n)) <= n <= options.parse_size("22.9GiB")
+    assert values.format_size(n) == "22.8GiB"
+    assert values.format_size(n, up=True) == "22.9GiB"
+    assert values.parse_size(values.format_size(n)) <= n <= values.parse_size("22.9GiB")
 
 
 @pytest.mark.parametrize("text", ["banana", "0", "2 GB of RAM", ""])

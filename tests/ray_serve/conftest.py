@@ -82,7 +82,7 @@ def ray_app(
         build_app,
     )
     from radixserve.ray.events import get_event_log
-    from radixserve.worker_options import WorkerOptions
+    from radixserve.server.config import WorkerOptions
 
     model = tiny_model_dir(
         tmp_path_factory.mktemp("tiny-llama"), Path(default_model_files.path), tiny_pair_factory

@@ -15,7 +15,7 @@ from radixserve.ray.deployments import (  # noqa: E402
     app_builder,
     build_app,
 )
-from radixserve.worker_options import WorkerOptions  # noqa: E402
+from radixserve.server.config import WorkerOptions  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[2] / "docs" / "ray_config.yaml"
 

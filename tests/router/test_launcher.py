@@ -15,7 +15,7 @@ from radixserve.router.launcher import (
     worker_argv,
     worker_env,
 )
-from radixserve.worker_options import WorkerOptions
+from radixserve.server.config import WorkerOptions
 
 
 def serve_args(*argv: str) -> argparse.Namespace:
@@ -41,7 +41,7 @@ def test_worker_gets_user_flags_its_port_and_one_thread() -> None:
         "float32",
     )
     argv = worker_argv(o, 8123)
-    tail = argv[argv.index("radixserve.server") + 1 :]
+    tail = argv[argv.index("serve") + 1 :]
     assert tail[:4] == ["--host", "127.0.0.1", "--port", "8123"]
     assert "--workers" not in tail and "9000" not in tail
     assert tail[tail.index("--kv-cache-memory") + 1] == "64MiB"
@@ -62,7 +62,7 @@ def test_worker_keeps_the_users_thread_count() -> None:
 
 def test_worker_omits_flags_left_at_their_defaults() -> None:
     argv = worker_argv(opts("--workers", "2"), 8123)
-    assert argv[argv.index("radixserve.server") + 1 :] == [
+    assert argv[argv.index("serve") + 1 :] == [
         "--host", "127.0.0.1", "--port", "8123", "--num-threads", "1", "--log-level", "warning",
     ]  # fmt: skip
 

@@ -38,7 +38,7 @@ class ServerProcess:
         fd, path = tempfile.mkstemp(prefix="radixserve-test-", suffix=".log")
         os.close(fd)
         self.log_path = Path(path)
-        cmd = [sys.executable, "-m", "radixserve.server", "--port", str(self.port)]
+        cmd = [sys.executable, "-m", "radixserve", "serve", "--port", str(self.port)]
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [*cmd, *BASE_ARGS, "--log-level", "info", *args],

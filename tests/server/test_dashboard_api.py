@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from radixserve.engine.engine import EngineConfig, LLMEngine
+from radixserve.engine.config import EngineConfig
+from radixserve.engine.engine import LLMEngine
 from radixserve.server.app import build_app
 
 SYSTEM = "You are the radixserve dashboard test. Keep every answer short and plain."

@@ -14,11 +14,12 @@ from fastapi.testclient import TestClient
 
 from radixserve.cache.node import RadixNode
 from radixserve.cache.trie import post_order
-from radixserve.engine.engine import EngineConfig, LLMEngine
+from radixserve.engine.config import EngineConfig
+from radixserve.engine.engine import LLMEngine
 from radixserve.server.app import build_app
+from radixserve.server.config import WorkerOptions
 from radixserve.server.main import add_serve_args
 from radixserve.server.tiers import load_api_key_tiers
-from radixserve.worker_options import WorkerOptions
 
 TIERS = {"gold-key": 2, "free-key": 0}
 

@@ -128,7 +128,7 @@ def test_defaults_match_the_design() -> None:
         "2GiB",
         16,
     )
-    assert args.shutdown_timeout == 30.0 and not args.no_prefix_cache and args.workers == 1
+    assert args.shutdown_timeout == 30.0 and args.enable_prefix_cache and args.workers == 1
 
 
 def test_more_than_one_worker_delegates_to_the_router(monkeypatch: pytest.MonkeyPatch) -> None:
