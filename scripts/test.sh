@@ -10,8 +10,8 @@ if [ ! -x /usr/bin/chromedriver ] && [ "$(id -u)" = 0 ] && command -v apt-get >/
         chromium chromium-driver >/dev/null; } || echo "test.sh: chromium not installed" >&2
 fi
 . .venv/bin/activate
-ruff check radixserve tests bench
-ruff format --check radixserve tests bench
+ruff check radixserve tests benchmarks
+ruff format --check radixserve tests benchmarks
 mypy radixserve
 lint-imports  # the layer and no-cycle contracts of pyproject.toml [tool.importlinter]
 python -m pytest -q "$@"

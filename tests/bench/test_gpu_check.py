@@ -1,4 +1,4 @@
-"""bench/gpu_check.py's CPU smoke mode runs end to end, with the server packages absent (the
+"""benchmarks/gpu_check.py's CPU smoke mode runs end to end, with the server packages absent (the
 GPU machine it is written for has none of them)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ RUN = f"""
 import runpy, sys
 sys.modules.update(dict.fromkeys({ABSENT!r}))  # `import fastapi` now raises ImportError
 sys.argv = ["gpu_check.py", "--device", "cpu", "--quick"]
-runpy.run_path({str(ROOT / "bench" / "gpu_check.py")!r}, run_name="__main__")
+runpy.run_path({str(ROOT / "benchmarks" / "gpu_check.py")!r}, run_name="__main__")
 """
 
 

@@ -1,6 +1,6 @@
 """Schemathesis fuzzing of a real server from its own OpenAPI document (GET /openapi.json).
 
-A bounded run of `bench/fuzz.py` (see it for the checks) against a server over the tiny random
+A bounded run of `benchmarks/fuzz.py` (see it for the checks) against a server over the tiny random
 model: no 5xx, no response that breaks the document, every schema-violating body rejected.
 """
 
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_fuzzing_from_the_openapi_document_finds_nothing(launch: Any, tiny_model_dir: Path) -> None:
     with launch("--model", str(tiny_model_dir), "--default-max-tokens", "8") as server:
         run = subprocess.run(
-            [sys.executable, str(ROOT / "bench" / "fuzz.py"), "--url", server.url]
+            [sys.executable, str(ROOT / "benchmarks" / "fuzz.py"), "--url", server.url]
             + ["--max-examples", "10", "--seed", "16"],
             capture_output=True,
             text=True,

@@ -6,9 +6,9 @@ body violates the request schema. `positive_data_acceptance` is left out: no sch
 that prompt + max_tokens must fit the context, so schema-valid requests may rightly get
 400 context_length_exceeded. The stateful phase is off: the API has no resources to link.
 
-    python bench/fuzz.py                                  # tiny budget, the default model
-    python bench/fuzz.py --max-examples 500 --serve-args "--model DIR --default-max-tokens 8"
-    python bench/fuzz.py --url http://127.0.0.1:8000      # a running server
+    python benchmarks/fuzz.py                                  # tiny budget, the default model
+    python benchmarks/fuzz.py --max-examples 500 --serve-args "--model DIR --default-max-tokens 8"
+    python benchmarks/fuzz.py --url http://127.0.0.1:8000      # a running server
 Exit status is schemathesis's: 0 when nothing was found.
 """
 

@@ -1,6 +1,6 @@
 """KV offload tier and warm restart, measured side by side in one run (default model).
 
-Run: python bench/kv_offload_bench.py [--out DIR] [--conversations 20] [--skip-tiers]
+Run: python benchmarks/kv_offload_bench.py [--out DIR] [--conversations 20] [--skip-tiers]
 Part 1 serves one multi-turn workload (`radixserve bench --workload multi_turn`) whose
 working set is about 4x a 256 MiB pool against four servers, one at a time: no tier, a
 host-memory tier, a disk tier, and an unbounded (2 GiB) pool; prints hit ratio and TTFT.

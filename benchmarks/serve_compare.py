@@ -1,6 +1,6 @@
 """Side by side against other OpenAI-compatible servers: the cases a chat or agent user feels.
 
-Run: python bench/serve_compare.py --server radixserve "python -m radixserve.cli serve" \
+Run: python benchmarks/serve_compare.py --server radixserve "python -m radixserve.cli serve" \
         --server vllm "VLLM_CPU_KVCACHE_SPACE=2 .../python -m vllm.entrypoints.openai.api_server \
         --model DIR --served-model-name smollm2 --port {port} ..." [--trials 3]
 

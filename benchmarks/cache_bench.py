@@ -1,6 +1,6 @@
 """Microbenchmark of the radix prefix cache (pure Python, no model, no server).
 
-Run: `python bench/cache_bench.py [--quick]`. Prints Markdown tables:
+Run: `python benchmarks/cache_bench.py [--quick]`. Prints Markdown tables:
 - match_prefix latency (median / p99, microseconds) for 1k / 8k / 32k-token prompts that
   hit fully, hit half, or miss, against trees of 10, 1,000 and 100,000 nodes, with the
   prompt passed as a list of ints and as an `array("I")`;

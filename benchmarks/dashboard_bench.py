@@ -1,12 +1,12 @@
 """What the cache dashboard costs, and a screenshot of it under load.
 
-python bench/dashboard_bench.py cost --nodes 100000
+python benchmarks/dashboard_bench.py cost --nodes 100000
     builds a RadixCache of that many nodes (chats under a few shared system prompts),
     then times what one /v1/cache/tree request does: the copy under the cache lock (the
     only part the engine thread can wait on), the folding to max_nodes, the JSON, and,
     with Chromium installed, the page's JSON.parse and render of the result.
 
-python bench/dashboard_bench.py screenshot --url http://127.0.0.1:8000 --out shot.png
+python benchmarks/dashboard_bench.py screenshot --url http://127.0.0.1:8000 --out shot.png
     opens URL/dashboard in headless Chromium, waits --wait seconds (run traffic, e.g.
     `radixserve bench --workload multi_turn`, meanwhile) and saves a screenshot.
 """

@@ -11,10 +11,10 @@ On an H200 through the `device` tool (under 8 minutes; everything it imports is 
 machine: torch, triton, transformers, tokenizers, numpy, safetensors, tqdm; no server
 packages and no wheels to carry):
 
-    run(command="PYTHONUNBUFFERED=1 python3 bench/gpu_check.py 2>&1 | tee $OUT/gpu_check.md",
+    run(command="PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py 2>&1 | tee $OUT/gpu_check.md",
         timeout_s=540)
 
-Here, on CPU, a smoke run with tiny sizes: `python bench/gpu_check.py --device cpu --quick`.
+Here, on CPU, a smoke run with tiny sizes: `python benchmarks/gpu_check.py --device cpu --quick`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as `python bench/gpu_check.py` from anywhere
+if str(ROOT) not in sys.path:  # run as `python benchmarks/gpu_check.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
 from radixserve.engine.config import EngineConfig  # noqa: E402

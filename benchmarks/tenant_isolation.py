@@ -9,7 +9,7 @@ Per trial, with fresh prompts of equal length, interleaved:
 TTFT is the time to the first streamed token, with max_tokens=1; usage.cached_tokens is
 recorded too.
 
-    python bench/tenant_isolation.py --trials 12 --prompt-tokens 512
+    python benchmarks/tenant_isolation.py --trials 12 --prompt-tokens 512
 """
 
 from __future__ import annotations

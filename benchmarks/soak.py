@@ -10,8 +10,8 @@ minute after warm-up vs median of the last minute), when any block stays locked 
 the traffic has stopped, on any 5xx, or when any request is lost (the client saw neither a
 response nor an error: timeouts, dropped connections, a stream that ended without [DONE]).
 
-    python bench/soak.py --duration 1500                       # starts its own server
-    python bench/soak.py --url http://127.0.0.1:8000 --pid 1234 --duration 600
+    python benchmarks/soak.py --duration 1500                       # starts its own server
+    python benchmarks/soak.py --url http://127.0.0.1:8000 --pid 1234 --duration 600
 Writes soak.json and soak.png to --out (default bench-results/soak).
 """
 

@@ -1,6 +1,6 @@
 """Cold prefill and single-stream decode: radixserve vs transformers, same weights, one run.
 
-Run: python bench/model_bench.py [--lengths 512 2048 4096] [--dtypes float32 bfloat16]
+Run: python benchmarks/model_bench.py [--lengths 512 2048 4096] [--dtypes float32 bfloat16]
 Prints a Markdown table of seconds per cold prefill, decode tokens/s, the ratios, and the
 matmul ceiling at the model's shapes so prefill efficiency reads as a fraction of it.
 """

@@ -1,6 +1,6 @@
 """The engine with the prefix cache on vs off, side by side in one run (default model).
 
-Run: python bench/engine_bench.py [--dtype bfloat16] [--quick]
+Run: python benchmarks/engine_bench.py [--dtype bfloat16] [--quick]
 Cases: (a) 16 requests sharing a 4,096-token prefix, distinct 64-token suffixes, 32 output
 tokens each; (b) an exact repeat of a 2,048-token prompt, and the same plus 50 new tokens;
 (c) 8 interleaved chats x 6 turns over a 1,000-token system prompt; (d) decode speed of 1

@@ -6,7 +6,7 @@ Ray's replacement and runs a second round of chats. Reports requests answered / 
 phase, the seconds until the replacement was RUNNING, the later-turn cache hit ratio of each
 phase and the requests each replica served.
 
-    python bench/ray_failover.py                    # default model, ~5 minutes on 2 cores
+    python benchmarks/ray_failover.py                    # default model, ~5 minutes on 2 cores
 """
 
 from __future__ import annotations

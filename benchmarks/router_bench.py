@@ -11,8 +11,8 @@ Runs of the same sessions (same seed), each on freshly started servers:
 and a table of cache hit ratio (usage.cached_tokens / prompt_tokens; all turns and later
 turns only), TTFT and requests/s.
 
-    python bench/router_bench.py                       # defaults: ~5 minutes on 2 CPU cores
-    python bench/router_bench.py --conversations 16 --turns 6 --concurrency 8 --device cuda
+    python benchmarks/router_bench.py                       # defaults: ~5 minutes on 2 CPU cores
+    python benchmarks/router_bench.py --conversations 16 --turns 6 --concurrency 8 --device cuda
 
 Targets (issue 7): cache_aware's hit ratio within 5% of single's; p50 TTFT at least 2x lower
 than round_robin's.
