@@ -34,8 +34,9 @@ class RadixCache(PrefixCache):
     again within `refetch_window_s` seconds (of `clock`) of their eviction are counted as
     refetched (0 turns the count off).
 
-    `TieredRadixCache` (tiered.py) adds an offload tier through the hooks at the end of
-    this class; a node whose blocks live there is `offloaded` and holds no pool blocks.
+    `TieredRadixCache` (tiered.py) adds an offload tier: it overrides `evict`, `stats`,
+    `check_invariants`, `_detach` and the hooks at the end of this class. A node whose
+    blocks live in the tier is `offloaded`, and its blocks are not counted as the pool's.
     """
 
     enabled = True
@@ -438,7 +439,8 @@ class RadixCache(PrefixCache):
         node.removed = True
         self._policy.on_drop(node, num)
         if parent.parent is not None:
-            self._enqueue(parent)
+            if not parent.children:
+                self._enqueue(parent)
         elif (
             not parent.children
             and parent.namespace is not None

@@ -114,6 +114,14 @@ class TieredRadixCache(RadixCache):
         self.counters.offloaded_blocks -= len(blocks)
         self.counters.evicted_blocks += len(blocks)
 
+    def _detach(self, node: RadixNode, freed: list[int], events: list[CacheEvent]) -> None:
+        """`RadixCache._detach`; a pool parent left with only offloaded children is a pool
+        leaf now, so it is queued too."""
+        parent = node.parent
+        super()._detach(node, freed, events)
+        if parent is not None and parent.parent is not None and parent.children:
+            self._enqueue(parent)
+
     def _restore_elsewhere(self, parent: RadixNode | None, record: NodeRecord) -> RadixNode | None:
         """A record the pool did not take goes into the tier, if it has room."""
         node = self._attach_record(parent, record, self.tier)
