@@ -178,7 +178,7 @@ def case_step_vs_weights(llm: LLM, ctx: int = 2048, steps: int = 16) -> dict[str
         reads.append(time.perf_counter() - t)
     n_blocks = (ctx + steps) // engine.block_size + 1
     kv = engine.kv
-    table = kv.cache.allocate(n_blocks) if kv.cache is not None else kv.pool.allocate(n_blocks)
+    table = kv.cache.allocate(n_blocks)
     try:
         ids = text_tokens(llm, ctx, 99)
         engine.runner.run([SeqChunk(ids, 0, table)], [SamplingRow(0.0)])

@@ -15,4 +15,4 @@ class CacheFullError(RadixServeError):
 
 
 class InvariantError(AssertionError):
-    """`RadixCache.check_invariants` found a broken invariant (a bug, never a user error)."""
+    """A cache's `check_invariants` found a broken invariant (a bug, never a user error)."""

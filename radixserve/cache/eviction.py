@@ -104,6 +104,13 @@ def is_droppable(node: RadixNode) -> bool:
     return node.offloaded and not node.children and node.lock_ref == 0 and not node.removed
 
 
+def dequeue(node: RadixNode) -> None:
+    """Drop `node`'s live entry from whichever `EvictionQueue` holds it (if any)."""
+    entry = node.in_heap
+    if entry is not None:
+        entry[3].discard(node)
+
+
 Entry: TypeAlias = tuple[EvictionKey, int, RadixNode, "EvictionQueue"]
 """A heap entry: key, tie-breaker, node, and the queue it belongs to."""
 

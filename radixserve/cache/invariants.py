@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from radixserve.cache.counters import CacheCounters
 from radixserve.cache.errors import InvariantError
 from radixserve.cache.eviction import is_droppable, is_evictable
 from radixserve.cache.node import RadixNode
@@ -19,7 +20,7 @@ def check_tree(
     heap_nodes: list[RadixNode],
     pool: BlockPool,
     block_size: int,
-    counters: dict[str, int],
+    counters: CacheCounters,
     num_private_blocks: int | None,
     tier: BlockPool | None = None,
     tier_heap_nodes: list[RadixNode] | None = None,
@@ -29,7 +30,7 @@ def check_tree(
     Checks node shapes, keys, parent links, lock counts (a parent holds at least the
     sum of its children's), monotone access time and priority along paths, block
     ownership (each block in at most one node, none of them free in the pool), the
-    cache's counters, that every unlocked leaf is queued for eviction, and, when
+    cache's size counters, that every unlocked leaf is queued for eviction, and, when
     `num_private_blocks` is given, free + cached + private == total. With an offload
     `tier`: offloaded nodes hold tier blocks (each in one node, none free), only have
     offloaded children, and are queued in `tier_heap_nodes` when droppable; the tier's
@@ -100,14 +101,15 @@ def check_tree(
                     f"node {node!r}: locked less than its children (an ancestor is unlocked)",
                 )
     cached_blocks = len(owner)
-    actual = {"cached_blocks": cached_blocks, "locked_blocks": locked_blocks}
-    actual["num_nodes"] = num_nodes
-    if "offloaded_blocks" in counters:
-        actual["offloaded_blocks"] = len(tier_owner)
     if tier is not None:
         _require(tier.num_used == len(tier_owner), "tier blocks are used outside the tree")
-    for name, value in actual.items():
-        _require(counters[name] == value, f"counter {name}={counters[name]} but tree has {value}")
+    for name, counted, value in [
+        ("cached_blocks", counters.cached_blocks, cached_blocks),
+        ("locked_blocks", counters.locked_blocks, locked_blocks),
+        ("num_nodes", counters.num_nodes, num_nodes),
+        ("offloaded_blocks", counters.offloaded_blocks, len(tier_owner)),
+    ]:
+        _require(counted == value, f"counter {name}={counted} but tree has {value}")
     _require(pool.num_used >= cached_blocks, "the tree holds more blocks than the pool lent")
     if num_private_blocks is not None:
         total = pool.num_free + cached_blocks + num_private_blocks

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from radixserve.cache.base import PrefixCache
 from radixserve.cache.types import CacheEvent
 
-if TYPE_CHECKING:
-    from radixserve.cache.radix import RadixCache
 
-
-def apply_event(mirror: RadixCache, event: CacheEvent) -> None:
+def apply_event(mirror: PrefixCache, event: CacheEvent) -> None:
     """Replay a `CacheEvent` of another cache on `mirror`, so it caches the same prefixes.
 
     Both caches must use the same block_size. Blocks for inserted tokens come from the
     mirror's own pool (evicting there if it is short, which makes the mirror forget its
     least recently used prefixes first), so they mean nothing. Replays count as lookups
-    and accesses in the mirror's statistics.
+    and accesses in the mirror's statistics. To mirror a cache live, add
+    `functools.partial(apply_event, mirror)` as its listener.
     """
     tokens = event.token_ids
     if event.kind == "evict":

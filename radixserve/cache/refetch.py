@@ -1,4 +1,4 @@
-"""Thrash detection: count blocks cached again soon after they were evicted."""
+"""Thrash detection: find blocks cached again soon after they were evicted."""
 
 from __future__ import annotations
 
@@ -20,15 +20,15 @@ def block_hashes(namespace: Hashable, data: bytes, block_bytes: int, end: int) -
 class RefetchTracker:
     """Remembers which block prefixes were evicted when, for `window_s` seconds.
 
-    A block inserted again within the window was re-prefilled because of that eviction:
-    it counts in `refetched`. At most `max_entries` evictions are remembered (oldest go).
+    A block inserted again within the window was re-prefilled because of that eviction
+    (`inserted` says how many were). At most `max_entries` evictions are remembered (oldest
+    go).
     """
 
     def __init__(self, window_s: float, clock: Callable[[], float], max_entries: int) -> None:
         self.window_s = window_s
         self.clock = clock
         self.max_entries = max(1, max_entries)
-        self.refetched = 0
         self._evicted: OrderedDict[int, float] = OrderedDict()
 
     def evicted(self, namespace: Hashable, path: bytes, first_block: int, block_bytes: int) -> None:
@@ -44,8 +44,8 @@ class RefetchTracker:
     def inserted(
         self, namespace: Hashable, data: bytes, first_block: int, end: int, block_bytes: int
     ) -> int:
-        """Blocks `first_block`.. of `data[:end]` were just cached; returns (and counts) how
-        many of them had been evicted within the window."""
+        """Blocks `first_block`.. of `data[:end]` were just cached; returns how many of them
+        had been evicted within the window (and forgets those evictions)."""
         seen = self._evicted
         if not seen:
             return 0
@@ -56,5 +56,4 @@ class RefetchTracker:
         for h in block_hashes(namespace, data, block_bytes, end)[first_block:]:
             if seen.pop(h, None) is not None:
                 n += 1
-        self.refetched += n
         return n

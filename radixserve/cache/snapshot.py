@@ -1,19 +1,21 @@
-"""A point-in-time copy of the radix tree for observers (the dashboard, `/v1/cache/tree`).
+"""Point-in-time copies of the radix tree: for observers (the dashboard, `/v1/cache/tree`)
+and for saving the cache (`export_records`).
 
-The copy is flat and cheap to take: one tuple per node in pre-order (every parent before its
-children), so whoever reads it can sum subtrees in one reverse pass without touching the live
-tree, whose nodes the engine thread keeps changing.
+The observers' copy is flat and cheap to take: one tuple per node in pre-order (every parent
+before its children), so whoever reads it can sum subtrees in one reverse pass without
+touching the live tree, whose nodes the engine thread keeps changing.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from radixserve.cache.node import RadixNode
-from radixserve.cache.tokens import TOKEN_BYTES
+from radixserve.cache.tokens import TOKEN_BYTES, decode
+from radixserve.cache.types import NodeRecord
 
 
 class NodeRow(NamedTuple):
@@ -72,3 +74,31 @@ def take_snapshot(
             if node.children:
                 stack += [(child, index) for child in node.children.values()]
     return TreeSnapshot(time.monotonic(), block_size, rows, namespaces)
+
+
+def export_records(roots: Iterable[RadixNode]) -> list[NodeRecord]:
+    """Every node under `roots` as a `NodeRecord`, most recently used first, parents before
+    children; the caller holds the cache's lock. Changes nothing."""
+    found: list[tuple[int, int, RadixNode]] = []
+    for root in roots:
+        stack = [(root, 0)]
+        while stack:
+            node, depth = stack.pop()
+            for child in node.children.values():
+                found.append((depth, id(child), child))
+                stack.append((child, depth + 1))
+    # Access times never grow down a path, so (newest, shallowest) puts parents first.
+    found.sort(key=lambda f: (-f[2].last_access, f[0]))
+    index = {nid: i for i, (_, nid, _) in enumerate(found)}
+    return [
+        NodeRecord(
+            index.get(id(node.parent), -1),
+            node.namespace,
+            decode(node.tokens),
+            list(node.blocks),
+            node.offloaded,
+            node.last_access,
+            node.priority,
+        )  # fmt: skip
+        for _, _, node in found
+    ]

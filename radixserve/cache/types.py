@@ -15,7 +15,7 @@ class MatchResult(NamedTuple):
     """The longest block-aligned cached prefix of a query.
 
     `node` is the deepest node of the matched path (a root when nothing matched);
-    pass it to `RadixCache.lock` to pin `blocks` while a request uses them.
+    pass it to the cache's `lock` to pin `blocks` while a request uses them.
     """
 
     num_tokens: int
@@ -54,10 +54,12 @@ class NodeRecord(NamedTuple):
 
 
 class InsertResult(NamedTuple):
-    """What `RadixCache.insert` did with a sequence.
+    """What a cache's `insert` did with a sequence.
 
     `num_cached_tokens`: leading tokens that were already cached before the call.
-    `node`: deepest node of the inserted path (lock it to keep the sequence pinned).
+    `node`: deepest node of the inserted path (lock it to keep the sequence pinned); the
+    cache holds the blocks of the path root..node: the whole sequence in a `RadixCache`,
+    none of it in a `NullCache` (whose `node` is a root).
     `duplicate_blocks`: the caller's blocks in that already-cached range that are not
     the tree's own blocks; the tree did not take them, so the caller must free them.
     """

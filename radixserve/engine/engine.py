@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from radixserve.cache import CacheEvent, TreeSnapshot
+from radixserve.cache import CacheEvent, TreeSnapshot, make_prefix_cache
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.kv_manager import KVCacheManager
 from radixserve.engine.kv_persist import KVPersistence
@@ -178,13 +178,22 @@ class LLMEngine:
         tier_blocks = self.kv_tier.num_blocks if self.kv_tier is not None else 0
 
         def new_kv() -> KVCacheManager:
-            return KVCacheManager.from_config(
-                num_blocks, config, tier_blocks, mover, self.runner.copy_block
+            cache = make_prefix_cache(
+                num_blocks=num_blocks,
+                block_size=config.block_size,
+                enabled=config.enable_prefix_cache,
+                eviction_policy=config.eviction_policy,
+                session_ttl=config.session_ttl,
+                namespace_quota=config.namespace_quota,
+                refetch_window=config.refetch_window,
+                tier_blocks=tier_blocks,
+                mover=mover,
             )
+            return KVCacheManager(cache, self.runner.copy_block)
 
         self.kv = new_kv()
         self.kv_persist: KVPersistence | None = None
-        if config.kv_persist_dir and self.kv.cache is not None:
+        if config.kv_persist_dir and self.kv.cache.enabled:
             self.kv_persist = KVPersistence(
                 config.kv_persist_dir, model, mc, self.block_size, kv_dtype
             )
@@ -251,7 +260,7 @@ class LLMEngine:
 
     def _save_kv_cache(self) -> None:
         """Write the cache for a warm restart (with kv_persist_dir), once the loop is idle."""
-        if self.kv_persist is None or self.kv.cache is None:
+        if self.kv_persist is None or not self.kv.cache.enabled:
             return
         if self._crashed is not None or (self._thread is not None and self._thread.is_alive()):
             log.warning("not saving the KV cache: the engine loop did not stop cleanly")
@@ -342,7 +351,7 @@ class LLMEngine:
         """A copy of the counters and gauges, safe to call from any thread."""
         s = self._stats
         kv = self.kv
-        cache_stats = kv.cache.stats() if kv.cache is not None else None
+        cache_stats = kv.cache.stats() if kv.cache.enabled else None
         return EngineStats(
             requests_total=dict(s.requests_total),
             prompt_tokens_total=s.prompt_tokens_total,
@@ -366,12 +375,12 @@ class LLMEngine:
     def cache_stats(self) -> dict[str, object]:
         """The radix cache's statistics plus pool counts, as JSON-ready values."""
         out: dict[str, object] = {}
-        if self.kv.cache is not None:
+        if self.kv.cache.enabled:
             out.update(self.kv.cache.stats().as_dict())
         else:
             out.update(cached_blocks=0, evictable_blocks=0, locked_blocks=0, num_nodes=0)
         out.update(
-            enabled=self.kv.cache is not None,
+            enabled=self.kv.cache.enabled,
             block_size=self.block_size,
             total_blocks=self.num_blocks,
             free_blocks=self.kv.pool.num_free,
@@ -390,7 +399,7 @@ class LLMEngine:
 
     def cache_snapshot(self) -> list[tuple[Hashable, tuple[int, ...]]]:
         """Every cached leaf path as (namespace, token ids from the root)."""
-        if self.kv.cache is None:
+        if not self.kv.cache.enabled:
             return []
         return self.kv.cache.leaf_paths()
 
@@ -401,7 +410,7 @@ class LLMEngine:
         thread holds only inside single cache calls, so the step loop waits at most for
         one pass over the tree.
         """
-        return self.kv.cache.snapshot(head_tokens) if self.kv.cache is not None else None
+        return self.kv.cache.snapshot(head_tokens) if self.kv.cache.enabled else None
 
     # ------------------------------------------------------------------ the loop
 

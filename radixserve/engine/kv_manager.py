@@ -3,22 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from radixserve.cache import (
-    DEFAULT_POLICY,
-    BlockMover,
-    BlockPool,
-    CacheEvent,
-    CacheFullError,
-    RadixCache,
-    RadixNode,
-    make_policy,
-)
+from radixserve.cache import CacheEvent, CacheFullError, PrefixCache, RadixNode, SessionRetention
 from radixserve.engine.request import Request
-
-if TYPE_CHECKING:
-    from radixserve.engine.config import EngineConfig
 
 
 def _path_blocks(node: RadixNode) -> list[int]:
@@ -31,84 +18,31 @@ def _path_blocks(node: RadixNode) -> list[int]:
 
 
 class KVCacheManager:
-    """Gives requests their block tables, reusing cached prefixes when the cache is on.
+    """Gives requests their block tables from `cache`'s pool, reusing cached prefixes.
 
-    With the cache off every block is private to its request and freed when it ends,
-    with everything else identical: that is the baseline the cache is measured against.
+    With the cache off (a `NullCache`) every block is private to its request and freed when
+    it ends, with everything else identical: that is the baseline the cache is measured
+    against. `copy_block(src, dst)` copies one block's K/V (all layers): how a prompt cached
+    through its last token gets a private copy of its last block (see `admit`); without it
+    the last token is never matched.
     """
 
-    def __init__(
-        self,
-        num_blocks: int,
-        block_size: int,
-        enable_prefix_cache: bool,
-        eviction_policy: str = DEFAULT_POLICY,
-        session_ttl: float = 0.0,
-        namespace_quota: float | None = None,
-        refetch_window: float = 60.0,
-        tier_blocks: int = 0,
-        mover: BlockMover | None = None,
-        copy_block: Callable[[int, int], None] | None = None,
-    ) -> None:
-        self.block_size = block_size
-        # Copies one block's K/V (all layers) to another: how a prompt cached to its last
-        # token gets a private copy of its last block (see `admit`).
+    def __init__(self, cache: PrefixCache, copy_block: Callable[[int, int], None] | None) -> None:
+        self.cache = cache
+        self.pool = cache.pool
+        self.block_size = cache.block_size
         self.copy_block = copy_block
-        self.pool = BlockPool(num_blocks)
-        self.eviction_policy = eviction_policy
-        self.session_ttl = session_ttl
-        policy = make_policy(eviction_policy, session_ttl)  # raises on an unknown name
-        # The offload tier (a second pool whose bytes `mover` copies) serves the cache only;
-        # the cache evicts it by the same policy as the pool.
-        tier = BlockPool(tier_blocks) if tier_blocks and mover and enable_prefix_cache else None
-        self.cache: RadixCache | None = (
-            RadixCache(
-                self.pool,
-                block_size,
-                policy,
-                tier,
-                mover if tier else None,
-                namespace_quota=namespace_quota,
-                refetch_window_s=refetch_window,
-            )
-            if enable_prefix_cache
-            else None
-        )
         self.num_private_blocks = 0
         self.query_tokens = 0
         self.hit_tokens = 0
 
-    @classmethod
-    def from_config(
-        cls,
-        num_blocks: int,
-        config: EngineConfig,
-        tier_blocks: int = 0,
-        mover: BlockMover | None = None,
-        copy_block: Callable[[int, int], None] | None = None,
-    ) -> KVCacheManager:
-        """The manager an `EngineConfig` describes (block size, cache on/off, eviction),
-        with an offload tier of `tier_blocks` whose bytes `mover` copies (0: none)."""
-        return cls(
-            num_blocks,
-            config.block_size,
-            config.enable_prefix_cache,
-            config.eviction_policy,
-            config.session_ttl,
-            config.namespace_quota,
-            config.refetch_window,
-            tier_blocks,
-            mover,
-            copy_block,
-        )
-
     def policy_info(self) -> dict[str, object]:
         """The eviction settings, for /v1/cache/stats."""
-        quota = self.cache.namespace_quota_blocks if self.cache is not None else None
+        policy = self.cache.policy
         return {
-            "eviction_policy": self.eviction_policy,
-            "session_ttl": self.session_ttl,
-            "namespace_quota_blocks": quota,
+            "eviction_policy": policy.name,
+            "session_ttl": policy.ttl_s if isinstance(policy, SessionRetention) else 0.0,
+            "namespace_quota_blocks": self.cache.namespace_quota_blocks,
         }
 
     @property
@@ -118,15 +52,10 @@ class KVCacheManager:
 
     def num_available(self) -> int:
         """Blocks obtainable now: free ones plus evictable cached ones."""
-        if self.cache is None:
-            return self.pool.num_free
-        s = self.cache.stats()
-        return self.pool.num_free + s.evictable_blocks
+        return self.pool.num_free + self.cache.stats().evictable_blocks
 
     def peek(self, req: Request) -> int:
         """Cached-prefix length `admit` would find for `req` now (no side effects)."""
-        if self.cache is None:
-            return 0
         return self.cache.peek_prefix(self._match_key(req), req.namespace)
 
     def admit(self, req: Request) -> int:
@@ -141,8 +70,6 @@ class KVCacheManager:
         assert not req.block_table and req.lock_node is None
         n = len(req.token_ids)
         self.query_tokens += n
-        if self.cache is None:
-            return 0
         key = req.token_ids if self.copy_block is not None else self._match_key(req)
         m = self.cache.match_prefix(key, req.namespace)
         if m.num_tokens:
@@ -179,7 +106,7 @@ class KVCacheManager:
         if need <= 0:
             return True
         try:
-            new = self.cache.allocate(need) if self.cache else self.pool.allocate(need)
+            new = self.cache.allocate(need)
         except CacheFullError:
             return False
         req.block_table.extend(new)
@@ -198,13 +125,12 @@ class KVCacheManager:
                 self.publish(req)
 
     def publish(self, req: Request) -> None:
-        """Put `req`'s computed whole blocks into the tree (still pinned by `req`).
+        """Offer `req`'s computed whole blocks to the cache; those it keeps stay pinned by
+        `req` and are no longer private (with the cache off it keeps none).
 
         Blocks another request published first are swapped for the tree's copies and the
         duplicates freed, so the tree keeps one block per cached token block.
         """
-        if self.cache is None:
-            return
         n_full = req.num_computed // self.block_size
         if n_full <= req.num_shared_blocks:
             return
@@ -220,19 +146,19 @@ class KVCacheManager:
         if req.lock_node is not None:
             self.cache.unlock(req.lock_node)
         req.lock_node = res.node
-        if res.duplicate_blocks:
-            self.pool.free(res.duplicate_blocks)
-            tree = _path_blocks(res.node)
-            req.block_table[req.num_shared_blocks : n_full] = tree[req.num_shared_blocks : n_full]
-        self.num_private_blocks -= n_full - req.num_shared_blocks
-        req.num_shared_blocks = n_full
+        self.pool.free(res.duplicate_blocks)
+        held = _path_blocks(res.node)  # the cache's blocks for `tokens`: all, or none if off
+        shared = req.num_shared_blocks
+        req.block_table[shared : len(held)] = held[shared:]
+        self.num_private_blocks -= len(held) - shared
+        req.num_shared_blocks = len(held)
 
     def release(self, req: Request, cache_computed: bool = True) -> None:
         """Give back everything `req` holds (blocks, lock); its computed whole blocks stay
         cached if asked. `req` is left with nothing computed."""
         if cache_computed:
             self.publish(req)
-        if self.cache is not None and req.lock_node is not None:
+        if req.lock_node is not None:
             self.cache.unlock(req.lock_node)
         private = req.block_table[req.num_shared_blocks :]
         if private:
@@ -244,21 +170,16 @@ class KVCacheManager:
         req.num_computed = 0
 
     def add_listener(self, fn: Callable[[CacheEvent], None]) -> None:
-        """Forward the tree's insert/evict events to `fn` (no-op with the cache off)."""
-        if self.cache is not None:
-            self.cache.add_listener(fn)
+        """Forward the cache's insert/evict events to `fn` (none come with the cache off)."""
+        self.cache.add_listener(fn)
 
     def remove_listener(self, fn: Callable[[CacheEvent], None]) -> None:
         """Stop forwarding events to `fn`."""
-        if self.cache is not None:
-            self.cache.remove_listener(fn)
+        self.cache.remove_listener(fn)
 
     def check_invariants(self) -> None:
-        """Raise if the tree's invariants or the block accounting are broken."""
-        if self.cache is not None:
-            self.cache.check_invariants(self.num_private_blocks)
-        else:
-            assert self.pool.num_free + self.num_private_blocks == self.pool.num_total
+        """Raise InvariantError if the cache's invariants or the block accounting are broken."""
+        self.cache.check_invariants(self.num_private_blocks)
 
     def _match_key(self, req: Request) -> list[int]:
         return req.token_ids[: len(req.token_ids) - 1]

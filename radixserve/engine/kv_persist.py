@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from radixserve.cache import RadixCache
+from radixserve.cache import PrefixCache
 from radixserve.cache.types import NodeRecord
 from radixserve.model.config import ModelConfig
 from radixserve.model.kv_tier import KVStore, gather_blocks, scatter_blocks
@@ -108,7 +108,7 @@ class KVPersistence:
 
     # ------------------------------------------------------------------ save
 
-    def save(self, cache: RadixCache, pool: KVStore, tier: KVStore | None) -> PersistReport:
+    def save(self, cache: PrefixCache, pool: KVStore, tier: KVStore | None) -> PersistReport:
         """Write every cached node (pool and tier) and its K/V; atomic (temp + rename)."""
         t0 = time.monotonic()
         records = cache.export_nodes()
@@ -163,7 +163,7 @@ class KVPersistence:
 
     # ------------------------------------------------------------------ load
 
-    def load(self, cache: RadixCache, pool: KVStore, tier: KVStore | None) -> PersistReport | None:
+    def load(self, cache: PrefixCache, pool: KVStore, tier: KVStore | None) -> PersistReport | None:
         """Load a save into an empty `cache`: the most recent nodes into the pool, then
         the tier, as far as they fit. Returns None (after a warning) if there is no
         usable save; on success deletes the save file. Raises (OSError, EOFError) if the
@@ -227,7 +227,7 @@ class KVPersistence:
         self,
         f: io.BufferedReader,
         header: dict[str, Any],
-        cache: RadixCache,
+        cache: PrefixCache,
         pool: KVStore,
         tier: KVStore | None,
     ) -> PersistReport:

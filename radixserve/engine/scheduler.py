@@ -156,7 +156,7 @@ class Scheduler:
         """True if a running request is still prefilling the block after `req`'s cached
         prefix, so `req` would compute the same tokens again."""
         end = cached + self.kv.block_size
-        if self.kv.cache is None or end > len(req.token_ids) - 1:
+        if not self.kv.cache.enabled or end > len(req.token_ids) - 1:
             return False
         block = req.token_ids[cached:end]
         for other in self.running:

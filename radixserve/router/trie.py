@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Hashable, Iterable, Sequence
 
-from radixserve.cache import BlockPool, CacheEvent, CacheFullError, RadixCache
+from radixserve.cache import BlockPool, CacheEvent, CacheFullError, RadixCache, apply_event
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class WorkerTrie:
         if n == 0:
             return
         try:
-            self.cache.apply_event(CacheEvent("insert", namespace, tuple(token_ids[:n]), n))
+            apply_event(self.cache, CacheEvent("insert", namespace, tuple(token_ids[:n]), n))
         except CacheFullError:  # cannot happen with nothing locked; never fail a route for it
             log.warning("router mirror full (%d blocks); insert dropped", self.capacity)
 
@@ -64,7 +64,7 @@ class WorkerTrie:
         if num_tokens is None or num_tokens <= 0:
             num_tokens = self.block_size
         num_tokens = min(n, (num_tokens + self.block_size - 1) // self.block_size * self.block_size)
-        self.cache.apply_event(CacheEvent("evict", namespace, tokens, num_tokens))
+        apply_event(self.cache, CacheEvent("evict", namespace, tokens, num_tokens))
 
     def load(self, paths: Iterable[tuple[Hashable, Sequence[int]]]) -> None:
         """Replace the contents with exactly `paths` (a snapshot of the worker's cache)."""

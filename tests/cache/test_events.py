@@ -166,9 +166,9 @@ def test_leaf_paths_list_every_cached_root_to_leaf_path() -> None:
     )
 
 
-def test_apply_event_method_mirrors_like_the_function() -> None:
+def test_mirror_follows_a_leaf_trimmed_by_one_block() -> None:
     source, mirror = make_cache(), make_cache()
-    source.add_listener(mirror.apply_event)
+    source.add_listener(functools.partial(apply_event, mirror))
     put(source, seq((1, 4), (2, 4)))
     put(source, seq((1, 4), (3, 4)))
     source.evict(1)

@@ -22,6 +22,7 @@ from radixserve.cache import (
     RadixCache,
     RadixNode,
     SLRUPolicy,
+    TieredRadixCache,
     make_policy,
 )
 from radixserve.cache.trie import post_order
@@ -60,7 +61,7 @@ def tiered(
     namespace_quota: float | None = None,
 ) -> tuple[RadixCache, PayloadMover]:
     mover = PayloadMover(pool_blocks, tier_blocks)
-    cache = RadixCache(
+    cache = TieredRadixCache(
         BlockPool(pool_blocks),
         bs,
         policy,

@@ -128,10 +128,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.now += 1.0  # session warmth runs out as the machine goes on
         key = self.cache.policy.key
         self.before = {
-            n: (key(n), len(n.blocks))
-            for q in self.cache._queues.values()
-            for n in q.nodes()
-            if is_evictable(n)
+            n: (key(n), len(n.blocks)) for n in self.cache._queues.nodes() if is_evictable(n)
         }
 
     def check_key_order(self) -> None:
