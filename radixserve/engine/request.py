@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,6 +13,7 @@ import torch
 from radixserve.engine.outputs import RequestMetrics, RequestOutput
 from radixserve.engine.params import SamplingParams
 from radixserve.engine.tokenizer import IncrementalDetokenizer
+from radixserve.errors import InvalidRequestError, PromptTooLongError, RequestTooLargeError
 
 
 class RequestState(enum.Enum):
@@ -34,6 +36,11 @@ class Request:
     `num_shared_blocks` of those belong to the radix tree (pinned through `lock_node`), the
     rest are the request's own. Prefill and decode are one thing: each step computes
     token_ids[num_computed:...], and when that reaches the end, samples the next token.
+
+    Each group of fields has one owner that changes it: the scheduler the queue state
+    (`state`, `admitted_seq`), the KVCacheManager the blocks (`num_computed`, `block_table`,
+    `num_shared_blocks`, `lock_node`), radixserve.engine.output the output (new
+    `token_ids`, `text`, `emitted_*`), and the engine the ending (`finish_reason`, `error`).
     """
 
     request_id: str
@@ -58,8 +65,8 @@ class Request:
     text: str = ""  # output text with stop strings cut
     emitted_chars: int = 0  # how much of `text` callers have been given
     emitted_tokens: int = 0
-    logits: list[torch.Tensor] = field(default_factory=list)
-    metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(0.0))
+    logits: list[torch.Tensor] = field(default_factory=list)  # with params.return_logits
+    metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.monotonic()))
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -86,33 +93,34 @@ class Request:
         """True once the request has ended, for any reason."""
         return self.state is RequestState.FINISHED
 
-    def snapshot(self, finished: bool = False) -> RequestOutput:
-        """The output callers see now, with the delta since the last snapshot."""
-        out_ids = self.output_token_ids
-        new_ids = out_ids[self.emitted_tokens :]
-        visible = len(self.text) if finished else self._stable_text_len()
-        new_text = self.text[self.emitted_chars : visible]
-        self.emitted_tokens = len(out_ids)
-        self.emitted_chars = max(self.emitted_chars, visible)
-        self.metrics.num_output_tokens = len(out_ids)
-        return RequestOutput(
-            request_id=self.request_id,
-            prompt_token_ids=self.prompt_token_ids,
-            token_ids=list(out_ids),
-            text=self.text[:visible] if not finished else self.text,
-            new_token_ids=new_ids,
-            new_text=new_text,
-            finished=finished,
-            finish_reason=self.finish_reason,
-            num_cached_tokens=self.num_cached_tokens,
-            metrics=self.metrics,
-            error=self.error,
-            logits=list(self.logits) if finished else [],
-        )
 
-    def _stable_text_len(self) -> int:
-        # Hold back a tail that could still grow into a stop string.
-        if not self.params.stop:
-            return len(self.text)
-        hold = max(len(s) for s in self.params.stop) - 1
-        return max(self.emitted_chars, len(self.text) - hold)
+def check_prompt(
+    ids: list[int], params: SamplingParams, vocab_size: int, max_model_len: int, pool_tokens: int
+) -> None:
+    """Raise InvalidRequestError (or its PromptTooLongError / RequestTooLargeError) unless
+    `ids` is a prompt this engine can complete: token ids in the vocabulary, at least one
+    token of context left to generate, and prompt + max_tokens within the whole KV pool
+    (`pool_tokens`)."""
+    if not ids:
+        raise InvalidRequestError("the prompt is empty", "prompt")
+    # The distinct types first, then min/max: C loops over a long prompt, not a Python one.
+    types = set(map(type, ids))
+    if (
+        any(not issubclass(tp, int) or issubclass(tp, bool) for tp in types)
+        or min(ids) < 0
+        or max(ids) >= vocab_size
+    ):
+        raise InvalidRequestError(f"token ids must be integers in [0, {vocab_size})", "prompt")
+    if len(ids) >= max_model_len:
+        raise PromptTooLongError(
+            f"the prompt has {len(ids)} tokens; this model's context is {max_model_len} "
+            "tokens, and at least one must be left to generate",
+            "prompt",
+        )
+    total = min(len(ids) + params.max_tokens, max_model_len)
+    if total > pool_tokens:
+        raise RequestTooLargeError(
+            f"prompt ({len(ids)}) + max_tokens needs {total} tokens of KV cache, more than the "
+            f"whole pool ({pool_tokens} tokens)",
+            "max_tokens",
+        )

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from radixserve.engine.kv_manager import KVCacheManager
 from radixserve.engine.request import Request, RequestState
+from radixserve.model.batch import SeqChunk
 
 LPM_MAX_QUEUE = 128  # past this many waiting requests, ordering by match costs too much
 
@@ -24,6 +25,12 @@ class ScheduledChunk:
     def samples(self) -> bool:
         """Whether this chunk ends at the request's last token."""
         return self.req.num_computed + self.num_tokens == len(self.req.token_ids)
+
+    def seq_chunk(self) -> SeqChunk:
+        """What the model runner computes for this chunk."""
+        r = self.req
+        ids = r.token_ids[r.num_computed : r.num_computed + self.num_tokens]
+        return SeqChunk(ids, r.num_computed, r.block_table, need_logits=self.samples)
 
 
 @dataclass

@@ -1,0 +1,161 @@
+"""Build what an engine runs on from an EngineConfig: the model and tokenizer, the runner with
+its KV pool, the offload tier, the prefix cache and who owns each block, and a warm restart's
+saved cache loaded into them."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from radixserve.cache import make_prefix_cache
+from radixserve.engine.config import EngineConfig
+from radixserve.engine.kv_manager import KVCacheManager
+from radixserve.engine.kv_persist import KVPersistence
+from radixserve.engine.scheduler import Scheduler
+from radixserve.engine.tokenizer import Tokenizer
+from radixserve.model.kv_pool import KVPool, bytes_per_token, check_pool_holds_request
+from radixserve.model.kv_tier import KVTier, KVTierMover, open_kv_tier
+from radixserve.model.llama import LlamaModel
+from radixserve.model.loader import (
+    load_model,
+    resolve_device,
+    resolve_dtype,
+    resolve_kv_cache_dtype,
+    resolve_model,
+    resolve_quantization,
+)
+from radixserve.model.runner import ModelRunner
+from radixserve.options import default_of
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineParts:
+    """Everything an engine runs on. The runner owns the model and the KV pool; `kv` owns
+    the blocks (its `cache` is the prefix cache, on or off) and the scheduler the queues;
+    `tier` is the offload tier's storage and `persistence` writes the cache for a warm
+    restart, when configured."""
+
+    config: EngineConfig
+    model_name: str
+    tokenizer: Tokenizer
+    runner: ModelRunner
+    kv: KVCacheManager
+    scheduler: Scheduler
+    tier: KVTier | None
+    persistence: KVPersistence | None
+    max_model_len: int
+    eos_ids: frozenset[int]
+
+    def save_cache(self) -> None:
+        """Write the cache for a warm restart (once; only with kv_persist_dir). Call it when
+        the loop has stopped: nothing may change the cache meanwhile."""
+        persist, self.persistence = self.persistence, None
+        if persist is None:
+            return
+        try:
+            saved = persist.save(self.kv.cache, self.runner.kv_pool, self.tier)
+        except OSError:
+            log.exception("saving the KV cache for a warm restart failed")
+            return
+        log.info(
+            "saved %d cached blocks (%d nodes, %.0f MiB) for a warm restart in %.2f s",
+            saved.blocks, saved.nodes, saved.nbytes / 2**20, saved.seconds,
+        )  # fmt: skip
+
+
+def load_parts(config: EngineConfig) -> EngineParts:
+    """Find and load the model `config` names (weights, tokenizer), then `assemble` the rest."""
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    files = resolve_model(config.model, Path(config.cache_dir) if config.cache_dir else None)
+    device = resolve_device(config.device)
+    quantization = resolve_quantization(config.quantization, files, device)
+    dtype = resolve_dtype(config.dtype, device, quantized=quantization != "none")
+    model = load_model(files, dtype, device, quantization)
+    return assemble(config, model, Tokenizer.from_dir(files.path), files.name)
+
+
+def assemble(
+    config: EngineConfig, model: LlamaModel, tokenizer: Tokenizer, model_name: str
+) -> EngineParts:
+    """The parts of an engine over an already-built `model`: the KV pool sized by `config`
+    (a pool that cannot hold one request of max_model_len is a start-up error), the runner,
+    the offload tier, the cache, and the saved cache of a warm restart loaded into them."""
+    mc = model.config
+    dtype = next(model.parameters()).dtype
+    kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype)
+    per_block = bytes_per_token(mc, kv_dtype) * config.block_size
+    if config.num_blocks:
+        num_blocks = config.num_blocks
+    else:
+        memory = config.kv_cache_memory or default_of(EngineConfig, "kv_cache_memory")
+        num_blocks = KVPool.blocks_for_memory(mc, memory, config.block_size, kv_dtype)
+    max_model_len = min(
+        config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings
+    )
+    if config.max_model_len:
+        check_pool_holds_request(num_blocks, config.block_size, max_model_len, per_block)
+    runner = ModelRunner(
+        model,
+        num_blocks,
+        config.block_size,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_model_len=max_model_len,
+        attention_backend=config.attention_backend,
+        enforce_eager=config.enforce_eager,
+        kv_cache_dtype=kv_dtype,
+    )
+    if runner.decode_mode != "eager":
+        took = runner.warmup()
+        log.info("decode steps: %s, captured in %.1f s", runner.decode_mode, took)
+    # The offload tier and warm restart (docs/kv-offload.md): the cache tracks the tier's
+    # block ids, the mover copies their bytes.
+    tier = None
+    if config.enable_prefix_cache:
+        tier = open_kv_tier(mc, runner.kv_pool, config.kv_offload_memory, config.kv_offload_dir)
+    mover = KVTierMover(runner.kv_pool, tier) if tier is not None else None
+
+    def new_kv() -> KVCacheManager:
+        cache = make_prefix_cache(
+            num_blocks=num_blocks,
+            block_size=config.block_size,
+            enabled=config.enable_prefix_cache,
+            eviction_policy=config.eviction_policy,
+            session_ttl=config.session_ttl,
+            namespace_quota=config.namespace_quota,
+            refetch_window=config.refetch_window,
+            tier_blocks=tier.num_blocks if tier is not None else 0,
+            mover=mover,
+        )
+        return KVCacheManager(cache, runner.copy_block)
+
+    kv = new_kv()
+    persistence = None
+    if config.kv_persist_dir and kv.cache.enabled:
+        persistence = KVPersistence(config.kv_persist_dir, model, mc, config.block_size, kv_dtype)
+        try:
+            loaded = persistence.load(kv.cache, runner.kv_pool, tier)
+        except Exception:
+            log.exception("loading the KV cache save failed; starting cold")
+            kv, loaded = new_kv(), None
+        if loaded is not None:
+            log.info(
+                "warm start: loaded %d cached blocks (%d nodes, %.0f MiB) in %.2f s",
+                loaded.blocks, loaded.nodes, loaded.nbytes / 2**20, loaded.seconds,
+            )  # fmt: skip
+    eos_ids = set(mc.eos_token_ids)
+    if tokenizer.eos_token_id is not None:
+        eos_ids.add(tokenizer.eos_token_id)
+    scheduler = Scheduler(
+        kv, config.max_num_batched_tokens, config.max_num_seqs, config.schedule_policy
+    )
+    return EngineParts(
+        config, model_name, tokenizer, runner, kv, scheduler, tier, persistence, max_model_len,
+        frozenset(eos_ids),
+    )  # fmt: skip
