@@ -11,9 +11,15 @@ from __future__ import annotations
 import ctypes
 import mmap
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
+
+from radixserve.model.quant import QuantizedWeight, QuantLinear
+
+if TYPE_CHECKING:
+    from radixserve.model.llama import LlamaModel
 
 _MADV_HUGEPAGE = 14  # Linux
 _ALIGN = 64  # bytes: a cache line, and any element size
@@ -68,3 +74,41 @@ def pack_on_huge_pages(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         view.copy_(t)
         packed.append(view)
     return packed
+
+
+def pack_model_weights(model: LlamaModel) -> None:
+    """On CPU, move the weights a forward step reads (`model.step_weights()`: norms,
+    projections or their codes, the LM head) into one buffer on huge pages, in the order the
+    step reads them: the step then streams one run of memory instead of ~250 scattered
+    tensors. Call after quantizing; the computation is unchanged."""
+    if model.embed.device.type != "cpu":
+        return
+    moves: list[tuple[list[torch.Tensor], Callable[[list[torch.Tensor]], None]]] = []
+
+    def tensor(t: torch.Tensor | None) -> None:
+        if t is not None and t.numel():
+            moves.append(([t.data], lambda new: setattr(t, "data", new[0])))
+
+    def codes(lin: QuantLinear) -> None:
+        w = lin.weight
+        parts = [w.qs, w.scale] + ([w.minv] if w.minv is not None else [])
+
+        def use(new: list[torch.Tensor]) -> None:
+            minv = new[2] if len(new) > 2 else None
+            lin.use_weight(QuantizedWeight(w.kind, new[0], new[1], minv))
+
+        moves.append((parts, use))
+
+    for read in model.step_weights():
+        if isinstance(read, torch.Tensor):  # a norm
+            tensor(read)
+            continue
+        if isinstance(read, QuantLinear):
+            codes(read)
+        else:
+            tensor(read.weight)  # the dense parameter itself
+        tensor(read.bias)
+    packed = iter(pack_on_huge_pages([t for parts, _ in moves for t in parts]))
+    for parts, use in moves:
+        use([next(packed) for _ in parts])
+    model.weights_moved()

@@ -264,11 +264,13 @@ def load_model(
     """Build the LlamaModel for `files` with its weights, on `device` in `dtype`, with its
     projections quantized as `resolve_quantization` decides."""
     from radixserve.model.config import ModelConfig
+    from radixserve.model.hugepages import pack_model_weights
     from radixserve.model.llama import LlamaModel
+    from radixserve.model.weights import load_hf_weights, quantize_model
 
     config = ModelConfig.from_dir(files.path)
     model = LlamaModel(config, dtype)
-    model.load_hf_state_dict(load_state_dict(files.path, dtype))
+    load_hf_weights(model, load_state_dict(files.path, dtype))
     model = model.to(device).eval()
     model.prepare()
     kind = resolve_quantization(quantization, files, device)
@@ -288,6 +290,6 @@ def load_model(
                 ).items()
                 if w.kind == kind or w.kind == "int8"  # Q8_0 is exact and at least as precise
             }
-        model.quantize(kind, stored)
-    model.pack_weights()
+        quantize_model(model, kind, stored)
+    pack_model_weights(model)
     return model
