@@ -46,6 +46,7 @@ from radixserve.engine.params import SamplingParams  # noqa: E402
 from radixserve.engine.tokenizer import Tokenizer  # noqa: E402
 from radixserve.model.config import ModelConfig  # noqa: E402
 from radixserve.model.llama import LlamaModel  # noqa: E402
+from radixserve.model.weights import load_hf_weights  # noqa: E402
 from radixserve.values import ATTENTION_BACKENDS  # noqa: E402
 
 # SmolLM2-135M-Instruct's config.json (the default model), as transformers reads it.
@@ -178,7 +179,7 @@ class Models:
 
     def ours(self, dtype: torch.dtype) -> LlamaModel:
         model = LlamaModel(self.config, dtype)
-        model.load_hf_state_dict(self.state)
+        load_hf_weights(model, self.state)
         model = model.to(self.device).eval()
         model.prepare()
         return model

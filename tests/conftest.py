@@ -12,6 +12,7 @@ from radixserve.engine.tokenizer import Tokenizer
 from radixserve.model.config import ModelConfig
 from radixserve.model.llama import LlamaModel
 from radixserve.model.loader import ModelFiles, resolve_model
+from radixserve.model.weights import load_hf_weights
 
 TinyPair = tuple[Any, LlamaModel]
 
@@ -39,7 +40,7 @@ def build_tiny_pair(seed: int = 0, **overrides: Any) -> TinyPair:
     hf = LlamaForCausalLM(hf_cfg).eval()
     cfg = ModelConfig.from_hf_dict(hf_cfg.to_dict() | {"architectures": ["LlamaForCausalLM"]})
     ours = LlamaModel(cfg, torch.float32)
-    ours.load_hf_state_dict(hf.state_dict())
+    load_hf_weights(ours, hf.state_dict())
     return hf, ours.eval()
 
 

@@ -1,120 +1,47 @@
-"""Llama-family decoder whose attention reads and writes the paged KV pool."""
+"""Llama-family decoder whose attention reads and writes the paged KV pool: its parameters
+and forward paths (checkpoint names and quantization: weights.py; huge pages: hugepages.py)."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
+from enum import Enum
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from radixserve.model import kernels
-from radixserve.model.attention import AttentionBackend, CpuPagedBackend, SdpaBackend
+from radixserve.model.attention import AttendFn, AttentionBackend, SdpaBackend, planned
 from radixserve.model.batch import ForwardBatch, narrow_to_outputs
 from radixserve.model.config import ModelConfig
-from radixserve.model.hugepages import pack_on_huge_pages
 from radixserve.model.kv_pool import KVPool
-from radixserve.model.quant import GROUP, QuantizedWeight, QuantLinear, quantize
+from radixserve.model.layers import (
+    Linear,
+    Rotary,
+    apply_rope,
+    frozen,
+    fused_kernels_apply,
+    rms_norm,
+)
+from radixserve.model.quant import QuantizedWeight, QuantLinear
 
 
-def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
-    """Inverse RoPE frequencies [head_dim/2] with the config's theta and scaling."""
-    d = config.head_dim
-    inv = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
-    s = config.rope_scaling
-    if not s:
-        return inv.float()
-    kind = s.get("rope_type", s.get("type", "default"))
-    if kind == "default":
-        return inv.float()
-    if kind == "linear":
-        return (inv / float(s["factor"])).float()
-    if kind == "llama3":
-        factor = float(s["factor"])
-        low, high = float(s["low_freq_factor"]), float(s["high_freq_factor"])
-        old_ctx = float(s["original_max_position_embeddings"])
-        wavelen = 2 * math.pi / inv
-        low_wl, high_wl = old_ctx / low, old_ctx / high
-        smooth = (old_ctx / wavelen - low) / (high - low)
-        mid = (1 - smooth) * inv / factor + smooth * inv
-        out = torch.where(wavelen > low_wl, inv / factor, inv)
-        is_mid = (wavelen <= low_wl) & (wavelen >= high_wl)
-        return torch.where(is_mid, mid, out).float()
-    raise ValueError(f"unsupported rope scaling {kind!r}")
+class ForwardPath(Enum):
+    """The ways an eager step runs the decoder (`LlamaModel.forward_path` picks one; the
+    runner's CUDA-graph decode steps replay `LlamaModel.decode` instead)."""
+
+    FUSED_DECODE = "fused-decode"  # every layer in one call of our `decode_layers` kernel
+    NARROWED = "narrowed"  # layer by layer; the last one's attention and MLP for output rows only
+    LAYERS = "layers"  # layer by layer, every row
 
 
-class Rotary(nn.Module):
-    """cos/sin tables for every position up to the model's maximum, built once."""
+class Projection(NamedTuple):
+    """One matmul of a step: its name, its wrapper, and the dense weight it was built from."""
 
-    cos: torch.Tensor
-    sin: torch.Tensor
-
-    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
-        super().__init__()
-        t = torch.arange(config.max_position_embeddings, dtype=torch.float32)
-        freqs = torch.outer(t, rope_inv_freq(config))
-        emb = torch.cat([freqs, freqs], dim=-1)
-        self.register_buffer("cos", emb.cos().to(dtype), persistent=False)
-        self.register_buffer("sin", emb.sin().to(dtype), persistent=False)
-
-    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.cos[positions], self.sin[positions]
-
-
-class Linear:
-    """y = x W^T (+ b), with the weight prepacked for oneDNN where that is faster.
-
-    On CPU in bfloat16, oneDNN's prepacked GEMM is ~1.7x faster than F.linear for the
-    few-row matmuls of decode steps; elsewhere this is F.linear.
-    """
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        self.weight, self.bias, self.packed = weight, bias, None
-        if weight.device.type == "cpu" and weight.dtype == torch.bfloat16:
-            try:
-                packed = torch.ops.mkldnn._reorder_linear_weight(weight, 8)
-                probe = torch.ones(2, weight.shape[1], dtype=weight.dtype)
-                self._packed_call(probe, packed)
-                self.packed = packed
-            except (RuntimeError, AttributeError):
-                self.packed = None
-
-    def _packed_call(self, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
-        return out
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None:
-            return self._packed_call(x, self.packed)
-        return F.linear(x, self.weight, self.bias)
-
-
-def fused_kernels_apply(weight: torch.Tensor) -> bool:
-    """Whether a layer with weights like `weight` runs its elementwise steps in our CPU
-    kernels (float32 on CPU, kernels built; RADIXSERVE_CPU_KERNELS=0 turns them off)."""
-    return weight.device.type == "cpu" and weight.dtype == torch.float32 and kernels.load()
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm computed in float32, scaled in the model dtype (as transformers does).
-
-    Normalising in float32 explicitly is also ~20x faster on CPU than bf16 F.rms_norm.
-    """
-    normed: torch.Tensor = F.rms_norm(x.float(), (x.shape[-1],), None, eps)
-    return weight * normed.to(x.dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [T, heads, D] by the per-token cos/sin [T, D] (rotate-half layout)."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    rotated = torch.cat([-x2, x1], dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
-
-
-# Attention of a layer's queries [T, H, D] over its K/V blocks -> [T, H * D].
-Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    name: str  # "layers.0.qkv_lin", ..., "head_lin"
+    lin: Linear | QuantLinear
+    weight_name: str  # the dense weight's name in state_dict(): "layers.0.qkv", ..., "embed"
+    weight: nn.Parameter
 
 
 class DecoderLayer(nn.Module):
@@ -131,25 +58,15 @@ class DecoderLayer(nn.Module):
         self.num_kv = config.num_kv_heads
         self.head_dim = config.head_dim
         self.eps = config.rms_norm_eps
+        hidden, inter = config.hidden_size, config.intermediate_size
         qkv_rows = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
-        self.input_norm = nn.Parameter(torch.ones(config.hidden_size), requires_grad=False)
-        self.qkv = nn.Parameter(torch.empty(qkv_rows, config.hidden_size), requires_grad=False)
-        self.qkv_bias = (
-            nn.Parameter(torch.zeros(qkv_rows), requires_grad=False)
-            if config.attention_bias
-            else None
-        )
-        self.o = nn.Parameter(
-            torch.empty(config.hidden_size, config.num_heads * config.head_dim),
-            requires_grad=False,
-        )
-        self.post_norm = nn.Parameter(torch.ones(config.hidden_size), requires_grad=False)
-        self.gate_up = nn.Parameter(
-            torch.empty(2 * config.intermediate_size, config.hidden_size), requires_grad=False
-        )
-        self.down = nn.Parameter(
-            torch.empty(config.hidden_size, config.intermediate_size), requires_grad=False
-        )
+        self.input_norm = frozen(torch.ones(hidden))
+        self.qkv = frozen(torch.empty(qkv_rows, hidden))
+        self.qkv_bias = frozen(torch.zeros(qkv_rows)) if config.attention_bias else None
+        self.o = frozen(torch.empty(hidden, config.num_heads * config.head_dim))
+        self.post_norm = frozen(torch.ones(hidden))
+        self.gate_up = frozen(torch.empty(2 * inter, hidden))
+        self.down = frozen(torch.empty(hidden, inter))
 
     def prepare(self) -> None:
         """(Re)build the matmul wrappers from the current weights."""
@@ -175,7 +92,7 @@ class DecoderLayer(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         slot_mapping: torch.Tensor,
-        attend: Attend,
+        attend: AttendFn,
         k_blocks: torch.Tensor,
         v_blocks: torch.Tensor,
         out_rows: torch.Tensor | None = None,
@@ -212,7 +129,7 @@ class DecoderLayer(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         slot_mapping: torch.Tensor,
-        attend: Attend,
+        attend: AttendFn,
         k_blocks: torch.Tensor,
         v_blocks: torch.Tensor,
         out_rows: torch.Tensor | None = None,
@@ -244,70 +161,74 @@ class LlamaModel(nn.Module):
 
     head_lin: Linear | QuantLinear
     layers: nn.ModuleList
+    quantization = "none"  # the kind of codes the projections were given (weights.py)
     _decode_weights: list[torch.Tensor] | None = None  # decode_layer_weights(), once built
     _decode_weights_possible = True
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.config = config
-        self.embed = nn.Parameter(
-            torch.empty(config.vocab_size, config.hidden_size), requires_grad=False
-        )
+        self.embed = frozen(torch.empty(config.vocab_size, config.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
-        self.norm = nn.Parameter(torch.ones(config.hidden_size), requires_grad=False)
+        self.norm = frozen(torch.ones(config.hidden_size))
         self.lm_head = (
             None
             if config.tie_word_embeddings
-            else nn.Parameter(
-                torch.empty(config.vocab_size, config.hidden_size), requires_grad=False
-            )
+            else frozen(torch.empty(config.vocab_size, config.hidden_size))
         )
         self.rotary = Rotary(config, dtype)
         self.to(dtype)
+
+    def forward_path(self, batch: ForwardBatch, backend: AttentionBackend) -> ForwardPath:
+        """How an eager step over `batch` runs on `backend`, as its capabilities allow:
+        - FUSED_DECODE: a decode-only step whose weights our `decode_layers` kernel takes
+          (quantized float32 CPU layers: `decode_layer_weights`);
+        - NARROWED: a step with prefill chunks, whose rows other than each chunk's last are
+          needed only for their K/V, where the backend's plan depends only on the batch's
+          description (a chunk of 50 new tokens: the last layer attends 1 row, not 50);
+        - LAYERS: otherwise."""
+        caps = backend.capabilities
+        decode_only = batch.decode is not None and not batch.prefills
+        if decode_only and caps.fused_decode_step and self.decode_layer_weights() is not None:
+            return ForwardPath.FUSED_DECODE
+        if batch.prefills and caps.narrows_last_layer:
+            return ForwardPath.NARROWED
+        return ForwardPath.LAYERS
 
     @torch.inference_mode()
     def forward(
         self, batch: ForwardBatch, kv: KVPool, attn: AttentionBackend | None = None
     ) -> torch.Tensor:
+        """Float32 logits [len(batch.logits_rows), vocab] of one step on `attn` (default:
+        sdpa), by the path `forward_path` picks; writes every row's K/V into `kv`."""
         backend = attn or SdpaBackend()
-        d = batch.decode
-        if d is not None and not batch.prefills and isinstance(backend, CpuPagedBackend):
-            weights = self.decode_layer_weights()
-            if weights is not None:  # every layer in one call of our kernels
-                h = self.embed[batch.input_ids]
-                cos, sin = self.rotary(batch.positions)
-                c = self.config
-                kernels.op("decode_layers")(
-                    h, weights, cos, sin, batch.slot_mapping, kv.k, kv.v,
-                    d.block_table, d.context_lens, c.num_heads, c.rms_norm_eps,
-                )  # fmt: skip
-                return self._logits(h[batch.logits_rows])
-        plan = backend.plan(batch)
-
-        def attend(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor) -> torch.Tensor:
-            return backend.forward(q, batch, plan, k_blocks, v_blocks)
-
-        # The last layer's attention and MLP only for the rows whose output is used (a chunk
-        # of 50 new tokens: 1 of them); its K/V for every row. The backends whose plan
-        # depends only on the batch's description (ours on CPU).
-        logits_rows = batch.logits_rows
-        last = None
-        if isinstance(backend, (CpuPagedBackend, SdpaBackend)):
-            narrowed = narrow_to_outputs(batch)
-            if narrowed is not None:
-                rows, narrow = narrowed
-                narrow_plan = backend.plan(narrow)
-
-                def attend_narrow(
-                    q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor
-                ) -> torch.Tensor:
-                    return backend.forward(q, narrow, narrow_plan, k_blocks, v_blocks)
-
-                last, logits_rows = (rows, attend_narrow), narrow.logits_rows
+        path = self.forward_path(batch, backend)
+        if path is ForwardPath.FUSED_DECODE:
+            return self._fused_decode(batch, kv)
+        attend = planned(backend, batch)
+        logits_rows, last = batch.logits_rows, None
+        narrowed = narrow_to_outputs(batch) if path is ForwardPath.NARROWED else None
+        if narrowed is not None:
+            rows, narrow = narrowed
+            last, logits_rows = (rows, planned(backend, narrow)), narrow.logits_rows
         h = self._layers(batch.input_ids, batch.positions, batch.slot_mapping, kv, attend, last)
         if logits_rows.numel() == 0:
             return torch.empty(0, self.config.vocab_size, device=h.device)
         return self._logits(h[logits_rows])
+
+    def _fused_decode(self, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
+        """ForwardPath.FUSED_DECODE: every layer of a decode-only step in one kernel call."""
+        d = batch.decode
+        weights = self.decode_layer_weights()
+        assert d is not None and weights is not None
+        h = self.embed[batch.input_ids]
+        cos, sin = self.rotary(batch.positions)
+        c = self.config
+        kernels.op("decode_layers")(
+            h, weights, cos, sin, batch.slot_mapping, kv.k, kv.v,
+            d.block_table, d.context_lens, c.num_heads, c.rms_norm_eps,
+        )  # fmt: skip
+        return self._logits(h[batch.logits_rows])
 
     def decode(
         self,
@@ -338,8 +259,8 @@ class LlamaModel(nn.Module):
         positions: torch.Tensor,
         slot_mapping: torch.Tensor,
         kv: KVPool,
-        attend: Attend,
-        last: tuple[torch.Tensor, Attend] | None = None,
+        attend: AttendFn,
+        last: tuple[torch.Tensor, AttendFn] | None = None,
     ) -> torch.Tensor:
         """Hidden states after every layer; with `last` = (rows, attend for them), the last
         layer's output of those rows only."""
@@ -395,141 +316,60 @@ class LlamaModel(nn.Module):
         return weights
 
     def prepare(self) -> None:
-        """Build the matmul wrappers; call after loading weights or moving the model."""
-        self._decode_weights, self._decode_weights_possible = None, True
+        """Build the dense matmul wrappers; call after loading weights or moving the model
+        (it drops quantized projections: quantize after it)."""
+        self.weights_moved()
         self.quantization = "none"
         self.head_lin = Linear(self.embed if self.lm_head is None else self.lm_head)
         self.fused_norm = fused_kernels_apply(self.norm)  # as each layer decides its own
         for layer in self.decoder_layers():
             layer.prepare()
 
-    def quantize(self, kind: str, stored: dict[str, QuantizedWeight] | None = None) -> None:
-        """Run every projection (and the LM head) on `kind` codes ("int8" / "int4").
+    def projections(self) -> list[Projection]:
+        """Every matmul of a step, in the order a step runs them: each layer's four, then
+        the LM head (whose dense weight is the embedding table when tied)."""
+        weight_names = {id(p): name for name, p in self.named_parameters()}
+        out = [
+            Projection(f"layers.{i}.{attr}", lin, weight_names[id(weight)], weight)
+            for i, layer in enumerate(self.decoder_layers())
+            for attr, lin, weight in layer.projections()
+        ]
+        head = self.embed if self.lm_head is None else self.lm_head
+        return [*out, Projection("head_lin", self.head_lin, weight_names[id(head)], head)]
 
-        Matrices found in `stored` (transformers names, e.g. a GGUF's own Q4_1 blocks) are
-        used as they are, whatever their kind; the others are quantized from the current
-        weights. The dense copies of the decoder's matrices are then released. The
-        embedding table stays dense for lookups.
-        """
-        stored = stored or {}
-        device = self.embed.device
-
-        def linear(
-            names: list[str], dense: nn.Parameter, current: Linear | QuantLinear
-        ) -> Linear | QuantLinear:
-            if all(n in stored for n in names):
-                parts = [stored[n] for n in names]
-                if len({p.kind for p in parts}) == 1:
-                    codes = parts[0]
-                    for p in parts[1:]:
-                        codes = codes.concat(p)
-                    return QuantLinear(codes.to(device), current.bias)
-            if dense.shape[1] % GROUP:
-                return current  # groups of 32 do not tile this matrix: it stays dense
-            return QuantLinear(quantize(dense, kind), current.bias)
-
-        for i, layer in enumerate(self.decoder_layers()):
-            a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
-            qkv = [a + f"{x}_proj.weight" for x in ("q", "k", "v")]
-            layer.qkv_lin = linear(qkv, layer.qkv, layer.qkv_lin)
-            layer.o_lin = linear([a + "o_proj.weight"], layer.o, layer.o_lin)
-            gate_up = [m + "gate_proj.weight", m + "up_proj.weight"]
-            layer.gate_up_lin = linear(gate_up, layer.gate_up, layer.gate_up_lin)
-            layer.down_lin = linear([m + "down_proj.weight"], layer.down, layer.down_lin)
-            for _, lin, p in layer.projections():
-                if isinstance(lin, QuantLinear):  # release the dense copy
-                    p.data = torch.empty(0, dtype=p.dtype, device=p.device)
-        head = "model.embed_tokens.weight" if self.lm_head is None else "lm_head.weight"
-        head_w = self.embed if self.lm_head is None else self.lm_head
-        self.head_lin = linear([head], head_w, self.head_lin)
-        self.quantization = kind
-        self._decode_weights, self._decode_weights_possible = None, True
+    def set_projection(self, name: str, lin: Linear | QuantLinear) -> None:
+        """Compute the matmul `name` (as `projections()` names it) with `lin` from now on. A
+        layer's projection given codes releases its dense weight; the LM head's stays (it
+        may be the embedding table)."""
+        owner, _, attr = name.rpartition(".")  # "layers.3", "qkv_lin"; "", "head_lin"
+        setattr(self.get_submodule(owner), attr, lin)
+        weight = next(p.weight for p in self.projections() if p.name == name)
+        if owner and isinstance(lin, QuantLinear):
+            weight.data = torch.empty(0, dtype=weight.dtype, device=weight.device)
+        self.weights_moved()
 
     def quantized_weights(self) -> list[tuple[str, QuantizedWeight]]:
         """Each quantized matrix by name ("layers.0.qkv_lin", ..., "head_lin"): their codes
         are not parameters, so `state_dict()` does not hold them."""
-        named: list[tuple[str, Linear | QuantLinear]] = [
-            (f"layers.{i}.{attr}", lin)
-            for i, layer in enumerate(self.decoder_layers())
-            for attr, lin, _ in layer.projections()
+        return [
+            (p.name, p.lin.weight) for p in self.projections() if isinstance(p.lin, QuantLinear)
         ]
-        named.append(("head_lin", self.head_lin))
-        return [(name, lin.weight) for name, lin in named if isinstance(lin, QuantLinear)]
 
-    def pack_weights(self) -> None:
-        """On CPU, move the weights a forward step reads (norms, projections or their codes,
-        the LM head) into one buffer on huge pages, in the order the step reads them: the
-        step then streams one run of memory instead of ~250 scattered tensors. Call after
-        `quantize`; the computation is unchanged."""
-        if self.embed.device.type != "cpu":
-            return
-        moves: list[tuple[list[torch.Tensor], Callable[[list[torch.Tensor]], None]]] = []
-
-        def param(p: torch.Tensor | None) -> None:
-            if p is not None and p.numel():
-                moves.append(([p.data], lambda new: setattr(p, "data", new[0])))
-
-        def linear(lin: Linear | QuantLinear, dense: nn.Parameter) -> None:
-            if isinstance(lin, QuantLinear):
-                w = lin.weight
-                parts = [w.qs, w.scale] + ([w.minv] if w.minv is not None else [])
-
-                def use(new: list[torch.Tensor]) -> None:
-                    minv = new[2] if len(new) > 2 else None
-                    lin.use_weight(QuantizedWeight(w.kind, new[0], new[1], minv))
-
-                moves.append((parts, use))
-            else:
-                param(dense)
-            param(lin.bias)
-
+    def step_weights(self) -> list[nn.Parameter | Linear | QuantLinear]:
+        """What a step reads, in the order it reads it: each layer's input norm, qkv and o
+        projections, post norm, gate/up and down projections; then the final norm and the LM
+        head (norms as parameters, projections as their matmuls)."""
+        out: list[nn.Parameter | Linear | QuantLinear] = []
         for layer in self.decoder_layers():
-            qkv, o, gate_up, down = ((lin, dense) for _, lin, dense in layer.projections())
-            param(layer.input_norm)
-            linear(*qkv)
-            linear(*o)
-            param(layer.post_norm)
-            linear(*gate_up)
-            linear(*down)
-        param(self.norm)
-        linear(self.head_lin, self.embed if self.lm_head is None else self.lm_head)
-        packed = iter(pack_on_huge_pages([t for parts, _ in moves for t in parts]))
-        for parts, use in moves:
-            use([next(packed) for _ in parts])
+            qkv, o, gate_up, down = (lin for _, lin, _ in layer.projections())
+            out += [layer.input_norm, qkv, o, layer.post_norm, gate_up, down]
+        return [*out, self.norm, self.head_lin]
+
+    def weights_moved(self) -> None:
+        """Forget what was built over the weights' memory (`decode_layer_weights`); call
+        after replacing or moving any of them."""
         self._decode_weights, self._decode_weights_possible = None, True
 
     def decoder_layers(self) -> list[DecoderLayer]:
         """The layers, typed."""
         return [layer for layer in self.layers if isinstance(layer, DecoderLayer)]
-
-    def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
-        """Copy transformers-named weights in, fusing q/k/v and gate/up."""
-        dtype = self.embed.dtype
-
-        def take(name: str) -> torch.Tensor:
-            if name not in sd:
-                raise KeyError(f"weight {name} missing from the checkpoint")
-            return sd[name].to(dtype)
-
-        with torch.no_grad():
-            self.embed.copy_(take("model.embed_tokens.weight"))
-            self.norm.copy_(take("model.norm.weight"))
-            if self.lm_head is not None:
-                name = "lm_head.weight"
-                self.lm_head.copy_(take(name) if name in sd else take("model.embed_tokens.weight"))
-            for i, layer in enumerate(self.decoder_layers()):
-                p = f"model.layers.{i}."
-                a = p + "self_attn."
-                layer.input_norm.copy_(take(p + "input_layernorm.weight"))
-                layer.post_norm.copy_(take(p + "post_attention_layernorm.weight"))
-                layer.qkv.copy_(torch.cat([take(a + f"{x}_proj.weight") for x in ("q", "k", "v")]))
-                if layer.qkv_bias is not None:
-                    layer.qkv_bias.copy_(
-                        torch.cat([take(a + f"{x}_proj.bias") for x in ("q", "k", "v")])
-                    )
-                layer.o.copy_(take(a + "o_proj.weight"))
-                layer.gate_up.copy_(
-                    torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])
-                )
-                layer.down.copy_(take(p + "mlp.down_proj.weight"))
-        self.prepare()

@@ -265,10 +265,11 @@ def load_model(
     projections quantized as `resolve_quantization` decides."""
     from radixserve.model.config import ModelConfig
     from radixserve.model.llama import LlamaModel
+    from radixserve.model.weights import load_hf_weights, pack_model_weights, quantize_model
 
     config = ModelConfig.from_dir(files.path)
     model = LlamaModel(config, dtype)
-    model.load_hf_state_dict(load_state_dict(files.path, dtype))
+    load_hf_weights(model, load_state_dict(files.path, dtype))
     model = model.to(device).eval()
     model.prepare()
     kind = resolve_quantization(quantization, files, device)
@@ -288,6 +289,6 @@ def load_model(
                 ).items()
                 if w.kind == kind or w.kind == "int8"  # Q8_0 is exact and at least as precise
             }
-        model.quantize(kind, stored)
-    model.pack_weights()
+        quantize_model(model, kind, stored)
+    pack_model_weights(model)
     return model

@@ -83,7 +83,8 @@ class ModelRunner:
         self.enforce_eager = enforce_eager
         self.decode_mode = "eager"  # eager | cuda-graphs
         self._graphs: CudaGraphDecoder | None = None
-        if not enforce_eager and self.device.type == "cuda":
+        capturable = self.attn.capabilities.graph_capturable
+        if not enforce_eager and self.device.type == "cuda" and capturable:
             self._graphs = CudaGraphDecoder(self, graph_buckets(max_num_seqs))
             self.decode_mode = "cuda-graphs"
 

@@ -11,6 +11,7 @@ from test_engine_tiny import Collector, greedy, run_until_idle  # tests/engine i
 
 from radixserve.engine.kv_persist import SAVE_FILE
 from radixserve.model.kv_tier import TIER_FILE
+from radixserve.model.weights import quantize_model
 
 BS = 4
 
@@ -170,7 +171,7 @@ def test_the_weights_hash_covers_quantized_codes(tiny_pair_factory) -> None:
     hashes = []
     for kind in ("int4", "int8"):
         _, model = tiny_pair_factory(intermediate_size=128)
-        model.quantize(kind)
+        quantize_model(model, kind)
         hashes.append(weights_hash(model))
     assert weights_hash(model) == hashes[-1]  # deterministic
     model.decoder_layers()[0].qkv_lin.weight.qs.view(-1)[0] += 1

@@ -41,8 +41,15 @@ NB = 40
 
 @pytest.fixture(scope="module")
 def tri() -> ModuleType:
-    """radixserve.model.attention_triton (imports triton)."""
-    return importlib.import_module("radixserve.model.attention_triton")
+    """radixserve.model.attention.triton, the backend's module (its kernels import triton)."""
+    importlib.import_module("radixserve.model.attention.triton_kernels")
+    return importlib.import_module("radixserve.model.attention.triton")
+
+
+@pytest.fixture(scope="module")
+def tri_kernels() -> ModuleType:
+    """radixserve.model.attention.triton_kernels (imports triton)."""
+    return importlib.import_module("radixserve.model.attention.triton_kernels")
 
 
 @pytest.mark.slow  # ~25 s: a second pytest process, kernels in the interpreter
@@ -281,29 +288,29 @@ def test_auto_is_not_triton_on_cpu_and_triton_where_cuda_can_run_it(tri, monkeyp
     cpu = torch.device("cpu")
     assert isinstance(select_backend("auto", cpu, torch.bfloat16), SdpaBackend)
     assert select_backend("auto", cpu, torch.float32).name == "cpu"
-    monkeypatch.setattr(tri, "unavailable_reason", lambda device: None)
+    monkeypatch.setattr(tri, "triton_unavailable", lambda device: None)
     got = select_backend("auto", torch.device("cuda"), torch.bfloat16)
     assert isinstance(got, tri.TritonPagedBackend)
-    monkeypatch.setattr(tri, "unavailable_reason", lambda device: "no")
+    monkeypatch.setattr(tri, "triton_unavailable", lambda device: "no")
     assert isinstance(select_backend("auto", torch.device("cuda"), torch.bfloat16), SdpaBackend)
 
 
-def test_triton_on_cpu_without_the_interpreter_is_a_clear_error(tri, monkeypatch) -> None:
-    monkeypatch.setattr(tri, "INTERPRETED", False)
+def test_triton_on_cpu_without_the_interpreter_is_a_clear_error(
+    tri, tri_kernels, monkeypatch
+) -> None:
+    monkeypatch.setattr(tri_kernels, "INTERPRETED", False)
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         select_backend("triton", torch.device("cpu"), torch.float32)
     if not CUDA:  # with the interpreter the kernels do run on CPU tensors
-        monkeypatch.setattr(tri, "INTERPRETED", True)
+        monkeypatch.setattr(tri_kernels, "INTERPRETED", True)
         assert isinstance(
             select_backend("triton", torch.device("cpu"), torch.float32), tri.TritonPagedBackend
         )
 
 
 def test_triton_without_the_package_is_a_clear_error(monkeypatch) -> None:
-    import radixserve.model
-
-    monkeypatch.delitem(sys.modules, "radixserve.model.attention_triton", raising=False)
-    monkeypatch.delattr(radixserve.model, "attention_triton", raising=False)
+    monkeypatch.delitem(sys.modules, "radixserve.model.attention.triton_kernels", raising=False)
+    monkeypatch.delattr(attention, "triton_kernels", raising=False)
     monkeypatch.setitem(sys.modules, "triton", None)  # import triton raises ImportError
     with pytest.raises(ValueError, match=r"needs the triton package.*radixserve\[gpu\]"):
         select_backend("triton", torch.device("cuda"), torch.bfloat16)

@@ -16,6 +16,7 @@ from radixserve.model.config import ModelConfig
 from radixserve.model.hugepages import advise_huge_pages, pack_on_huge_pages
 from radixserve.model.kv_pool import KVPool
 from radixserve.model.quant import QuantLinear
+from radixserve.model.weights import pack_model_weights, quantize_model
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 needs_thp = pytest.mark.skipif(
@@ -97,10 +98,10 @@ def test_packing_a_models_weights_changes_none_of_its_logits(tiny_pair_factory, 
     _, model = tiny_pair_factory(intermediate_size=128)
     if kind != "none":
         assert kernels.load()
-        model.quantize(kind)
+        quantize_model(model, kind)
     ids = [random.Random(0).randrange(101) for _ in range(30)]
     before = _logits(model, ids)
-    model.pack_weights()
+    pack_model_weights(model)
     after = _logits(model, ids)
     for a, b in zip(before, after, strict=True):
         assert torch.equal(a, b)

@@ -13,6 +13,7 @@ from radixserve.model.attention import select_backend
 from radixserve.model.batch import SeqChunk, build_batch
 from radixserve.model.kv_pool import KVPool
 from radixserve.model.quant import QuantizedWeight, QuantLinear, quantize
+from radixserve.model.weights import quantize_model
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -83,7 +84,7 @@ def test_quantized_model_computes_what_its_dequantized_weights_compute(
     quantized, in decode (one row) and prefill (packed panels) steps alike."""
     _, dense = tiny_pair_factory(intermediate_size=128)
     _, quant = tiny_pair_factory(intermediate_size=128)
-    quant.quantize("int4")
+    quantize_model(quant, "int4")
     for layer_d, layer_q in zip(dense.decoder_layers(), quant.decoder_layers(), strict=True):
         for name in ("qkv_lin", "o_lin", "gate_up_lin", "down_lin"):
             lin = getattr(layer_q, name)
@@ -107,7 +108,7 @@ def test_quantized_model_computes_what_its_dequantized_weights_compute(
 
 def test_matrices_whose_width_is_not_a_multiple_of_32_stay_dense(tiny_pair_factory) -> None:
     _, model = tiny_pair_factory(intermediate_size=112)  # down_proj's in_features: 112
-    model.quantize("int8")
+    quantize_model(model, "int8")
     layer = model.decoder_layers()[0]
     assert isinstance(layer.qkv_lin, QuantLinear)
     assert not isinstance(layer.down_lin, QuantLinear)

@@ -15,6 +15,7 @@ from radixserve.model.attention import (
 from radixserve.model.batch import SeqChunk, StepBuffers, build_batch
 from radixserve.model.runner import ModelRunner, bucket_for, graph_buckets
 from radixserve.model.sampling import SamplingRow
+from radixserve.model.weights import quantize_model
 
 CPU = torch.device("cpu")
 
@@ -213,7 +214,7 @@ def test_a_decode_step_in_one_kernel_call_equals_the_layer_by_layer_step(
     _, dense = tiny_pair_factory()
     assert dense.decode_layer_weights() is None  # dense projections: layer by layer
     _, model = tiny_pair_factory(intermediate_size=128)
-    model.quantize(kind)
+    quantize_model(model, kind)
     assert model.decode_layer_weights() is not None
     seqs = [[(5 * i + j) % 97 for j in range(n)] for i, n in enumerate((6, 17, 3))]
     tables = [list(range(8 * i, 8 * i + 8)) for i in range(3)]

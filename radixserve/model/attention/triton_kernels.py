@@ -1,6 +1,7 @@
 # mypy: disable-error-code="untyped-decorator,no-untyped-def"
 # (Triton reads kernel parameter annotations itself: its kernels stay unannotated.)
-"""Paged attention as Triton kernels of our own (`--attention-backend triton`).
+"""The Triton kernels of the `triton` attention backend (attention/triton.py), and the two
+calls that launch them. Importing this module imports triton.
 
 Both kernels read K/V straight from the pool, [num_blocks, block_size, num_kv_heads, head_dim],
 looking block ids up on the device; nothing is gathered or copied per layer.
@@ -11,7 +12,7 @@ looking block ids up on the device; nothing is gathered or copied per layer.
   block_table.shape, lengths and block ids are read on the device, and scratch is a plain
   `torch.empty` of shape-only size: the decode step can be captured in a CUDA graph.
 - Prefill (varlen, causal, over a cached prefix): one launch for all of a step's chunks; a
-  host-built tile table (in `plan`) says where each tile of query rows starts.
+  host-built tile table (the backend's `plan`) says where each tile of query rows starts.
 
 float16 / bfloat16 / float32 pools; scores, softmax and sums in float32. The kernels run on
 CUDA; on the CPU only under Triton's interpreter (TRITON_INTERPRET=1 set before this module
@@ -22,36 +23,14 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from radixserve.model.attention import AttentionPlan
-from radixserve.model.batch import ForwardBatch
-
 # Decided when the kernels below are decorated (Triton reads the variable at that moment).
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 _LOG2E = 1.4426950408889634
-_TILE_FIELDS = 4  # prefill tile row: first query row, rows, first query position, block offset
-
-
-def unavailable_reason(device: torch.device) -> str | None:
-    """Why these kernels cannot run on `device` in this process (None when they can)."""
-    if device.type == "cuda":
-        if INTERPRETED:
-            return "TRITON_INTERPRET=1 is set: the kernels would run in Triton's interpreter"
-        return None
-    if device.type == "cpu":
-        if INTERPRETED:
-            return None
-        return (
-            "the Triton kernels run on CUDA devices (on the CPU only under Triton's "
-            "interpreter, TRITON_INTERPRET=1, which is for tests); use --attention-backend "
-            "sdpa or cpu here"
-        )
-    return f"the Triton kernels run on CUDA devices, not {device.type}"
 
 
 @triton.jit
@@ -287,190 +266,111 @@ def _prefill_kernel(
     )
 
 
-@dataclass
-class TritonPlan(AttentionPlan):
-    """The step's prefill tile table and its chunks' block ids, concatenated (both None in a
-    decode-only step, whose plan does nothing and so can be captured in a graph)."""
+def decode_into(
+    q: torch.Tensor,
+    k_blocks: torch.Tensor,
+    v_blocks: torch.Tensor,
+    block_table: torch.Tensor,
+    context_lens: torch.Tensor,
+    out: torch.Tensor,
+    partition_size: int,
+    tile: int,
+) -> None:
+    """Writes out[:num_seqs] (one row per block-table row) from q[:num_seqs], `partition_size`
+    tokens of context per program, `tile` at a time; allocates only the partials, whose sizes
+    follow the shapes."""
+    num_seqs, cols = block_table.shape
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv, block_size = k_blocks.shape[2], k_blocks.shape[1]
+    group = num_heads // num_kv
+    num_parts = triton.cdiv(cols * block_size, partition_size)
+    part_rows = num_seqs * num_heads * num_parts
+    acc = torch.empty(part_rows, head_dim, dtype=torch.float32, device=q.device)
+    m = torch.empty(part_rows, dtype=torch.float32, device=q.device)
+    s = torch.empty(part_rows, dtype=torch.float32, device=q.device)
+    block_d = triton.next_power_of_2(head_dim)
+    _decode_partition_kernel[(num_seqs, num_kv, num_parts)](
+        q,
+        k_blocks,
+        v_blocks,
+        block_table,
+        context_lens,
+        acc,
+        m,
+        s,
+        _LOG2E / math.sqrt(head_dim),
+        q.stride(0),
+        q.stride(1),
+        k_blocks.stride(0),
+        k_blocks.stride(1),
+        k_blocks.stride(2),
+        v_blocks.stride(0),
+        v_blocks.stride(1),
+        v_blocks.stride(2),
+        block_table.stride(0),
+        cols,
+        num_parts,
+        BLOCK_SIZE=block_size,
+        GROUP=group,
+        GROUP_PAD=max(2, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        PART=partition_size,
+        TILE=tile,
+    )
+    _decode_reduce_kernel[(num_seqs, num_heads)](
+        acc,
+        m,
+        s,
+        context_lens,
+        out,
+        out.stride(0),
+        cols,
+        num_parts,
+        BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        PART=partition_size,
+        CHUNK=min(16, max(2, triton.next_power_of_2(num_parts))),
+    )
 
-    prefill_tiles: torch.Tensor | None = None  # int32 [num_tiles, 4]
-    prefill_blocks: torch.Tensor | None = None  # int32 [sum of the chunks' blocks]
 
-
-class TritonPagedBackend:
-    """Paged decode (flash-decoding) and varlen prefill over a cached prefix, by our Triton
-    kernels. `partition_size` tokens of context per decode program; the tile sizes are the
-    kernels' blocking (the defaults suit a GPU; tests shrink them)."""
-
-    name = "triton"
-
-    def __init__(
-        self,
-        partition_size: int = 256,
-        decode_tile: int = 32,
-        prefill_block_m: int = 64,
-        prefill_block_n: int = 64,
-    ) -> None:
-        if partition_size % decode_tile:
-            raise ValueError("partition_size must be a multiple of decode_tile")
-        self.partition_size = partition_size
-        self.decode_tile = decode_tile
-        self.block_m = prefill_block_m
-        self.block_n = prefill_block_n
-
-    def plan(self, batch: ForwardBatch) -> TritonPlan:
-        """The prefill tile table (host-built, one small copy); nothing for decode."""
-        if not batch.prefills:
-            return TritonPlan()
-        device = batch.input_ids.device
-        rows: list[int] = []
-        offset = 0
-        for p in batch.prefills:
-            first_pos = p.context_len - p.num_tokens
-            for i in range(0, p.num_tokens, self.block_m):
-                n = min(self.block_m, p.num_tokens - i)
-                rows += (p.token_start + i, n, first_pos + i, offset)
-            offset += p.block_ids.shape[0]
-        tiles = torch.tensor(rows, dtype=torch.int32).view(-1, _TILE_FIELDS).to(device)
-        blocks = torch.cat([p.block_ids for p in batch.prefills]).to(torch.int32)
-        return TritonPlan(prefill_tiles=tiles, prefill_blocks=blocks)
-
-    def forward(
-        self,
-        q: torch.Tensor,
-        batch: ForwardBatch,
-        plan: AttentionPlan,
-        k_blocks: torch.Tensor,
-        v_blocks: torch.Tensor,
-    ) -> torch.Tensor:
-        """q [T, H, D] (a view is fine) -> [T, H * D] in q's dtype."""
-        if q.stride(2) != 1:
-            q = q.contiguous()
-        out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype, device=q.device)
-        if batch.decode is not None:
-            d = batch.decode
-            self.decode_into(q, k_blocks, v_blocks, d.block_table, d.context_lens, out)
-        if batch.prefills:
-            if not isinstance(plan, TritonPlan) or plan.prefill_tiles is None:
-                plan = self.plan(batch)
-            assert plan.prefill_tiles is not None and plan.prefill_blocks is not None
-            self.prefill(q, plan.prefill_tiles, plan.prefill_blocks, k_blocks, v_blocks, out)
-        return out
-
-    def decode(
-        self,
-        q: torch.Tensor,
-        k_blocks: torch.Tensor,
-        v_blocks: torch.Tensor,
-        block_table: torch.Tensor,
-        context_lens: torch.Tensor,
-    ) -> torch.Tensor:
-        """The tensors-only decode entry (AttentionBackend.decode): capturable."""
-        if q.stride(2) != 1:
-            q = q.contiguous()
-        out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype, device=q.device)
-        self.decode_into(q, k_blocks, v_blocks, block_table, context_lens, out)
-        return out
-
-    def decode_into(
-        self,
-        q: torch.Tensor,
-        k_blocks: torch.Tensor,
-        v_blocks: torch.Tensor,
-        block_table: torch.Tensor,
-        context_lens: torch.Tensor,
-        out: torch.Tensor,
-    ) -> None:
-        """Writes out[:num_seqs] (one row per block-table row) from q[:num_seqs]; allocates
-        only the partials, whose sizes follow the shapes."""
-        num_seqs, cols = block_table.shape
-        num_heads, head_dim = q.shape[1], q.shape[2]
-        num_kv, block_size = k_blocks.shape[2], k_blocks.shape[1]
-        group = num_heads // num_kv
-        num_parts = triton.cdiv(cols * block_size, self.partition_size)
-        part_rows = num_seqs * num_heads * num_parts
-        acc = torch.empty(part_rows, head_dim, dtype=torch.float32, device=q.device)
-        m = torch.empty(part_rows, dtype=torch.float32, device=q.device)
-        s = torch.empty(part_rows, dtype=torch.float32, device=q.device)
-        block_d = triton.next_power_of_2(head_dim)
-        _decode_partition_kernel[(num_seqs, num_kv, num_parts)](
-            q,
-            k_blocks,
-            v_blocks,
-            block_table,
-            context_lens,
-            acc,
-            m,
-            s,
-            _LOG2E / math.sqrt(head_dim),
-            q.stride(0),
-            q.stride(1),
-            k_blocks.stride(0),
-            k_blocks.stride(1),
-            k_blocks.stride(2),
-            v_blocks.stride(0),
-            v_blocks.stride(1),
-            v_blocks.stride(2),
-            block_table.stride(0),
-            cols,
-            num_parts,
-            BLOCK_SIZE=block_size,
-            GROUP=group,
-            GROUP_PAD=max(2, triton.next_power_of_2(group)),
-            HEAD_DIM=head_dim,
-            BLOCK_D=block_d,
-            PART=self.partition_size,
-            TILE=self.decode_tile,
-        )
-        _decode_reduce_kernel[(num_seqs, num_heads)](
-            acc,
-            m,
-            s,
-            context_lens,
-            out,
-            out.stride(0),
-            cols,
-            num_parts,
-            BLOCK_SIZE=block_size,
-            HEAD_DIM=head_dim,
-            BLOCK_D=block_d,
-            PART=self.partition_size,
-            CHUNK=min(16, max(2, triton.next_power_of_2(num_parts))),
-        )
-
-    def prefill(
-        self,
-        q: torch.Tensor,
-        tiles: torch.Tensor,
-        blocks: torch.Tensor,
-        k_blocks: torch.Tensor,
-        v_blocks: torch.Tensor,
-        out: torch.Tensor,
-    ) -> None:
-        """Writes the rows of every prefill chunk named in `tiles` (see `plan`)."""
-        num_heads, head_dim = q.shape[1], q.shape[2]
-        _prefill_kernel[(tiles.shape[0], num_heads)](
-            q,
-            k_blocks,
-            v_blocks,
-            out,
-            tiles,
-            blocks,
-            _LOG2E / math.sqrt(head_dim),
-            q.stride(0),
-            q.stride(1),
-            k_blocks.stride(0),
-            k_blocks.stride(1),
-            k_blocks.stride(2),
-            v_blocks.stride(0),
-            v_blocks.stride(1),
-            v_blocks.stride(2),
-            out.stride(0),
-            GROUP=num_heads // k_blocks.shape[2],
-            BLOCK_SIZE=k_blocks.shape[1],
-            HEAD_DIM=head_dim,
-            BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-            BLOCK_M=self.block_m,
-            BLOCK_N=self.block_n,
-            # fp32 pools: exact products (no TF32); the interpreter has no 16-bit dot.
-            DOT_F32=q.dtype == torch.float32 or INTERPRETED,
-        )
+def prefill_into(
+    q: torch.Tensor,
+    tiles: torch.Tensor,
+    blocks: torch.Tensor,
+    k_blocks: torch.Tensor,
+    v_blocks: torch.Tensor,
+    out: torch.Tensor,
+    block_m: int,
+    block_n: int,
+) -> None:
+    """Writes the rows of every prefill chunk named in `tiles` (see the backend's `plan`),
+    `block_m` query rows by `block_n` keys at a time."""
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    _prefill_kernel[(tiles.shape[0], num_heads)](
+        q,
+        k_blocks,
+        v_blocks,
+        out,
+        tiles,
+        blocks,
+        _LOG2E / math.sqrt(head_dim),
+        q.stride(0),
+        q.stride(1),
+        k_blocks.stride(0),
+        k_blocks.stride(1),
+        k_blocks.stride(2),
+        v_blocks.stride(0),
+        v_blocks.stride(1),
+        v_blocks.stride(2),
+        out.stride(0),
+        GROUP=num_heads // k_blocks.shape[2],
+        BLOCK_SIZE=k_blocks.shape[1],
+        HEAD_DIM=head_dim,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        # fp32 pools: exact products (no TF32); the interpreter has no 16-bit dot.
+        DOT_F32=q.dtype == torch.float32 or INTERPRETED,
+    )

@@ -1,0 +1,113 @@
+"""The decoder's building blocks: RoPE tables, RMSNorm, and the dense matmul wrapper."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixserve.model import kernels
+from radixserve.model.config import ModelConfig
+
+
+def frozen(t: torch.Tensor) -> nn.Parameter:
+    """`t` as a parameter that takes no gradient (the model only runs inference)."""
+    return nn.Parameter(t, requires_grad=False)
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """Inverse RoPE frequencies [head_dim/2] with the config's theta and scaling."""
+    d = config.head_dim
+    inv = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    s = config.rope_scaling
+    if not s:
+        return inv.float()
+    kind = s.get("rope_type", s.get("type", "default"))
+    if kind == "default":
+        return inv.float()
+    if kind == "linear":
+        return (inv / float(s["factor"])).float()
+    if kind == "llama3":
+        factor = float(s["factor"])
+        low, high = float(s["low_freq_factor"]), float(s["high_freq_factor"])
+        old_ctx = float(s["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        low_wl, high_wl = old_ctx / low, old_ctx / high
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        mid = (1 - smooth) * inv / factor + smooth * inv
+        out = torch.where(wavelen > low_wl, inv / factor, inv)
+        is_mid = (wavelen <= low_wl) & (wavelen >= high_wl)
+        return torch.where(is_mid, mid, out).float()
+    raise ValueError(f"unsupported rope scaling {kind!r}")
+
+
+class Rotary(nn.Module):
+    """cos/sin tables for every position up to the model's maximum, built once."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        t = torch.arange(config.max_position_embeddings, dtype=torch.float32)
+        freqs = torch.outer(t, rope_inv_freq(config))
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.register_buffer("cos", emb.cos().to(dtype), persistent=False)
+        self.register_buffer("sin", emb.sin().to(dtype), persistent=False)
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [T, head_dim] of each position [T]."""
+        return self.cos[positions], self.sin[positions]
+
+
+class Linear:
+    """y = x W^T (+ b), with the weight prepacked for oneDNN where that is faster.
+
+    On CPU in bfloat16, oneDNN's prepacked GEMM is ~1.7x faster than F.linear for the
+    few-row matmuls of decode steps; elsewhere this is F.linear.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.weight, self.bias, self.packed = weight, bias, None
+        if weight.device.type == "cpu" and weight.dtype == torch.bfloat16:
+            try:
+                packed = torch.ops.mkldnn._reorder_linear_weight(weight, 8)
+                probe = torch.ones(2, weight.shape[1], dtype=weight.dtype)
+                self._packed_call(probe, packed)
+                self.packed = packed
+            except (RuntimeError, AttributeError):
+                self.packed = None
+
+    def _packed_call(self, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
+        return out
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return self._packed_call(x, self.packed)
+        return F.linear(x, self.weight, self.bias)
+
+
+def fused_kernels_apply(weight: torch.Tensor) -> bool:
+    """Whether a layer with weights like `weight` runs its elementwise steps in our CPU
+    kernels (float32 on CPU, kernels built; RADIXSERVE_CPU_KERNELS=0 turns them off)."""
+    return weight.device.type == "cpu" and weight.dtype == torch.float32 and kernels.load()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm computed in float32, scaled in the model dtype (as transformers does).
+
+    Normalising in float32 explicitly is also ~20x faster on CPU than bf16 F.rms_norm.
+    """
+    normed: torch.Tensor = F.rms_norm(x.float(), (x.shape[-1],), None, eps)
+    return weight * normed.to(x.dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [T, heads, D] by the per-token cos/sin [T, D] (rotate-half layout)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]

@@ -1,0 +1,145 @@
+"""Checkpoint weights into a LlamaModel: the Hugging Face (transformers) tensor names behind
+each parameter, loading them (q/k/v and gate/up fused), quantizing the projections from the
+dense weights or from a checkpoint's own codes (a GGUF's Q4_1 / Q8_0 blocks), and packing
+what a step reads onto huge pages."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from radixserve.model.config import ModelConfig
+from radixserve.model.hugepages import pack_on_huge_pages
+from radixserve.model.layers import Linear
+from radixserve.model.llama import LlamaModel, Projection
+from radixserve.model.quant import GROUP, QuantizedWeight, QuantLinear, quantize
+
+
+def hf_names(config: ModelConfig) -> dict[str, list[str]]:
+    """For each LlamaModel parameter (its `state_dict()` name), the transformers tensors whose
+    rows it holds, in order: "layers.0.qkv" is q_proj, k_proj and v_proj of layer 0."""
+    names = {"embed": ["model.embed_tokens.weight"], "norm": ["model.norm.weight"]}
+    if not config.tie_word_embeddings:
+        names["lm_head"] = ["lm_head.weight"]
+    for i in range(config.num_layers):
+        p, a, m = f"model.layers.{i}.", f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        ours = f"layers.{i}."
+        names[ours + "input_norm"] = [p + "input_layernorm.weight"]
+        names[ours + "qkv"] = [a + f"{x}_proj.weight" for x in ("q", "k", "v")]
+        if config.attention_bias:
+            names[ours + "qkv_bias"] = [a + f"{x}_proj.bias" for x in ("q", "k", "v")]
+        names[ours + "o"] = [a + "o_proj.weight"]
+        names[ours + "post_norm"] = [p + "post_attention_layernorm.weight"]
+        names[ours + "gate_up"] = [m + "gate_proj.weight", m + "up_proj.weight"]
+        names[ours + "down"] = [m + "down_proj.weight"]
+    return names
+
+
+def load_hf_weights(model: LlamaModel, state_dict: dict[str, torch.Tensor]) -> None:
+    """Copy transformers-named weights into `model` (cast to its dtype), fusing q/k/v and
+    gate/up, then `model.prepare()`. A checkpoint without lm_head.weight for an untied head
+    uses the embedding table. Raises KeyError naming a missing weight."""
+    dtype = model.embed.dtype
+    names = hf_names(model.config)
+    if "lm_head" in names and names["lm_head"][0] not in state_dict:
+        names["lm_head"] = names["embed"]
+
+    def take(name: str) -> torch.Tensor:
+        if name not in state_dict:
+            raise KeyError(f"weight {name} missing from the checkpoint")
+        return state_dict[name].to(dtype)
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            parts = [take(n) for n in names[name]]
+            param.copy_(parts[0] if len(parts) == 1 else torch.cat(parts))
+    model.prepare()
+
+
+def quantize_model(
+    model: LlamaModel, kind: str, stored: dict[str, QuantizedWeight] | None = None
+) -> None:
+    """Run every projection (and the LM head) of `model` on `kind` codes ("int8" / "int4").
+
+    A projection whose transformers tensors are all in `stored` (e.g. a GGUF's own Q4_1
+    blocks) uses those codes as they are, whatever their kind, if they share one; the others
+    are quantized from the current dense weights, except matrices that groups of 32 do not
+    tile, which stay dense. The decoder's dense copies are then released (the embedding
+    table stays dense for lookups). Sets `model.quantization` to `kind`.
+    """
+    stored = stored or {}
+    names = hf_names(model.config)
+    device = model.embed.device
+    for projection in model.projections():
+        codes = _stored_codes(names[projection.weight_name], stored)
+        model.set_projection(projection.name, _quantized(projection, kind, codes, device))
+    model.quantization = kind
+
+
+def _stored_codes(names: list[str], stored: dict[str, QuantizedWeight]) -> QuantizedWeight | None:
+    """The rows of `names` concatenated from `stored`, or None unless all are there in one
+    kind."""
+    if not all(n in stored for n in names):
+        return None
+    parts = [stored[n] for n in names]
+    if len({p.kind for p in parts}) != 1:
+        return None
+    codes = parts[0]
+    for p in parts[1:]:
+        codes = codes.concat(p)
+    return codes
+
+
+def _quantized(
+    projection: Projection,
+    kind: str,
+    codes: QuantizedWeight | None,
+    device: torch.device,
+) -> Linear | QuantLinear:
+    """The matmul `projection` runs as: on `codes` when given, else on its dense weight
+    quantized to `kind`, else (width not a multiple of 32) as it is."""
+    current = projection.lin
+    if codes is not None:
+        return QuantLinear(codes.to(device), current.bias)
+    if projection.weight.shape[1] % GROUP:
+        return current
+    return QuantLinear(quantize(projection.weight, kind), current.bias)
+
+
+def pack_model_weights(model: LlamaModel) -> None:
+    """On CPU, move the weights a forward step reads (`model.step_weights()`: norms,
+    projections or their codes, the LM head) into one buffer on huge pages, in the order the
+    step reads them: the step then streams one run of memory instead of ~250 scattered
+    tensors. Call after quantizing; the computation is unchanged."""
+    if model.embed.device.type != "cpu":
+        return
+    moves: list[tuple[list[torch.Tensor], Callable[[list[torch.Tensor]], None]]] = []
+
+    def tensor(t: torch.Tensor | None) -> None:
+        if t is not None and t.numel():
+            moves.append(([t.data], lambda new: setattr(t, "data", new[0])))
+
+    def codes(lin: QuantLinear) -> None:
+        w = lin.weight
+        parts = [w.qs, w.scale] + ([w.minv] if w.minv is not None else [])
+
+        def use(new: list[torch.Tensor]) -> None:
+            minv = new[2] if len(new) > 2 else None
+            lin.use_weight(QuantizedWeight(w.kind, new[0], new[1], minv))
+
+        moves.append((parts, use))
+
+    for read in model.step_weights():
+        if isinstance(read, torch.Tensor):  # a norm
+            tensor(read)
+            continue
+        if isinstance(read, QuantLinear):
+            codes(read)
+        else:
+            tensor(read.weight)  # the dense parameter itself
+        tensor(read.bias)
+    packed = iter(pack_on_huge_pages([t for parts, _ in moves for t in parts]))
+    for parts, use in moves:
+        use([next(packed) for _ in parts])
+    model.weights_moved()
