@@ -163,7 +163,8 @@ class Models:
             return
         from transformers import LlamaForCausalLM
 
-        from radixserve.model.loader import load_state_dict, resolve_model
+        from radixserve.model.files import resolve_model
+        from radixserve.model.loader import load_state_dict
 
         files = resolve_model(model)
         config = ModelConfig.from_dir(files.path)

@@ -15,8 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from radixserve.model.batch import SeqChunk, build_batch
+from radixserve.model.files import resolve_model
 from radixserve.model.kv_pool import KVPool
-from radixserve.model.loader import load_model, resolve_model
+from radixserve.model.loader import load_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

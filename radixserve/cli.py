@@ -10,7 +10,8 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from radixserve import __version__
+from radixserve import __version__, errors
+from radixserve.options import markdown_table
 
 # subcommand -> (module, add-arguments function, run function, help)
 COMMANDS: dict[str, tuple[str, str, str, str]] = {
@@ -72,8 +73,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def options_markdown() -> str:
     """docs/options.md: a table per group of options, generated from their declarations."""
-    from radixserve.options import markdown_table
-
     rows = []
     for title, path, command in OPTION_TABLES:
         module, name = path.split(":")
@@ -117,8 +116,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def exit_status(exc: BaseException) -> int | None:
     """2 for a bad option, 1 for what the machine lacks, None for a bug (keep its traceback)."""
-    import radixserve.errors as errors
-
     if isinstance(exc, (errors.RadixServeError, ValueError)):
         return 2
     if isinstance(exc, (OSError, MemoryError)):

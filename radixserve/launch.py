@@ -10,8 +10,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from radixserve import options as types
-from radixserve.options import add_options, option
+from radixserve.options import add_options, option, types
 
 _RAY = "Ray Serve (pip install 'radixserve[ray]'; see docs/ray.md)"
 

@@ -7,9 +7,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from radixserve import options as types
 from radixserve.engine.config import EngineConfig
-from radixserve.options import add_options, from_args, option
+from radixserve.options import add_options, from_args, option, types
 
 
 @dataclass(frozen=True)

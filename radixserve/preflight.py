@@ -12,6 +12,8 @@ import socket
 from urllib.parse import urlsplit
 
 from radixserve.errors import ConfigError, DeviceError
+from radixserve.model.config import ModelConfig
+from radixserve.model.files import resolve_model
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1", "0.0.0.0", "::"}
 
@@ -19,20 +21,19 @@ _LOOPBACK = {"127.0.0.1", "localhost", "::1", "0.0.0.0", "::"}
 def check_engine_args(args: argparse.Namespace) -> None:
     """serve / generate / chat: model files, device, dtype, and the KV pool against free memory
     and --max-model-len. Converts a GGUF model on first use (once, under a file lock)."""
-    from radixserve.model.config import ModelConfig
-    from radixserve.model.loader import (
-        resolve_device,
-        resolve_dtype,
-        resolve_kv_cache_dtype,
-        resolve_model,
-        resolve_quantization,
-    )
-
     workers = getattr(args, "workers", 1) or 1
     if getattr(args, "api_key", None) == "":
         raise ConfigError("--api-key must not be empty (leave it out to serve without a key)")
     files = resolve_model(args.model)
     config = ModelConfig.from_dir(files.path)
+    # The first check that needs torch (a missing model is reported without waiting for it).
+    from radixserve.model.loader import (
+        resolve_device,
+        resolve_dtype,
+        resolve_kv_cache_dtype,
+        resolve_quantization,
+    )
+
     max_model_len = getattr(args, "max_model_len", None)
     if max_model_len is not None and max_model_len > config.max_position_embeddings:
         raise ConfigError(
@@ -40,7 +41,7 @@ def check_engine_args(args: argparse.Namespace) -> None:
             f"{config.max_position_embeddings} tokens"
         )
     try:
-        device = resolve_device(args.device)  # the first check that imports torch
+        device = resolve_device(args.device)
     except DeviceError as e:
         raise DeviceError(f"--device {args.device}: {e}") from None
     try:

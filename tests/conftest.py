@@ -10,8 +10,8 @@ import torch
 
 from radixserve.engine.tokenizer import Tokenizer
 from radixserve.model.config import ModelConfig
+from radixserve.model.files import ModelFiles, resolve_model
 from radixserve.model.llama import LlamaModel
-from radixserve.model.loader import ModelFiles, resolve_model
 from radixserve.model.weights import load_hf_weights
 
 TinyPair = tuple[Any, LlamaModel]

@@ -11,24 +11,32 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from radixserve.bench.analyze import (
+    analyze_tokens,
+    format_analysis,
+    kv_bytes_per_token,
+    read_trace,
+    tokenize,
+)
 from radixserve.bench.client import NotLoopbackError, check_loopback, make_client
 from radixserve.bench.config import AnalyzeConfig, BenchConfig
 from radixserve.bench.corpus import TokenCounter
 from radixserve.bench.load import BenchPlan, LoadConfig
 from radixserve.bench.report import format_summary, summarize
-from radixserve.bench.workloads import build_sessions, make_workload, script
+from radixserve.bench.spike import format_phases, phase_stats, to_json
+from radixserve.bench.workloads import Spike, build_sessions, make_workload, script
+from radixserve.cache import POLICIES
+from radixserve.engine.tokenizer import Tokenizer
 from radixserve.errors import RadixServeError
+from radixserve.model.config import ModelConfig
+from radixserve.model.files import resolve_model
 from radixserve.options import add_options
 
 
-def load_tokenizer(model: str | None, tokenizer_dir: str | None = None) -> Any:
-    """The model's tokenizer (radixserve.engine.tokenizer.Tokenizer); no weights are loaded."""
-    from radixserve.engine.tokenizer import Tokenizer
-
+def load_tokenizer(model: str | None, tokenizer_dir: str | None = None) -> Tokenizer:
+    """The model's tokenizer (or the one in `tokenizer_dir`); no weights are loaded."""
     if tokenizer_dir:
         return Tokenizer.from_dir(tokenizer_dir)
-    from radixserve.model.loader import resolve_model
-
     return Tokenizer.from_dir(resolve_model(model, weights=False).path)
 
 
@@ -178,9 +186,6 @@ def _spike_report(
     plan: BenchPlan, records: list[Any], cache_stats: list[dict[str, Any]]
 ) -> dict[str, object] | None:
     """Print and return the spike workload's per-phase report (None for other workloads)."""
-    from radixserve.bench.spike import format_phases, phase_stats, to_json
-    from radixserve.bench.workloads import Spike
-
     if not isinstance(plan.workload, Spike):
         return None
     before, after = cache_stats
@@ -257,17 +262,6 @@ def parse_capacity(text: str, bytes_per_block: int) -> int:
 
 def run_analyze(args: argparse.Namespace) -> int:
     """Entry point of `radixserve analyze`."""
-    from radixserve.bench.analyze import (
-        analyze_tokens,
-        format_analysis,
-        kv_bytes_per_token,
-        read_trace,
-        tokenize,
-    )
-    from radixserve.cache import POLICIES
-    from radixserve.model.config import ModelConfig
-    from radixserve.model.loader import resolve_model
-
     try:
         policies = [n.strip() for n in (args.policy or "").split(",") if n.strip()]
         for name in policies:

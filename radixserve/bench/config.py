@@ -6,10 +6,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from radixserve import options as types
 from radixserve.bench.workloads import APIS, WORKLOADS
 from radixserve.engine.config import EngineConfig
-from radixserve.options import default_of, option
+from radixserve.options import default_of, option, types
 
 _LOAD, _OUTPUT, _COMPARE = "load", "output", "comparison"
 

@@ -1,4 +1,4 @@
-"""The executable form of DESIGN.md's cache invariants (tests and debug mode call it)."""
+"""The cache's invariants (docs/architecture.md) as code; tests and debug mode call it."""
 
 from __future__ import annotations
 

@@ -381,7 +381,7 @@ class RadixCache(PrefixCache):
         return nodes
 
     def check_invariants(self, num_private_blocks: int | None = None) -> None:
-        """Raise InvariantError on any broken invariant of DESIGN.md.
+        """Raise InvariantError on any broken invariant (docs/architecture.md, "Invariants").
 
         With `num_private_blocks` (blocks held by running requests outside the tree),
         also check free + cached + private == total. Walks the whole tree: tests only.

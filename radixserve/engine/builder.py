@@ -16,6 +16,7 @@ from radixserve.engine.kv_manager import KVCacheManager
 from radixserve.engine.kv_persist import KVPersistence
 from radixserve.engine.scheduler import Scheduler
 from radixserve.engine.tokenizer import Tokenizer
+from radixserve.model.files import resolve_model
 from radixserve.model.kv_pool import KVPool, bytes_per_token, check_pool_holds_request
 from radixserve.model.kv_tier import KVTier, KVTierMover, open_kv_tier
 from radixserve.model.llama import LlamaModel
@@ -24,7 +25,6 @@ from radixserve.model.loader import (
     resolve_device,
     resolve_dtype,
     resolve_kv_cache_dtype,
-    resolve_model,
     resolve_quantization,
 )
 from radixserve.model.runner import ModelRunner

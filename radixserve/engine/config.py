@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from radixserve import options as types
 from radixserve.cache import DEFAULT_POLICY, POLICIES
-from radixserve.options import option
+from radixserve.options import option, types
 from radixserve.values import ATTENTION_BACKENDS, DTYPES, QUANTIZATIONS
 
 SCHEDULE_POLICIES = ("lpm", "fcfs")

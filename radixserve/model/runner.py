@@ -7,7 +7,7 @@ and how to sample each row; it returns the sampled token ids.
 On CUDA, steps where every sequence decodes one token replay CUDA graphs captured per
 batch-size bucket over the runner's buffers, unless `enforce_eager`. On CPU every step runs
 eagerly: the layers' elementwise steps are fused in radixserve's kernels instead (see
-DESIGN.md: torch.compile measured slower or far too slow to compile on the 2-core CPUs).
+docs/cpu.md: torch.compile measured slower or far too slow to compile on the 2-core CPUs).
 """
 
 from __future__ import annotations

@@ -120,7 +120,7 @@ class OpenAIIngress:
 
     async def __serve_build_asgi_app__(self) -> Any:
         from radixserve.engine.tokenizer import Tokenizer
-        from radixserve.model.loader import resolve_model
+        from radixserve.model.files import resolve_model
         from radixserve.server.app import build_app as build_openai_app
 
         info = await self.engine_handle.info.remote()

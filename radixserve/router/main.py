@@ -9,9 +9,10 @@ from typing import Any
 
 import httpx
 
-from radixserve import options as types
+from radixserve.engine.tokenizer import Tokenizer
 from radixserve.errors import ConfigError
-from radixserve.options import add_options, from_args, option
+from radixserve.model.files import resolve_model
+from radixserve.options import add_options, from_args, option, types
 from radixserve.router.policy import POLICIES, PolicyConfig
 from radixserve.router.worker import WorkerConfig
 from radixserve.server.config import HttpConfig
@@ -55,11 +56,8 @@ def add_route_args(parser: argparse.ArgumentParser) -> None:
         add_options(parser, cls, "route")
 
 
-def load_tokenizer(model: str | None) -> Any:
+def load_tokenizer(model: str | None) -> Tokenizer:
     """The model's tokenizer and chat template (no weights are loaded)."""
-    from radixserve.engine.tokenizer import Tokenizer
-    from radixserve.model.loader import resolve_model
-
     return Tokenizer.from_dir(resolve_model(model, weights=False).path)
 
 

@@ -6,8 +6,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from radixserve import options as types
-from radixserve.options import option
+from radixserve.options import option, types
 
 POLICIES = ("cache_aware", "round_robin", "least_load", "random")
 

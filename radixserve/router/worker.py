@@ -12,8 +12,7 @@ from typing import Any
 
 import httpx
 
-from radixserve import options as types
-from radixserve.options import option
+from radixserve.options import option, types
 from radixserve.router.metrics import RouterMetrics
 from radixserve.router.policy import WorkerView
 from radixserve.router.trie import WorkerTrie

@@ -15,9 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from radixserve import options as types
 from radixserve.engine.config import EngineConfig
-from radixserve.options import from_args, from_dict, option, to_argv, to_dict
+from radixserve.options import from_args, from_dict, option, to_argv, to_dict, types
 from radixserve.values import LOG_LEVELS
 
 

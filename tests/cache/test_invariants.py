@@ -1,4 +1,4 @@
-"""check_invariants catches what DESIGN.md forbids."""
+"""check_invariants catches what the cache invariants (docs/architecture.md) forbid."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from radixserve.engine.llm import LLM
 from radixserve.engine.params import SamplingParams
 from radixserve.errors import ModelNotFoundError
 from radixserve.model.config import ModelConfig
-from radixserve.model.loader import resolve_model
+from radixserve.model.files import resolve_model
 
 pytestmark = pytest.mark.slow
 

@@ -11,13 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from radixserve import options, values
+from radixserve import values
 from radixserve.errors import KVPoolSizeError
 from radixserve.model import kernels, loader
 from radixserve.model.config import ModelConfig
+from radixserve.model.files import missing_model_files
 from radixserve.model.gguf_convert import _progress, file_lock
 from radixserve.model.kv_pool import KVPool, check_pool_holds_request, free_memory
-from radixserve.model.loader import dtype_problem, missing_model_files, resolve_dtype
+from radixserve.model.loader import dtype_problem, resolve_dtype
+from radixserve.options import types as options
 
 TINY = ModelConfig(
     vocab_size=32, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,

@@ -192,8 +192,8 @@ def test_float32_output_of_a_bfloat16_input_is_not_rounded_to_bfloat16() -> None
 def test_the_4bit_copy_stays_out_of_the_model_directorys_top_level(tmp_path) -> None:
     """vLLM loads every top-level *.safetensors file of a model directory, so the copy lives
     in a subdirectory (and one an earlier version left at the top is removed)."""
+    from radixserve.model.files import quantized_copy_path
     from radixserve.model.gguf_quant import save_quantized
-    from radixserve.model.loader import quantized_copy_path
 
     (tmp_path / "model.safetensors").write_bytes(b"")
     (tmp_path / "gguf_quantized.safetensors").write_bytes(b"stale")
