@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -142,6 +143,43 @@ def test_paged_prefill_attention_first_token_sees_only_itself() -> None:
     got = cpu.forward(q, batch, cpu.plan(batch), k_blocks, v_blocks).view(20, 4, 64)
     torch.testing.assert_close(got[0], v_blocks[2, 0].repeat_interleave(2, dim=0))
     assert math.isfinite(float(got.abs().sum()))
+
+
+AVX2 = ["-mavx2", "-mfma", "-mf16c"]
+AVX512 = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]
+
+
+@pytest.mark.parametrize(
+    "isa,want",
+    [("", AVX2 + AVX512), ("avx512", AVX2 + AVX512), ("avx2", AVX2), ("portable", [])]
+    + [("sse9", AVX2 + AVX512)],  # an unknown value: ignored (with a warning)
+)
+def test_cpu_isa_caps_the_instruction_set_flags(monkeypatch, isa: str, want: list[str]) -> None:
+    """On an AVX-512 machine, RADIXSERVE_CPU_ISA=avx2 builds the kernels as an AVX2-only CPU
+    (AMD Zen 3) runs them, and `portable` without vector flags (the plain C++ paths)."""
+    cpu = {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq"}
+    monkeypatch.setattr(kernels, "_cpu_flags", lambda: cpu)
+    monkeypatch.setattr(kernels.platform, "machine", lambda: "x86_64")
+    monkeypatch.setenv("RADIXSERVE_CPU_ISA", isa)
+    assert [f for f in kernels.compile_flags() if f.startswith("-m")] == want
+
+
+def test_the_build_key_covers_every_source_and_header(tmp_path, monkeypatch) -> None:
+    """Each file here holds kernels or helpers they inline: editing any one builds anew."""
+    here = Path(kernels.__file__).parent
+    sources = sorted(p.name for p in here.iterdir() if p.is_file() and p.suffix != ".py")
+    assert {"cpu_kernels.cpp", "simd.h", "gemm.cpp", "attention.cpp", "layers.cpp"} <= set(sources)
+    for name in sources:
+        (tmp_path / name).write_bytes((here / name).read_bytes())
+    monkeypatch.setattr(kernels, "_DIR", tmp_path)
+    flags = kernels.compile_flags()
+    keys = {kernels._build_key(flags)}
+    for name in sources:
+        with (tmp_path / name).open("a") as f:
+            f.write("\n")
+        keys.add(kernels._build_key(flags))
+    assert len(keys) == len(sources) + 1
+    assert kernels._build_key(flags + ["-DX"]) not in keys
 
 
 def _os_threads() -> int:

@@ -5,6 +5,16 @@ layer's fused elementwise steps.
 Built on first use with torch's extension builder (a C++ compiler and ninja) into
 `<cache root>/kernels/`, then loaded from there in later processes (about a second). Where
 they cannot be built, callers fall back to plain torch code that computes the same thing.
+The C++ is one file per concern (gemm.cpp, attention.cpp, layers.cpp over shared headers),
+compiled as one unit: cpu_kernels.cpp, whose opening comment maps the files.
+
+Environment:
+  RADIXSERVE_CPU_KERNELS=0     do not build or use the kernels (the torch fallbacks run).
+  RADIXSERVE_CPU_ISA=avx2      build for at most AVX2 (+ FMA, F16C) on an AVX-512 CPU, as an
+                               AVX2-only CPU (AMD Zen 3) runs them; `portable` builds without
+                               vector flags (the plain C++ paths). Each flag set has its own
+                               build directory. Unset: the best this CPU has.
+  RADIXSERVE_KERNEL_CACHE_DIR  where builds live (default ~/.cache/radixserve/kernels).
 """
 
 from __future__ import annotations
@@ -22,7 +32,9 @@ import torch
 
 log = logging.getLogger(__name__)
 
-_SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
+_DIR = Path(__file__).parent
+_SOURCE = _DIR / "cpu_kernels.cpp"  # includes every other .cpp file here: one unit
+_ISAS = ("avx512", "avx2", "portable")  # RADIXSERVE_CPU_ISA's values, widest first
 _loaded: bool | None = None
 
 
@@ -44,17 +56,39 @@ def kernel_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "radixserve" / "kernels"
 
 
+def _isa_cap() -> str:
+    """The widest instruction set $RADIXSERVE_CPU_ISA allows (all of them when unset)."""
+    isa = os.environ.get("RADIXSERVE_CPU_ISA", "avx512").strip().lower() or "avx512"
+    if isa not in _ISAS:
+        log.warning("RADIXSERVE_CPU_ISA=%s is not one of %s; ignored", isa, ", ".join(_ISAS))
+        return "avx512"
+    return isa
+
+
 def compile_flags() -> list[str]:
     """Compiler flags for this CPU: AVX2 + FMA + F16C code where the CPU has them, and
-    AVX-512 (F, BW, VL, DQ) for the decode step's hot loops where it has those too."""
+    AVX-512 (F, BW, VL, DQ) for the decode step's hot loops where it has those too; never
+    wider than $RADIXSERVE_CPU_ISA allows."""
     # -fopenmp: at::parallel_for is an OpenMP pragma in torch's headers; without the flag
     # the kernels silently run on one thread. The libgomp torch already loaded is reused.
     flags = ["-O3", "-ffast-math", "-fno-finite-math-only", "-fopenmp"]
-    if platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma", "f16c"} <= _cpu_flags():
+    allowed = _ISAS[_ISAS.index(_isa_cap()) :]
+    cpu = _cpu_flags()
+    x86 = platform.machine() in ("x86_64", "AMD64")
+    if x86 and "avx2" in allowed and {"avx2", "fma", "f16c"} <= cpu:
         flags += ["-mavx2", "-mfma", "-mf16c"]
-        if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= _cpu_flags():
+        if "avx512" in allowed and {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= cpu:
             flags += ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]
     return flags
+
+
+def _build_key(flags: list[str]) -> str:
+    """A hash of every C++ source and header here, torch's version and the flags: a change to
+    any of them builds anew, into its own directory."""
+    digest = hashlib.sha1(f"{torch.__version__}{flags}".encode())
+    for path in sorted([*_DIR.glob("*.cpp"), *_DIR.glob("*.h")]):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def load() -> bool:
@@ -69,8 +103,7 @@ def load() -> bool:
     if os.environ.get("RADIXSERVE_CPU_KERNELS", "1") == "0":
         return False
     flags = compile_flags()
-    digest = hashlib.sha1(_SOURCE.read_bytes() + f"{torch.__version__}{flags}".encode())
-    key = digest.hexdigest()[:12]
+    key = _build_key(flags)
     build_dir = kernel_cache_dir() / f"cpu-{key}"
     try:
         from torch.utils.cpp_extension import load as build
