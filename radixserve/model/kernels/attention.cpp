@@ -366,9 +366,7 @@ inline float softmax_step64(float* s, int64_t visible, float& run_max, float& ru
   run_max = new_max;
   return alpha;
 }
-#endif
 
-#ifdef RS_AVX512
 // acc[i, d0 : d0 + 16] += sum_k p[i * P + k] * v[k][d0 : d0 + 16] for i < MR, k < K, with the
 // V rows read in place from the pool (any K/V dtype) and P a compile-time row stride.
 template <int MR, int P, typename T>
@@ -389,6 +387,22 @@ inline void tile_pv_rows(int mr, const float* p, const T* const* v, int64_t d0, 
   with_rows<kTileRows>(mr, [&](auto R) { tile_pv<R, P>(p, v, d0, K, acc, ldc); });
 }
 #endif
+
+// ---- Prefill: the ISA-specific parts of a step of kKeyTile keys ----
+
+constexpr int64_t kKeyTile = 64;  // keys per step of a prefill unit
+
+// The online softmax of a row of scores s[0:n] (n % 16 == 0, n <= kKeyTile) whose keys from
+// `visible` on are masked out (0 < visible <= n); returns softmax_step's factor.
+inline float softmax_visible(float* s, int64_t visible, int64_t n, float& run_max,
+                             float& run_sum) {
+#ifdef RS_AVX512
+  return softmax_step64(s, visible, run_max, run_sum);  // masks and sums in registers
+#else
+  for (int64_t j = visible; j < n; ++j) s[j] = -INFINITY;
+  return softmax_step(s, n, run_max, run_sum);
+#endif
+}
 
 // Causal attention of a chunk of n new tokens over a sequence's paged context (the chunk's
 // own K/V already written). q [n, H, D] (rows may be strided: a view of the fused qkv),
@@ -416,7 +430,7 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
   const int64_t BS = k_pool.size(1), KVH = k_pool.size(2), GQ = H / KVH;
   check(context_len >= n && block_ids.size(0) * BS >= context_len, "context");
   const int64_t start = context_len - n;
-  constexpr int64_t KT = 64;  // keys per step of a unit
+  constexpr int64_t KT = kKeyTile;
   // Query tokens per tile: up to 64 new tokens are one tile, so each K/V row is read (and K
   // packed) once rather than once per 32 tokens; longer chunks take 32 at a time.
   const int64_t TQ = n <= 64 ? std::max<int64_t>(n, 1) : 32;
@@ -543,12 +557,7 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
               std::fill(srow, srow + nk16, 0.f);
               continue;
             }
-#ifdef RS_AVX512
-            const float alpha = softmax_step64(srow, visible, mx[r], sum[r]);
-#else
-            for (int64_t j = visible; j < nk16; ++j) srow[j] = -INFINITY;
-            const float alpha = softmax_step(srow, nk16, mx[r], sum[r]);
-#endif
+            const float alpha = softmax_visible(srow, visible, nk16, mx[r], sum[r]);
             if (alpha != 1.f) {
               float* a = acc.data() + r * D;
               for (int64_t d = 0; d < D; ++d) a[d] *= alpha;

@@ -12,7 +12,9 @@
 // Inputs and outputs are float32; accumulation is float32 (x is never quantized). Each weight
 // is dequantized first (scale * q + min: exact in float32, since q has at most 8 bits and the
 // scale and min come from float16), then multiplied, so the result equals
-// x @ dequantized(W)^T up to summation order: no factored min term that could cancel.
+// x @ dequantized(W)^T up to summation order: no factored min term that could cancel. The one
+// exception is the one-row GEMV (gemv_codes), bound by unpacking the codes, which sums
+// scale_g * (q_g . x_g) + min_g * sum(x_g) per group.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
@@ -260,10 +262,10 @@ void dequant_panel_q4(const uint8_t* qp, const float* sp, const float* mp, int64
                               _mm512_shuffle_i32x4(a, e, 0xDD), _mm512_shuffle_i32x4(b, f, 0xDD)};
       for (int l = 0; l < 4; ++l) {  // byte kk = 4 l + c: elements kk (low) and kk + 16 (high)
         const int64_t kk = 4 * l + c;
-        _mm512_storeu_ps(o + kk * kPanel,
-                         _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(col[l], low)), sc, mn));
-        _mm512_storeu_ps(o + (kk + 16) * kPanel,
-                         _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(col[l], 4)), sc, mn));
+        const __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(col[l], low));
+        _mm512_storeu_ps(o + kk * kPanel, _mm512_fmadd_ps(lo, sc, mn));
+        const __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(col[l], 4));
+        _mm512_storeu_ps(o + (kk + 16) * kPanel, _mm512_fmadd_ps(hi, sc, mn));
       }
     }
   }
@@ -353,6 +355,8 @@ void quant_gemm_panels(const at::Tensor& x, int64_t N, const at::Tensor& out, De
     }
   });
 }
+
+// ---- 1-16 input rows (decode steps): the weights used straight from their codes (AVX2) ----
 
 #ifdef RS_AVX2
 // a[0:n] . b[0:n].
@@ -469,9 +473,7 @@ void gemv_codes(const float* x, const void* qv, const float* sp, const float* mp
     }
   });
 }
-#endif
 
-#ifdef RS_AVX2
 constexpr int64_t kSmallRows = 16;  // up to this many input rows: gemm_codes_small
 #ifdef RS_AVX512
 constexpr int64_t kCodeRows = 2;  // weight rows a block: 4 weight vectors + 2 x 8 accumulators
@@ -573,6 +575,29 @@ void gemm_codes_small(const float* x, int64_t M, const void* qv, const float* sp
     }
   });
 }
+
+// out = x W^T straight from the codes for 1-16 input rows (gemv_codes, gemm_codes_small);
+// false, with nothing done, where that path does not apply: more rows, x or out strided, or K
+// not whole groups.
+template <int kind>
+bool gemm_from_codes(const at::Tensor& x, const void* qv, const float* sp, const float* mp,
+                     int64_t N, const at::Tensor& out) {
+  const int64_t M = x.size(0), K = x.size(1);
+  if (M > kSmallRows || !x.is_contiguous() || !out.is_contiguous() || K % kGroup != 0)
+    return false;
+  if (M == 1)
+    gemv_codes<kind>(x.data_ptr<float>(), qv, sp, mp, N, K, out.data_ptr<float>());
+  else
+    gemm_codes_small<kind>(x.data_ptr<float>(), M, qv, sp, mp, N, K, out.data_ptr<float>());
+  return true;
+}
+#else
+// Without AVX2 the few-row paths are those of many rows.
+template <int kind>
+bool gemm_from_codes(const at::Tensor&, const void*, const float*, const float*, int64_t,
+                     const at::Tensor&) {
+  return false;
+}
 #endif
 
 }  // namespace
@@ -585,19 +610,7 @@ void q4_gemm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
   const uint8_t* qp = qs.data_ptr<uint8_t>();
   const float* sp = scale.data_ptr<float>();
   const float* mp = minv.data_ptr<float>();
-#ifdef RS_AVX2
-  if (x.size(0) == 1 && x.is_contiguous() && out.is_contiguous() && K % kGroup == 0) {
-    gemv_codes<4>(x.data_ptr<float>(), qp, sp, mp, qs.size(0), K, out.data_ptr<float>());
-    return;
-  }
-#endif
-#ifdef RS_AVX2
-  if (x.size(0) <= kSmallRows && x.is_contiguous() && out.is_contiguous() && K % kGroup == 0) {
-    gemm_codes_small<4>(x.data_ptr<float>(), x.size(0), qp, sp, mp, qs.size(0), K,
-                        out.data_ptr<float>());
-    return;
-  }
-#endif
+  if (gemm_from_codes<4>(x, qp, sp, mp, qs.size(0), out)) return;
   auto dequant = [&](int64_t n, int64_t nr, float* buf) {
     dequant_rows_q4(qp, sp, mp, n, nr, K, buf);
   };
@@ -621,19 +634,7 @@ void q8_gemm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
   check(qs.size(1) == K && qs.is_contiguous() && scale.is_contiguous(), "qs shape");
   const int8_t* qp = qs.data_ptr<int8_t>();
   const float* sp = scale.data_ptr<float>();
-#ifdef RS_AVX2
-  if (x.size(0) == 1 && x.is_contiguous() && out.is_contiguous() && K % kGroup == 0) {
-    gemv_codes<8>(x.data_ptr<float>(), qp, sp, nullptr, qs.size(0), K, out.data_ptr<float>());
-    return;
-  }
-#endif
-#ifdef RS_AVX2
-  if (x.size(0) <= kSmallRows && x.is_contiguous() && out.is_contiguous() && K % kGroup == 0) {
-    gemm_codes_small<8>(x.data_ptr<float>(), x.size(0), qp, sp, nullptr, qs.size(0), K,
-                        out.data_ptr<float>());
-    return;
-  }
-#endif
+  if (gemm_from_codes<8>(x, qp, sp, nullptr, qs.size(0), out)) return;
   auto dequant = [&](int64_t n, int64_t nr, float* buf) {
     dequant_rows_q8(qp, sp, n, nr, K, buf);
   };
