@@ -6,7 +6,9 @@ Built on first use with torch's extension builder (a C++ compiler and ninja) int
 `<cache root>/kernels/`, then loaded from there in later processes (about a second). Where
 they cannot be built, callers fall back to plain torch code that computes the same thing.
 The C++ is one file per concern (gemm.cpp, attention.cpp, layers.cpp over shared headers),
-compiled as one unit: cpu_kernels.cpp, whose opening comment maps the files.
+compiled as one unit: cpu_kernels.cpp, whose opening comment maps the files. The weights
+`decode_layers` takes are named in one C++ table (layer_weights.h, .cpp): Python lists each
+layer's weights by those names (`order_layer_weights`).
 
 Environment:
   RADIXSERVE_CPU_KERNELS=0     do not build or use the kernels (the torch fallbacks run).
@@ -24,7 +26,7 @@ import hashlib
 import logging
 import os
 import platform
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +35,9 @@ import torch
 log = logging.getLogger(__name__)
 
 _DIR = Path(__file__).parent
-_SOURCE = _DIR / "cpu_kernels.cpp"  # includes every other .cpp file here: one unit
+# The extension's translation units: the kernels (cpu_kernels.cpp includes gemm.cpp,
+# attention.cpp and layers.cpp) and the table of decode_layers' weights.
+_SOURCES = [_DIR / "cpu_kernels.cpp", _DIR / "layer_weights.cpp"]
 _ISAS = ("avx512", "avx2", "portable")  # RADIXSERVE_CPU_ISA's values, widest first
 _loaded: bool | None = None
 
@@ -112,7 +116,7 @@ def load() -> bool:
         log.info("loading radixserve CPU kernels from %s (built on first use)", build_dir)
         build(
             name=f"radixserve_cpu_{key}",
-            sources=[str(_SOURCE)],
+            sources=[str(p) for p in _SOURCES],
             extra_cflags=flags,
             extra_ldflags=["-fopenmp"],
             is_python_module=False,
@@ -142,6 +146,38 @@ def release_thread_pool() -> None:
     waits on waking its workers (a decode step 2.5-3x slower on 2 cores)."""
     if loaded():
         op("release_omp_threads")()
+
+
+class LayerWeightsError(ValueError):
+    """A layer's named weights do not match the names `decode_layers` takes."""
+
+
+@functools.cache
+def decode_layer_weight_names() -> tuple[str, ...]:
+    """The names of one decoder layer's weights in the order `decode_layers` takes them, from
+    the kernels' table (layer_weights.cpp; load() must have succeeded)."""
+    names: list[str] = op("decode_layer_weight_names")()
+    return tuple(names)
+
+
+def order_layer_weights(layers: Iterable[Mapping[str, torch.Tensor]]) -> list[torch.Tensor]:
+    """The `weights` argument of `decode_layers`: each layer's tensors, given by name, in the
+    kernels' order. LayerWeightsError, naming the weights, where a layer lacks one the kernel
+    takes or has one it does not."""
+    names = decode_layer_weight_names()
+    ordered: list[torch.Tensor] = []
+    for i, named in enumerate(layers):
+        missing = [f"{n!r} (slot {slot})" for slot, n in enumerate(names) if n not in named]
+        unknown = [repr(n) for n in named if n not in names]
+        if missing or unknown:
+            problems = [f"missing {', '.join(missing)}"] if missing else []
+            problems += [f"not in the table: {', '.join(unknown)}"] if unknown else []
+            raise LayerWeightsError(
+                f"layer {i}'s weights do not match decode_layers' table (layer_weights.cpp): "
+                + "; ".join(problems)
+            )
+        ordered += [named[n] for n in names]
+    return ordered
 
 
 def loaded() -> bool:

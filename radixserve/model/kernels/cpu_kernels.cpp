@@ -1,5 +1,5 @@
 // radixserve's CPU kernels, registered as torch.ops.radixserve.<name>. kernels/__init__.py
-// builds this file, the extension's one translation unit, from the files by concern:
+// builds this file, the kernels' one translation unit, from the files by concern:
 //   simd.h         the instruction sets a build uses (RS_AVX2, RS_AVX512) and the helpers
 //                  every file shares (argument checks, horizontal sums, e^x in 8 and 16 lanes)
 //   kv.h           K/V pool elements (float32, bfloat16, float16) read and written as float32
@@ -8,14 +8,17 @@
 //   gemm.cpp       weight-only quantized GEMM / GEMV (int4, int8) and dequantization
 //   attention.cpp  paged decode and prefill attention over the K/V block pool
 //   layers.cpp     a decoder layer's fused elementwise steps, and decode_layers: every layer
-//                  of a decode step in one call, its weights named in one table
+//                  of a decode step in one call
+// and, as a second unit of the same extension, the table of the weights decode_layers takes:
+//   layer_weights.h    their order (an enum)
+//   layer_weights.cpp  their names and kinds, and decode_layer_weight_names() for Python
 // Each file registers its own ops (TORCH_LIBRARY_FRAGMENT).
 //
 // One translation unit, as when this was one file: GCC's inlining budget is per unit
 // (--param inline-unit-growth), and compiled apart the files lost some inlining into the hot
 // loops (the int4 GEMV's per-thread loop left its OpenMP region, with other register choices).
-// Compiled together, and with the headers' helpers of internal linkage as before, the machine
-// code is the one-file build's.
+// Compiled together, and with the headers' helpers of internal linkage as before, the kernels'
+// loops compile to the one-file build's machine code.
 #include "gemm.cpp"
 #include "attention.cpp"
 #include "layers.cpp"

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "kv.h"
+#include "layer_weights.h"
 #include "ops.h"
 #include "simd.h"
 
@@ -132,21 +133,22 @@ void add_into(const at::Tensor& h, const at::Tensor& d) {
 
 // Every decoder layer of a decode step (one new token per sequence), as DecoderLayer's fused
 // path runs them, with no Python between the kernels. h [B, hidden] float32 (the embedded
-// tokens; the last layer's output on return). weights: 14 per layer -- input norm, qkv
-// (codes, scales, mins), o (3), post norm, gate_up (3), down (3); a projection's mins are
-// empty for int8 codes. cos/sin [B, Dh], slots [B] int64; k_pools / v_pools
+// tokens; the last layer's output on return). weights: kLayerWeights per layer, in
+// LayerWeight's order. cos/sin [B, Dh], slots [B] int64; k_pools / v_pools
 // [layers, NB, BS, KVH, Dh]; block_table / context_lens as paged_decode_attention's.
 void decode_layers(const at::Tensor& h, at::TensorList weights, const at::Tensor& cos,
                    const at::Tensor& sin, const at::Tensor& slots, const at::Tensor& k_pools,
                    const at::Tensor& v_pools, const at::Tensor& block_table,
                    const at::Tensor& context_lens, int64_t num_heads, double eps) {
-  constexpr int64_t kPerLayer = 14;
   const int64_t L = k_pools.size(0), KVH = k_pools.size(3), Dh = k_pools.size(4);
   check(h.scalar_type() == at::kFloat && h.is_contiguous() && h.dim() == 2, "h");
-  check(static_cast<int64_t>(weights.size()) == L * kPerLayer, "14 weights per layer");
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == L * kLayerWeights,
+              "radixserve kernel: decode_layers takes ", kLayerWeights, " weights per layer (",
+              L, " layers), got ", weights.size(), "; see decode_layer_weight_names()");
   check(k_pools.is_contiguous() && v_pools.is_contiguous(), "pools must be contiguous");
+  for (int64_t i = 0; i < L; ++i) check_layer_weights(weights.data() + i * kLayerWeights, i);
   const int64_t B = h.size(0), hidden = h.size(1), H = num_heads;
-  const int64_t qkv_width = (H + 2 * KVH) * Dh, gu_width = weights[8].size(0);
+  const int64_t qkv_width = (H + 2 * KVH) * Dh, gu_width = weights[kGateUpCodes].size(0);
   const auto f32 = h.options();
   const at::Tensor x = at::empty({B, hidden}, f32), delta = at::empty({B, hidden}, f32);
   const at::Tensor qkv = at::empty({B, qkv_width}, f32);
@@ -156,18 +158,18 @@ void decode_layers(const at::Tensor& h, at::TensorList weights, const at::Tensor
   const at::Tensor act = at::empty({B, gu_width / 2}, f32);
   const double sm_scale = 1.0 / std::sqrt(static_cast<double>(Dh));
   for (int64_t i = 0; i < L; ++i) {
-    const at::Tensor* w = weights.data() + i * kPerLayer;
+    const at::Tensor* w = weights.data() + i * kLayerWeights;
     const at::Tensor kp = k_pools.select(0, i), vp = v_pools.select(0, i);
-    rms_norm(h, w[0], eps, x);
-    quant_linear(x, w[1], w[2], w[3], qkv);
+    rms_norm(h, w[kInputNorm], eps, x);
+    quant_linear(x, w[kQkvCodes], w[kQkvScales], w[kQkvMins], qkv);
     rope_kv_write(qkv, cos, sin, slots, kp, vp, H);
     paged_decode_attention(q, kp, vp, block_table, context_lens, sm_scale, att);
-    quant_linear(att_rows, w[4], w[5], w[6], delta);
+    quant_linear(att_rows, w[kOCodes], w[kOScales], w[kOMins], delta);
     add_into(h, delta);
-    rms_norm(h, w[7], eps, x);
-    quant_linear(x, w[8], w[9], w[10], gate_up);
+    rms_norm(h, w[kPostNorm], eps, x);
+    quant_linear(x, w[kGateUpCodes], w[kGateUpScales], w[kGateUpMins], gate_up);
     silu_mul(gate_up, act);
-    quant_linear(act, w[11], w[12], w[13], delta);
+    quant_linear(act, w[kDownCodes], w[kDownScales], w[kDownMins], delta);
     add_into(h, delta);
   }
 }
