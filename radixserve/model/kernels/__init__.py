@@ -5,17 +5,18 @@ layer's fused elementwise steps.
 Built on first use with torch's extension builder (a C++ compiler and ninja) into
 `<cache root>/kernels/`, then loaded from there in later processes (about a second). Where
 they cannot be built, callers fall back to plain torch code that computes the same thing.
-The C++ is one file per concern (gemm.cpp, attention.cpp, layers.cpp over shared headers),
-compiled as one unit: cpu_kernels.cpp, whose opening comment maps the files. The weights
-`decode_layers` takes are named in one C++ table (layer_weights.h, .cpp): Python lists each
-layer's weights by those names (`order_layer_weights`).
+The C++ is one file per concern (gemm.cpp, attention.cpp, layers.cpp over shared headers), the
+kernels compiled as one unit: cpu_kernels.cpp, whose opening comment maps the files. The
+weights `decode_layers` takes are named in one C++ table (layer_weights.h, layer_weights.cpp):
+Python lists each layer's weights by those names (`order_layer_weights`).
 
 Environment:
   RADIXSERVE_CPU_KERNELS=0     do not build or use the kernels (the torch fallbacks run).
-  RADIXSERVE_CPU_ISA=avx2      build for at most AVX2 (+ FMA, F16C) on an AVX-512 CPU, as an
-                               AVX2-only CPU (AMD Zen 3) runs them; `portable` builds without
-                               vector flags (the plain C++ paths). Each flag set has its own
-                               build directory. Unset: the best this CPU has.
+  RADIXSERVE_CPU_ISA           the widest instruction set to build for, never wider than the
+                               CPU's: avx512 (the default), avx2 (AVX2 + FMA + F16C: what an
+                               AVX2-only CPU such as AMD Zen 3 runs, built and tested on an
+                               AVX-512 one) or portable (no vector flags: the plain C++ paths).
+                               Each flag set builds into its own directory.
   RADIXSERVE_KERNEL_CACHE_DIR  where builds live (default ~/.cache/radixserve/kernels).
 """
 

@@ -134,7 +134,7 @@ void add_into(const at::Tensor& h, const at::Tensor& d) {
 // Every decoder layer of a decode step (one new token per sequence), as DecoderLayer's fused
 // path runs them, with no Python between the kernels. h [B, hidden] float32 (the embedded
 // tokens; the last layer's output on return). weights: kLayerWeights per layer, in
-// LayerWeight's order. cos/sin [B, Dh], slots [B] int64; k_pools / v_pools
+// LayerWeight's order (layer_weights.h). cos/sin [B, Dh], slots [B] int64; k_pools / v_pools
 // [layers, NB, BS, KVH, Dh]; block_table / context_lens as paged_decode_attention's.
 void decode_layers(const at::Tensor& h, at::TensorList weights, const at::Tensor& cos,
                    const at::Tensor& sin, const at::Tensor& slots, const at::Tensor& k_pools,
