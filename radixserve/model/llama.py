@@ -298,7 +298,7 @@ class LlamaModel(nn.Module):
         layers with quantized, bias-free projections."""
         if self._decode_weights is not None or not self._decode_weights_possible:
             return self._decode_weights
-        weights: list[torch.Tensor] = []
+        named_layers: list[dict[str, torch.Tensor]] = []
         for layer in self.decoder_layers():
             lins = [lin for _, lin, _ in layer.projections()]
             if not layer.fused or not all(
@@ -306,14 +306,19 @@ class LlamaModel(nn.Module):
             ):
                 self._decode_weights_possible = False
                 return None
-            codes = [q.weight for q in lins if isinstance(q, QuantLinear)]
-            none = torch.empty(0)
-            qkv, o, gate_up, down = (
-                [w.qs, w.scale, w.minv if w.minv is not None else none] for w in codes
-            )
-            weights += [layer.input_norm, *qkv, *o, layer.post_norm, *gate_up, *down]
-        self._decode_weights = weights
-        return weights
+            # By the names of the kernels' table (kernels/layer_weights.cpp); int8 has no mins.
+            named: dict[str, torch.Tensor] = {
+                "input_norm": layer.input_norm,
+                "post_norm": layer.post_norm,
+            }
+            for attr, lin, _ in layer.projections():
+                assert isinstance(lin, QuantLinear)
+                w, proj = lin.weight, attr.removesuffix("_lin")  # "qkv_lin": "qkv.qs", ...
+                named[f"{proj}.qs"], named[f"{proj}.scale"] = w.qs, w.scale
+                named[f"{proj}.minv"] = w.minv if w.minv is not None else torch.empty(0)
+            named_layers.append(named)
+        self._decode_weights = kernels.order_layer_weights(named_layers)
+        return self._decode_weights
 
     def prepare(self) -> None:
         """Build the dense matmul wrappers; call after loading weights or moving the model

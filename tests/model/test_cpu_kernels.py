@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ import torch.nn.functional as F
 from radixserve.model import kernels
 from radixserve.model.attention import CpuPagedBackend, SdpaBackend
 from radixserve.model.batch import SeqChunk, build_batch
-from radixserve.model.llama import apply_rope, rms_norm
+from radixserve.model.llama import DecoderLayer, LlamaModel, apply_rope, rms_norm
 
 ops = torch.ops.radixserve
 # K/V pool element types (--kv-cache-dtype); the kernels compute in float32 either way.
@@ -142,6 +143,129 @@ def test_paged_prefill_attention_first_token_sees_only_itself() -> None:
     got = cpu.forward(q, batch, cpu.plan(batch), k_blocks, v_blocks).view(20, 4, 64)
     torch.testing.assert_close(got[0], v_blocks[2, 0].repeat_interleave(2, dim=0))
     assert math.isfinite(float(got.abs().sum()))
+
+
+def _quantized_model(tiny_pair_factory, kind: str) -> LlamaModel:
+    _, model = tiny_pair_factory(intermediate_size=128)  # every projection quantizable
+    model.quantize(kind)
+    return model
+
+
+def _named_weights(layer: DecoderLayer) -> dict[str, torch.Tensor]:
+    """A layer's weights by the names of the kernels' table, written out here as the spec."""
+    named = {"input_norm": layer.input_norm, "post_norm": layer.post_norm}
+    for proj in ("qkv", "o", "gate_up", "down"):
+        w = getattr(layer, f"{proj}_lin").weight
+        named |= {f"{proj}.qs": w.qs, f"{proj}.scale": w.scale}
+        named[f"{proj}.minv"] = w.minv if w.minv is not None else torch.empty(0)
+    return named
+
+
+def test_decode_layer_weight_names_name_each_norm_and_projection_part_once() -> None:
+    """The kernels' table (its order is the C++ enum's, written nowhere else)."""
+    names = kernels.decode_layer_weight_names()
+    parts = [f"{p}.{f}" for p in ("qkv", "o", "gate_up", "down") for f in ("qs", "scale", "minv")]
+    assert len(names) == 14 and set(names) == {"input_norm", "post_norm", *parts}
+
+
+def _named_layers(tiny_pair_factory, kind: str) -> list[dict[str, torch.Tensor]]:
+    return [
+        _named_weights(layer)
+        for layer in _quantized_model(tiny_pair_factory, kind).decoder_layers()
+    ]
+
+
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+def test_decode_layer_weights_follow_the_kernels_named_table(tiny_pair_factory, kind: str) -> None:
+    """The model's list for `decode_layers` holds, at each layer's slot of each name, the
+    layer's tensor of that name (int8: an empty tensor for the mins)."""
+    model = _quantized_model(tiny_pair_factory, kind)
+    weights = model.decode_layer_weights()
+    names = kernels.decode_layer_weight_names()
+    layers = model.decoder_layers()
+    assert weights is not None and len(weights) == len(layers) * len(names)
+    for i, layer in enumerate(layers):
+        for slot, name in enumerate(names):
+            got, want = weights[i * len(names) + slot], _named_weights(layer)[name]
+            assert got is want or (got.numel() == 0 and want.numel() == 0), (i, name)
+
+
+def test_a_layer_missing_a_weight_fails_naming_it(tiny_pair_factory) -> None:
+    layers = _named_layers(tiny_pair_factory, "int4")
+    del layers[1]["o.scale"]
+    with pytest.raises(
+        kernels.LayerWeightsError, match=r"layer 1's .* missing 'o.scale' \(slot \d+\)"
+    ):
+        kernels.order_layer_weights(layers)
+
+
+def test_a_misnamed_weight_fails_naming_both_names(tiny_pair_factory) -> None:
+    layers = _named_layers(tiny_pair_factory, "int4")
+    layers[0]["o.scales"] = layers[0].pop("o.scale")
+    with pytest.raises(kernels.LayerWeightsError, match=r"missing 'o.scale' .* table: 'o.scales'"):
+        kernels.order_layer_weights(layers)
+
+
+def test_decode_layers_names_the_slot_of_a_weight_of_the_wrong_kind(tiny_pair_factory) -> None:
+    """A list in another order than the table's (here qkv's codes and scales swapped) fails
+    before any computation, naming the slot; so does a list of the wrong length."""
+    model = _quantized_model(tiny_pair_factory, "int4")
+    weights = kernels.order_layer_weights(_named_weights(x) for x in model.decoder_layers())
+    names = kernels.decode_layer_weight_names()
+    a, b = len(names) + names.index("qkv.qs"), len(names) + names.index("qkv.scale")
+    weights[a], weights[b] = weights[b], weights[a]
+    c = model.config
+    h = torch.zeros(1, c.hidden_size)
+    pools = torch.zeros(c.num_layers, 2, 4, c.num_kv_heads, c.head_dim)
+    cos = sin = torch.zeros(1, c.head_dim)
+    ints = torch.zeros(1, 1, dtype=torch.int32)
+
+    def step(ws: list[torch.Tensor]) -> None:
+        ops.decode_layers(h, ws, cos, sin, torch.zeros(1, dtype=torch.long), pools, pools.clone(),
+                          ints, ints[0], c.num_heads, 1e-5)  # fmt: skip
+
+    slot = names.index("qkv.qs")
+    with pytest.raises(RuntimeError, match=rf"layer 1's weight {slot} \(qkv.qs\) is a Float"):
+        step(weights)
+    with pytest.raises(RuntimeError, match="takes 14 weights per layer"):
+        step(weights[:-1])
+
+
+AVX2 = ["-mavx2", "-mfma", "-mf16c"]
+AVX512 = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]
+
+
+@pytest.mark.parametrize(
+    "isa,want",
+    [("", AVX2 + AVX512), ("avx512", AVX2 + AVX512), ("avx2", AVX2), ("portable", [])]
+    + [("sse9", AVX2 + AVX512)],  # an unknown value: ignored (with a warning)
+)
+def test_cpu_isa_caps_the_instruction_set_flags(monkeypatch, isa: str, want: list[str]) -> None:
+    """On an AVX-512 machine, RADIXSERVE_CPU_ISA=avx2 builds the kernels as an AVX2-only CPU
+    (AMD Zen 3) runs them, and `portable` without vector flags (the plain C++ paths)."""
+    cpu = {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq"}
+    monkeypatch.setattr(kernels, "_cpu_flags", lambda: cpu)
+    monkeypatch.setattr(kernels.platform, "machine", lambda: "x86_64")
+    monkeypatch.setenv("RADIXSERVE_CPU_ISA", isa)
+    assert [f for f in kernels.compile_flags() if f.startswith("-m")] == want
+
+
+def test_the_build_key_covers_every_source_and_header(tmp_path, monkeypatch) -> None:
+    """Each file here holds kernels or helpers they inline: editing any one builds anew."""
+    here = Path(kernels.__file__).parent
+    sources = sorted(p.name for p in here.iterdir() if p.is_file() and p.suffix != ".py")
+    assert {"cpu_kernels.cpp", "simd.h", "gemm.cpp", "attention.cpp", "layers.cpp"} <= set(sources)
+    for name in sources:
+        (tmp_path / name).write_bytes((here / name).read_bytes())
+    monkeypatch.setattr(kernels, "_DIR", tmp_path)
+    flags = kernels.compile_flags()
+    keys = {kernels._build_key(flags)}
+    for name in sources:
+        with (tmp_path / name).open("a") as f:
+            f.write("\n")
+        keys.add(kernels._build_key(flags))
+    assert len(keys) == len(sources) + 1
+    assert kernels._build_key(flags + ["-DX"]) not in keys
 
 
 def _os_threads() -> int:

@@ -5,6 +5,19 @@ layer's fused elementwise steps.
 Built on first use with torch's extension builder (a C++ compiler and ninja) into
 `<cache root>/kernels/`, then loaded from there in later processes (about a second). Where
 they cannot be built, callers fall back to plain torch code that computes the same thing.
+The C++ is one file per concern (gemm.cpp, attention.cpp, layers.cpp over shared headers), the
+kernels compiled as one unit: cpu_kernels.cpp, whose opening comment maps the files. The
+weights `decode_layers` takes are named in one C++ table (layer_weights.h, layer_weights.cpp):
+Python lists each layer's weights by those names (`order_layer_weights`).
+
+Environment:
+  RADIXSERVE_CPU_KERNELS=0     do not build or use the kernels (the torch fallbacks run).
+  RADIXSERVE_CPU_ISA           the widest instruction set to build for, never wider than the
+                               CPU's: avx512 (the default), avx2 (AVX2 + FMA + F16C: what an
+                               AVX2-only CPU such as AMD Zen 3 runs, built and tested on an
+                               AVX-512 one) or portable (no vector flags: the plain C++ paths).
+                               Each flag set builds into its own directory.
+  RADIXSERVE_KERNEL_CACHE_DIR  where builds live (default ~/.cache/radixserve/kernels).
 """
 
 from __future__ import annotations
@@ -14,7 +27,7 @@ import hashlib
 import logging
 import os
 import platform
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +35,11 @@ import torch
 
 log = logging.getLogger(__name__)
 
-_SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
+_DIR = Path(__file__).parent
+# The extension's translation units: the kernels (cpu_kernels.cpp includes gemm.cpp,
+# attention.cpp and layers.cpp) and the table of decode_layers' weights.
+_SOURCES = [_DIR / "cpu_kernels.cpp", _DIR / "layer_weights.cpp"]
+_ISAS = ("avx512", "avx2", "portable")  # RADIXSERVE_CPU_ISA's values, widest first
 _loaded: bool | None = None
 
 
@@ -44,17 +61,39 @@ def kernel_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "radixserve" / "kernels"
 
 
+def _isa_cap() -> str:
+    """The widest instruction set $RADIXSERVE_CPU_ISA allows (all of them when unset)."""
+    isa = os.environ.get("RADIXSERVE_CPU_ISA", "avx512").strip().lower() or "avx512"
+    if isa not in _ISAS:
+        log.warning("RADIXSERVE_CPU_ISA=%s is not one of %s; ignored", isa, ", ".join(_ISAS))
+        return "avx512"
+    return isa
+
+
 def compile_flags() -> list[str]:
     """Compiler flags for this CPU: AVX2 + FMA + F16C code where the CPU has them, and
-    AVX-512 (F, BW, VL, DQ) for the decode step's hot loops where it has those too."""
+    AVX-512 (F, BW, VL, DQ) for the decode step's hot loops where it has those too; never
+    wider than $RADIXSERVE_CPU_ISA allows."""
     # -fopenmp: at::parallel_for is an OpenMP pragma in torch's headers; without the flag
     # the kernels silently run on one thread. The libgomp torch already loaded is reused.
     flags = ["-O3", "-ffast-math", "-fno-finite-math-only", "-fopenmp"]
-    if platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma", "f16c"} <= _cpu_flags():
+    allowed = _ISAS[_ISAS.index(_isa_cap()) :]
+    cpu = _cpu_flags()
+    x86 = platform.machine() in ("x86_64", "AMD64")
+    if x86 and "avx2" in allowed and {"avx2", "fma", "f16c"} <= cpu:
         flags += ["-mavx2", "-mfma", "-mf16c"]
-        if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= _cpu_flags():
+        if "avx512" in allowed and {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= cpu:
             flags += ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]
     return flags
+
+
+def _build_key(flags: list[str]) -> str:
+    """A hash of every C++ source and header here, torch's version and the flags: a change to
+    any of them builds anew, into its own directory."""
+    digest = hashlib.sha1(f"{torch.__version__}{flags}".encode())
+    for path in sorted([*_DIR.glob("*.cpp"), *_DIR.glob("*.h")]):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def load() -> bool:
@@ -69,8 +108,7 @@ def load() -> bool:
     if os.environ.get("RADIXSERVE_CPU_KERNELS", "1") == "0":
         return False
     flags = compile_flags()
-    digest = hashlib.sha1(_SOURCE.read_bytes() + f"{torch.__version__}{flags}".encode())
-    key = digest.hexdigest()[:12]
+    key = _build_key(flags)
     build_dir = kernel_cache_dir() / f"cpu-{key}"
     try:
         from torch.utils.cpp_extension import load as build
@@ -79,7 +117,7 @@ def load() -> bool:
         log.info("loading radixserve CPU kernels from %s (built on first use)", build_dir)
         build(
             name=f"radixserve_cpu_{key}",
-            sources=[str(_SOURCE)],
+            sources=[str(p) for p in _SOURCES],
             extra_cflags=flags,
             extra_ldflags=["-fopenmp"],
             is_python_module=False,
@@ -109,6 +147,38 @@ def release_thread_pool() -> None:
     waits on waking its workers (a decode step 2.5-3x slower on 2 cores)."""
     if loaded():
         op("release_omp_threads")()
+
+
+class LayerWeightsError(ValueError):
+    """A layer's named weights do not match the names `decode_layers` takes."""
+
+
+@functools.cache
+def decode_layer_weight_names() -> tuple[str, ...]:
+    """The names of one decoder layer's weights in the order `decode_layers` takes them, from
+    the kernels' table (layer_weights.cpp; load() must have succeeded)."""
+    names: list[str] = op("decode_layer_weight_names")()
+    return tuple(names)
+
+
+def order_layer_weights(layers: Iterable[Mapping[str, torch.Tensor]]) -> list[torch.Tensor]:
+    """The `weights` argument of `decode_layers`: each layer's tensors, given by name, in the
+    kernels' order. LayerWeightsError, naming the weights, where a layer lacks one the kernel
+    takes or has one it does not."""
+    names = decode_layer_weight_names()
+    ordered: list[torch.Tensor] = []
+    for i, named in enumerate(layers):
+        missing = [f"{n!r} (slot {slot})" for slot, n in enumerate(names) if n not in named]
+        unknown = [repr(n) for n in named if n not in names]
+        if missing or unknown:
+            problems = [f"missing {', '.join(missing)}"] if missing else []
+            problems += [f"not in the table: {', '.join(unknown)}"] if unknown else []
+            raise LayerWeightsError(
+                f"layer {i}'s weights do not match decode_layers' table (layer_weights.cpp): "
+                + "; ".join(problems)
+            )
+        ordered += [named[n] for n in names]
+    return ordered
 
 
 def loaded() -> bool:

@@ -1,0 +1,206 @@
+// A decoder layer's fused elementwise steps (RMSNorm, RoPE + K/V write, SiLU-and-multiply)
+// and decode_layers: every decoder layer of a decode step in one call, with no Python between
+// the kernels.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <omp.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "kv.h"
+#include "layer_weights.h"
+#include "ops.h"
+#include "simd.h"
+
+namespace radixserve {
+namespace {
+
+// ---- Fused elementwise steps of a decoder layer (float32, rows in parallel) ----
+
+// out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, as transformers' LlamaRMSNorm in float32.
+void rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, const at::Tensor& out) {
+  check(x.scalar_type() == at::kFloat && x.is_contiguous() && out.is_contiguous() &&
+            w.is_contiguous(),
+        "rms_norm: contiguous float32");
+  const int64_t T = x.size(0), D = x.size(1);
+  const float* xp = x.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* xr = xp + t * D;
+      float* orow = op + t * D;
+      float ss = 0;
+      for (int64_t i = 0; i < D; ++i) ss += xr[i] * xr[i];
+      const float r = 1.f / std::sqrt(ss / static_cast<float>(D) + static_cast<float>(eps));
+      for (int64_t i = 0; i < D; ++i) orow[i] = wp[i] * (xr[i] * r);
+    }
+  });
+}
+
+// In place on qkv [T, (H + 2 KVH) * Dh]: rotate the q and k heads by the tokens' cos/sin
+// [T, Dh] (rotate-half layout), then write each token's k and v heads into the pools'
+// slot slots[t] (pools [NB, BS, KVH, Dh], slot = block * BS + offset).
+void rope_kv_write(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
+                   const at::Tensor& slots, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                   int64_t num_heads) {
+  check(qkv.scalar_type() == at::kFloat && qkv.is_contiguous() && cos.is_contiguous() &&
+            sin.is_contiguous() && k_pool.is_contiguous() && v_pool.is_contiguous(),
+        "rope_kv_write: contiguous float32 qkv");
+  check(k_pool.scalar_type() == v_pool.scalar_type(), "K and V pools of one dtype");
+  check(slots.scalar_type() == at::kLong, "rope_kv_write: int64 slots");
+  const int64_t T = qkv.size(0), KVH = k_pool.size(2), Dh = k_pool.size(3);
+  const int64_t half = Dh / 2, width = qkv.size(1);
+  check(width == (num_heads + 2 * KVH) * Dh, "rope_kv_write: qkv width");
+  float* qp = qkv.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  const int64_t slot_stride = slots.stride(0);
+  with_kv_type(k_pool, [&](auto tag) {
+    using E = decltype(tag);
+    E* kp = static_cast<E*>(k_pool.data_ptr());
+    E* vp = static_cast<E*>(v_pool.data_ptr());
+    at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        float* row = qp + t * width;
+        const float* c = cp + t * Dh;
+        const float* sn = sp + t * Dh;
+        for (int64_t hd = 0; hd < num_heads + KVH; ++hd) {
+          float* x = row + hd * Dh;
+          for (int64_t i = 0; i < half; ++i) {
+            const float a = x[i], b = x[i + half];
+            x[i] = a * c[i] - b * sn[i];
+            x[i + half] = b * c[i + half] + a * sn[i + half];
+          }
+        }
+        const int64_t s = slot[t * slot_stride];
+        kv_row_from_float(row + num_heads * Dh, KVH * Dh, kp + s * KVH * Dh);
+        kv_row_from_float(row + (num_heads + KVH) * Dh, KVH * Dh, vp + s * KVH * Dh);
+      }
+    });
+  });
+}
+
+// out [T, I] = silu(gate) * up for gate_up [T, 2I] = [gate | up].
+void silu_mul(const at::Tensor& gate_up, const at::Tensor& out) {
+  check(gate_up.scalar_type() == at::kFloat && gate_up.is_contiguous() && out.is_contiguous(),
+        "silu_mul: contiguous float32");
+  const int64_t T = out.size(0), I = out.size(1);
+  const float* gp = gate_up.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* g = gp + t * 2 * I;
+      const float* u = g + I;
+      float* o = op + t * I;
+      int64_t i = 0;
+#ifdef RS_AVX2
+      const __m256 one = _mm256_set1_ps(1.f);
+      for (; i + 8 <= I; i += 8) {  // silu(x) = x / (1 + e^-x): e^-|x| <= 1 keeps exp256 exact
+        const __m256 x = _mm256_loadu_ps(g + i);
+        const __m256 abs = _mm256_andnot_ps(_mm256_set1_ps(-0.f), x);
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), abs));  // e^-|x|
+        // sigmoid(x) = 1 / (1 + e^-x) = x >= 0 ? 1 / (1 + e) : e / (1 + e)
+        const __m256 r = _mm256_div_ps(one, _mm256_add_ps(one, e));
+        const __m256 sig = _mm256_blendv_ps(r, _mm256_mul_ps(e, r), x);
+        _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_mul_ps(x, sig), _mm256_loadu_ps(u + i)));
+      }
+#endif
+      for (; i < I; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+    }
+  });
+}
+
+// ---- A whole decode step's decoder layers in one call ----
+
+// y = x W^T for quantized codes: int4 when `minv` has elements, int8 otherwise.
+void quant_linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
+                  const at::Tensor& minv, const at::Tensor& out) {
+  if (minv.numel() > 0) return q4_gemm(x, qs, scale, minv, out);
+  q8_gemm(x, qs, scale, out);
+}
+
+// In place: h += d (same shape, contiguous float32).
+void add_into(const at::Tensor& h, const at::Tensor& d) {
+  float* hp = h.data_ptr<float>();
+  const float* dp = d.data_ptr<float>();
+  for (int64_t i = 0, n = h.numel(); i < n; ++i) hp[i] += dp[i];
+}
+
+// Every decoder layer of a decode step (one new token per sequence), as DecoderLayer's fused
+// path runs them, with no Python between the kernels. h [B, hidden] float32 (the embedded
+// tokens; the last layer's output on return). weights: kLayerWeights per layer, in
+// LayerWeight's order (layer_weights.h). cos/sin [B, Dh], slots [B] int64; k_pools / v_pools
+// [layers, NB, BS, KVH, Dh]; block_table / context_lens as paged_decode_attention's.
+void decode_layers(const at::Tensor& h, at::TensorList weights, const at::Tensor& cos,
+                   const at::Tensor& sin, const at::Tensor& slots, const at::Tensor& k_pools,
+                   const at::Tensor& v_pools, const at::Tensor& block_table,
+                   const at::Tensor& context_lens, int64_t num_heads, double eps) {
+  const int64_t L = k_pools.size(0), KVH = k_pools.size(3), Dh = k_pools.size(4);
+  check(h.scalar_type() == at::kFloat && h.is_contiguous() && h.dim() == 2, "h");
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == L * kLayerWeights,
+              "radixserve kernel: decode_layers takes ", kLayerWeights, " weights per layer (",
+              L, " layers), got ", weights.size(), "; see decode_layer_weight_names()");
+  check(k_pools.is_contiguous() && v_pools.is_contiguous(), "pools must be contiguous");
+  for (int64_t i = 0; i < L; ++i) check_layer_weights(weights.data() + i * kLayerWeights, i);
+  const int64_t B = h.size(0), hidden = h.size(1), H = num_heads;
+  const int64_t qkv_width = (H + 2 * KVH) * Dh, gu_width = weights[kGateUpCodes].size(0);
+  const auto f32 = h.options();
+  const at::Tensor x = at::empty({B, hidden}, f32), delta = at::empty({B, hidden}, f32);
+  const at::Tensor qkv = at::empty({B, qkv_width}, f32);
+  const at::Tensor q = qkv.narrow(1, 0, H * Dh).view({B, H, Dh});
+  const at::Tensor att = at::empty({B, H, Dh}, f32), att_rows = att.view({B, H * Dh});
+  const at::Tensor gate_up = at::empty({B, gu_width}, f32);
+  const at::Tensor act = at::empty({B, gu_width / 2}, f32);
+  const double sm_scale = 1.0 / std::sqrt(static_cast<double>(Dh));
+  for (int64_t i = 0; i < L; ++i) {
+    const at::Tensor* w = weights.data() + i * kLayerWeights;
+    const at::Tensor kp = k_pools.select(0, i), vp = v_pools.select(0, i);
+    rms_norm(h, w[kInputNorm], eps, x);
+    quant_linear(x, w[kQkvCodes], w[kQkvScales], w[kQkvMins], qkv);
+    rope_kv_write(qkv, cos, sin, slots, kp, vp, H);
+    paged_decode_attention(q, kp, vp, block_table, context_lens, sm_scale, att);
+    quant_linear(att_rows, w[kOCodes], w[kOScales], w[kOMins], delta);
+    add_into(h, delta);
+    rms_norm(h, w[kPostNorm], eps, x);
+    quant_linear(x, w[kGateUpCodes], w[kGateUpScales], w[kGateUpMins], gate_up);
+    silu_mul(gate_up, act);
+    quant_linear(act, w[kDownCodes], w[kDownScales], w[kDownMins], delta);
+    add_into(h, delta);
+  }
+}
+
+// Free the calling thread's OpenMP worker threads (they come back on its next parallel
+// region). libgomp spins only briefly before sleeping once more threads exist than CPUs, and
+// every thread that ever ran a parallel region keeps its own idle workers: a thread that
+// loaded the model leaves workers behind that make each of the engine loop's parallel
+// regions wait on a futex wake (a decode step at 256 tokens of context on 2 cores: 18-21 ms
+// in the loop thread against 6-8 ms with the loader's workers freed).
+void release_omp_threads() { omp_pause_resource_all(omp_pause_soft); }
+
+}  // namespace
+}  // namespace radixserve
+
+TORCH_LIBRARY_FRAGMENT(radixserve, m) {
+  m.def("rms_norm(Tensor x, Tensor w, float eps, Tensor(a!) out) -> ()");
+  m.def(
+      "rope_kv_write(Tensor(a!) qkv, Tensor cos, Tensor sin, Tensor slots, Tensor(b!) k_pool, "
+      "Tensor(c!) v_pool, int num_heads) -> ()");
+  m.def("silu_mul(Tensor gate_up, Tensor(a!) out) -> ()");
+  m.def("release_omp_threads() -> ()", &radixserve::release_omp_threads);  // no tensors: no key
+  m.def(
+      "decode_layers(Tensor(a!) h, Tensor[] weights, Tensor cos, Tensor sin, Tensor slots, "
+      "Tensor(b!) k_pools, Tensor(c!) v_pools, Tensor block_table, Tensor context_lens, "
+      "int num_heads, float eps) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
+  m.impl("rms_norm", &radixserve::rms_norm);
+  m.impl("rope_kv_write", &radixserve::rope_kv_write);
+  m.impl("silu_mul", &radixserve::silu_mul);
+  m.impl("decode_layers", &radixserve::decode_layers);
+}

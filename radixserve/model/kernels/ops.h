@@ -1,0 +1,31 @@
+// The ops one kernel file calls in another: decode_layers (layers.cpp) runs the quantized GEMM
+// (gemm.cpp) and decode attention (attention.cpp).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace radixserve {
+
+// Hidden: bound inside this extension, so calls between the files are direct (no PLT), as
+// within one file.
+#pragma GCC visibility push(hidden)
+
+// out = x qs^T for int4 codes: x [M, K] float32, qs [N, K/2] uint8, scale/minv [N, K/32].
+void q4_gemm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
+             const at::Tensor& minv, const at::Tensor& out);
+
+// out = x qs^T for int8 codes: x [M, K] float32, qs [N, K] int8, scale [N, K/32].
+void q8_gemm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
+             const at::Tensor& out);
+
+// One query row per sequence over its context in the paged pool (see attention.cpp).
+void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
+                            const at::Tensor& v_pool, const at::Tensor& block_table,
+                            const at::Tensor& context_lens, double sm_scale,
+                            const at::Tensor& out);
+
+#pragma GCC visibility pop
+
+}  // namespace radixserve

@@ -1,0 +1,119 @@
+// What every kernel file shares: the instruction sets this build uses (RS_AVX2, RS_AVX512), the
+// argument check, cache-line aligned buffers, the dispatch of a tile's row count to a
+// compile-time constant, and the small vector helpers several files inline (a horizontal sum,
+// e^x in 8 and 16 lanes).
+#pragma once
+
+#include <c10/util/Exception.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+// kernels/__init__.py picks the flags for this CPU (and $RADIXSERVE_CPU_ISA may cap them): AVX2
+// + FMA + F16C for the vector code, with AVX-512 (F, BW, VL, DQ) on top for the hot loops.
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define RS_AVX2 1
+#endif
+// AVX-512 (F, BW, VL, DQ): 16 lanes a vector for the hot loops (the quantized GEMV of 1-16
+// rows, decode attention, the prefill register tile); everything else runs the AVX2 code.
+#if defined(RS_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && \
+    defined(__AVX512VL__) && defined(__AVX512DQ__)
+#define RS_AVX512 1
+#endif
+
+// Before a loop over a tile's compile-time row count: unrolled early, GCC keeps the tile's
+// accumulator array in registers; left to its later unrolling, it stores every accumulator to
+// the stack on every k (seen in tile_x16 and the one-panel tile_x8: 2-3x slower).
+#define RS_UNROLL _Pragma("GCC unroll 16")
+
+namespace radixserve {
+// The headers' helpers have internal linkage, as when the kernels were one file, so that GCC
+// inlines and specializes them as it did (cpu_kernels.cpp includes every file once).
+namespace {
+
+void check(bool ok, const char* what) { TORCH_CHECK(ok, "radixserve kernel: ", what); }
+
+// A zeroed float buffer on 64-byte (cache line) boundaries.
+class AlignedBuffer {
+ public:
+  explicit AlignedBuffer(int64_t n)
+      : p_(static_cast<float*>(std::aligned_alloc(64, ((n * 4 + 63) / 64) * 64))) {
+    check(p_ != nullptr, "out of memory");
+    std::memset(p_, 0, n * sizeof(float));
+  }
+  ~AlignedBuffer() { std::free(p_); }
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  float* data() { return p_; }
+  float* begin() { return p_; }
+
+ private:
+  float* p_;
+};
+
+// f(std::integral_constant<int, MR>{}) for the row count mr in 1..Max (anything else: 1), so
+// a tile written for a compile-time row count runs for the rows at hand.
+template <typename F, int... I>
+inline void with_rows_impl(int mr, F& f, std::integer_sequence<int, I...>) {
+  const bool done = ((mr == I + 1 && (f(std::integral_constant<int, I + 1>{}), true)) || ...);
+  if (!done) f(std::integral_constant<int, 1>{});
+}
+template <int Max, typename F>
+inline void with_rows(int mr, F&& f) {
+  with_rows_impl(mr, f, std::make_integer_sequence<int, Max>{});
+}
+
+#ifdef RS_AVX2
+inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+
+// e^x for x <= 0 (softmax terms), Cephes' polynomial: within 2 ulp of expf; 0 below -87.3
+// (where expf is subnormal) and for -inf. Its constants, shared by exp256 and exp512:
+constexpr float kExpMin = -87.3f, kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;  // ln 2 in two parts
+constexpr float kExpPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                               4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+inline __m256 exp256(__m256 x) {
+  const __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(kExpMin), _CMP_LT_OQ);  // -> 0
+  x = _mm256_max_ps(x, _mm256_set1_ps(kExpMin));
+  __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(kLog2e), _mm256_set1_ps(0.5f));
+  fx = _mm256_floor_ps(fx);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(kLn2Hi), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(kLn2Lo), x);
+  __m256 y = _mm256_set1_ps(kExpPoly[0]);
+  for (int i = 1; i < 6; ++i) y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(kExpPoly[i]));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
+  const __m256i e = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+}
+#endif
+
+#ifdef RS_AVX512
+// exp256 in 16 lanes, the same operations lane by lane (so the same values).
+inline __m512 exp512(__m512 x) {
+  const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpMin), _CMP_LT_OQ);  // -> 0
+  x = _mm512_max_ps(x, _mm512_set1_ps(kExpMin));
+  __m512 fx = _mm512_fmadd_ps(x, _mm512_set1_ps(kLog2e), _mm512_set1_ps(0.5f));
+  fx = _mm512_roundscale_ps(fx, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(kLn2Hi), x);
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(kLn2Lo), x);
+  __m512 y = _mm512_set1_ps(kExpPoly[0]);
+  for (int i = 1; i < 6; ++i) y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(kExpPoly[i]));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.f)));
+  const __m512i e = _mm512_slli_epi32(
+      _mm512_add_epi32(_mm512_cvttps_epi32(fx), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mul_ps(static_cast<__mmask16>(~under), y, _mm512_castsi512_ps(e));
+}
+#endif
+
+}  // namespace
+}  // namespace radixserve
