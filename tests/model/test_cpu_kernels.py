@@ -13,7 +13,9 @@ import torch.nn.functional as F
 from radixserve.model import kernels
 from radixserve.model.attention import CpuPagedBackend, SdpaBackend
 from radixserve.model.batch import SeqChunk, build_batch
-from radixserve.model.llama import DecoderLayer, LlamaModel, apply_rope, rms_norm
+from radixserve.model.layers import apply_rope, rms_norm
+from radixserve.model.llama import DecoderLayer, LlamaModel
+from radixserve.model.weights import quantize_model
 
 ops = torch.ops.radixserve
 # K/V pool element types (--kv-cache-dtype); the kernels compute in float32 either way.
@@ -147,7 +149,7 @@ def test_paged_prefill_attention_first_token_sees_only_itself() -> None:
 
 def _quantized_model(tiny_pair_factory, kind: str) -> LlamaModel:
     _, model = tiny_pair_factory(intermediate_size=128)  # every projection quantizable
-    model.quantize(kind)
+    quantize_model(model, kind)
     return model
 
 
