@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -31,10 +32,9 @@ def make_tiny_engine(
 ) -> Callable[..., LLMEngine]:
     """Build an unstarted engine over the tiny model; keyword args go to EngineConfig."""
 
-    def make(**kw: object) -> LLMEngine:
-        cfg = EngineConfig(block_size=4, num_blocks=64, max_num_batched_tokens=64)
-        for k, v in kw.items():
-            setattr(cfg, k, v)
+    def make(**kw: Any) -> LLMEngine:
+        small = dict(block_size=4, num_blocks=64, max_num_batched_tokens=64)
+        cfg = EngineConfig(**{**small, **kw})  # a misspelt option is a TypeError
         return LLMEngine.from_parts(cfg, tiny_llama, default_tokenizer, "tiny")
 
     return make

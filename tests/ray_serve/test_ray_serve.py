@@ -3,16 +3,108 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from tests.ray_serve.conftest import API_KEY, RayApp
+from tests.support import free_port, write_tiny_model
 
 pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+API_KEY = "ray-test-key"
+
+
+@dataclass
+class RayApp:
+    """The running app: the ingress' URL, a handle to the engine deployment, the event log."""
+
+    url: str
+    handle: Any
+    event_log: Any
+
+
+def start_serve_on_a_free_port(serve: Any, attempts: int = 3) -> int:
+    """Start Serve's HTTP proxy on a port free now; the port it listens on.
+
+    A port found free can be taken before the proxy binds it (Ray's own agents open ports
+    while starting: CI once lost 52365 that way), so a failed bind is retried on another.
+    """
+    for attempt in range(attempts):
+        port = free_port()
+        try:
+            serve.start(http_options={"host": "127.0.0.1", "port": port})
+            return port
+        except Exception as e:
+            if "Failed to bind" not in str(e) or attempt == attempts - 1:
+                raise
+            serve.shutdown()
+    raise AssertionError("unreachable")
+
+
+@pytest.fixture(scope="module")
+def ray_app(tmp_path_factory: pytest.TempPathFactory, default_model_files: Any) -> Iterator[RayApp]:
+    """Two engine replicas of a tiny random model behind the ingress on a free port; Ray is
+    stopped afterwards."""
+    ray = pytest.importorskip("ray")
+    from ray import serve
+
+    from radixserve.ray.deployments import (
+        APP_NAME,
+        ENGINE_DEPLOYMENT,
+        RayDeployment,
+        build_app,
+    )
+    from radixserve.ray.events import get_event_log
+    from radixserve.worker_options import WorkerOptions
+
+    model = write_tiny_model(
+        tmp_path_factory.mktemp("tiny-llama"),
+        default_model_files.path,
+        vocab_size=49152,
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+    )
+    # Few logical CPUs: this machine has 2 cores; the workers import this checkout.
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
+        log_to_driver=False,
+    )
+    try:
+        port = start_serve_on_a_free_port(serve)
+        opts = WorkerOptions(
+            model=str(model),
+            dtype="float32",
+            kv_cache_memory="512KiB",  # 128 blocks of 16 tokens: evictions come quickly
+            max_model_len=512,
+            api_key=API_KEY,
+            log_level="warning",
+        )
+        layout = RayDeployment(num_replicas=2, num_cpus=0.5)
+        serve.run(build_app(opts, layout), name=APP_NAME, route_prefix="/")
+        handle = serve.get_deployment_handle(ENGINE_DEPLOYMENT, app_name=APP_NAME)
+        yield RayApp(f"http://127.0.0.1:{port}", handle, get_event_log(APP_NAME, ENGINE_DEPLOYMENT))
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        # Handles left for garbage collection would otherwise start a fresh local Ray
+        # instance at exit (Ray connects automatically on first use).
+        import ray._private.auto_init_hook as auto_init
+
+        auto_init.enable_auto_connect = False
+        time.sleep(1)
 
 
 def client(app: RayApp, key: str = API_KEY) -> openai.OpenAI:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import threading
-import time
 import uuid
 from typing import Any
 
@@ -13,6 +12,8 @@ import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -217,16 +218,15 @@ def test_dropped_stream_aborts_and_releases_locked_blocks(server: Any) -> None:
         for _ in range(3):
             assert next(lines).startswith("data: ")
             next(lines)
-    deadline, stats = time.monotonic() + 20, {}
-    while time.monotonic() < deadline:
+
+    def aborted_and_unlocked() -> bool:
         metrics = metric_values(server)
-        locked = metrics["radixserve_cache_blocks{state=locked}"]
-        if (
-            locked == 0
+        return (
+            metrics["radixserve_cache_blocks{state=locked}"] == 0
             and metrics.get("radixserve_requests_total{finish_reason=abort}", 0) > aborted
-        ):
-            break
-        time.sleep(0.1)
+        )
+
+    wait_for(aborted_and_unlocked, 20, "the abort and its blocks unlocked", every=0.1)
     stats = httpx.get(f"{server.url}/v1/cache/stats").json()
     assert metric_values(server)["radixserve_requests_total{finish_reason=abort}"] == aborted + 1
     assert stats["locked_blocks"] == 0, stats
