@@ -223,6 +223,7 @@ class Worker:
                 cached,
                 self.trie.num_blocks,
             )
+            self.metrics.mirror_resyncs.labels(self.name).inc()
             self.resync()
             seen = None
         self._drift = seen

@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support import wait_for
 
@@ -144,11 +145,31 @@ def test_version_is_the_routers_own(cluster: FakeCluster) -> None:
     assert cluster.http.get("/version").json() == {"version": __version__}
 
 
+def evicted_blocks(cluster: FakeCluster) -> list[int]:
+    """Blocks each fake worker's own cache has evicted so far."""
+    return [app.state.trie.cache.stats().evicted_blocks for app in cluster.apps]
+
+
+def router_counter(cluster: FakeCluster, name: str) -> dict[str, float]:
+    """The router's counter `name` (without _total) by worker label, from its /metrics."""
+    text = cluster.http.get("/metrics").text
+    return {
+        s.labels["worker"]: s.value
+        for family in text_string_to_metric_families(text)
+        if family.name == name
+        for s in family.samples
+        if s.name == name + "_total"
+    }
+
+
 def test_mirror_matches_worker_cache_after_evictions(cluster: FakeCluster) -> None:
-    for i in range(40):  # 40 prompts of ~10 blocks into 64-block caches: many evictions
-        cluster.chat(f"conversation {i % 7} " * 3 + f"turn {i}")
+    for i in range(40):  # 7 shared prefixes and ~8 new blocks a turn into 64-block caches
+        r = cluster.chat(f"conversation {i % 7} " * 3 + f"turn {i} " * 4)
+        assert r.status_code == 200, r.text
+    assert all(n > 0 for n in evicted_blocks(cluster)), evicted_blocks(cluster)
     for w, app in zip(cluster.balancer.workers, cluster.apps, strict=True):
         real = sorted(app.state.trie.paths(), key=repr)
+        assert real  # a cache still holding something: empty == empty would prove nothing
         wait_for(
             lambda w=w, real=real: sorted(w.trie.paths(), key=repr) == real,
             what=f"mirror of {w.name} equal to its cache",
@@ -159,7 +180,11 @@ def test_mirror_resyncs_when_evictions_lack_their_length() -> None:
     c = FakeCluster(send_num_tokens=False, num_blocks=24)
     try:
         for i in range(20):
-            c.chat(f"topic {i % 5} " * 4 + f"q{i}")
+            r = c.chat(f"topic {i % 5} " * 4 + f"q{i}")
+            assert r.status_code == 200, r.text
+        # Without num_tokens the mirror drops only each evicted path's last block, so it
+        # drifts from a worker that evicted more; the health probes notice and resync it.
+        assert sum(evicted_blocks(c)) > 0, evicted_blocks(c)
         for w, app in zip(c.balancer.workers, c.apps, strict=True):
             wait_for(
                 lambda w=w, app=app: (
@@ -168,6 +193,9 @@ def test_mirror_resyncs_when_evictions_lack_their_length() -> None:
                 timeout=10,
                 what=f"mirror of {w.name} resynced",
             )
+            assert app.state.trie.paths()
+        resyncs = router_counter(c, "radixserve_router_mirror_resyncs")
+        assert sum(resyncs.values()) >= 1, resyncs
     finally:
         c.close()
 
