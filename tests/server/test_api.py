@@ -173,6 +173,28 @@ def test_seeded_sampling_is_reproducible(client: openai.OpenAI, model: str) -> N
     assert a == b
 
 
+def test_different_seeds_sample_different_text(client: openai.OpenAI, model: str) -> None:
+    kwargs = dict(model=model, prompt="My favourite animal is", max_tokens=16, temperature=1.0)
+    texts = [client.completions.create(**kwargs, seed=s).choices[0].text for s in (1, 2, 3)]
+    assert len(set(texts)) == 3, texts
+
+
+def test_temperature_zero_is_greedy_whatever_the_seed(client: openai.OpenAI, model: str) -> None:
+    kwargs = dict(model=model, prompt="My favourite animal is", max_tokens=16)
+    sampled = client.completions.create(**kwargs, temperature=1.0, seed=1234).choices[0].text
+    zero = [
+        client.completions.create(**kwargs, temperature=0, seed=s).choices[0].text
+        for s in (1234, 5)
+    ]
+    # top_k=1 asks for the argmax another way (through the sampler's cut, not the temperature).
+    top1 = (
+        client.completions.create(**kwargs, temperature=1.0, seed=1234, extra_body={"top_k": 1})
+        .choices[0]
+        .text
+    )
+    assert zero[0] == zero[1] == top1 != sampled
+
+
 def test_shared_prefix_reports_cached_tokens_in_whole_blocks(
     client: openai.OpenAI, model: str, block_size: int
 ) -> None:
