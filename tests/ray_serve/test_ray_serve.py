@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -13,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support import free_port, write_tiny_model
+from tests.support import free_port, wait_for, write_tiny_model
 
 pytestmark = pytest.mark.slow
 
@@ -134,11 +135,17 @@ def conversation_turns(c: openai.OpenAI, topic: str, turns: int) -> list[int]:
 def replica_caches(app: RayApp) -> dict[str, list[Any]]:
     """Each engine replica's own cached paths (asked until both have answered)."""
     out: dict[str, list[Any]] = {}
-    deadline = time.monotonic() + 60  # a handle learns of a new replica within seconds
-    while len(out) < 2 and time.monotonic() < deadline:
+
+    def both_answered() -> bool:
         snap = app.handle.cache_snapshot.remote().result()
         out[snap["replica"]] = sorted(snap["paths"], key=repr)
-        time.sleep(0.05)
+        return len(out) == 2
+
+    # A handle learns of a new replica within seconds; callers check what they got.
+    try:
+        wait_for(both_answered, 60, "both replicas' cache snapshots")
+    except AssertionError:
+        pass
     return out
 
 
@@ -147,6 +154,29 @@ def log_mirrors(app: RayApp) -> dict[str, list[Any]]:
 
     _, updates = ray.get(app.event_log.pull.remote(None, {}, 0))
     return {r: sorted(u.snapshot, key=repr) for r, u in updates.items()}
+
+
+def mirrors_equal_caches(app: RayApp, replicas: int = 2) -> bool:
+    """Whether the event log's mirror of each of `replicas` replicas equals its cache."""
+    caches = replica_caches(app)
+    mirrors = log_mirrors(app)
+    return len(caches) == replicas and all(mirrors.get(r) == p for r, p in caches.items())
+
+
+def ingress_counter(app: RayApp, name: str) -> float:
+    """The value of the unlabelled counter `name` (without _total) on the ingress' /metrics."""
+    text = httpx.get(f"{app.url}/metrics", headers={"Authorization": f"Bearer {API_KEY}"}).text
+    found = re.search(rf"^{name}_total (\S+)$", text, re.M)
+    assert found is not None, text[-2000:]
+    return float(found.group(1))
+
+
+def replica_stats(app: RayApp) -> dict[str, dict[str, Any]]:
+    """The engine stats each replica last pushed to the event log (about once a second)."""
+    import ray
+
+    stats: dict[str, dict[str, Any]] = ray.get(app.event_log.replica_stats.remote())
+    return stats
 
 
 def test_later_turns_of_a_chat_hit_the_cache_of_one_replica(ray_app: RayApp) -> None:
@@ -189,17 +219,18 @@ def test_the_event_log_mirrors_each_replica_exactly_through_evictions(ray_app: R
             max_tokens=2,
             temperature=0,
         )
-    time.sleep(2.5)  # the last events (and stats, pushed each second) reach the log
-    stats = httpx.get(
-        f"{ray_app.url}/v1/cache/stats", headers={"Authorization": f"Bearer {API_KEY}"}
-    ).json()
-    caches = replica_caches(ray_app)
-    assert len(caches) == 2
-    evicted = sum(r["evicted_blocks_total"] for r in stats["replicas"].values())
-    assert evicted > 0, stats
-    mirrors = log_mirrors(ray_app)
-    for replica, paths in caches.items():
-        assert mirrors[replica] == paths
+
+    def evicted() -> dict[str, int]:  # from the stats each replica pushes every second
+        stats = httpx.get(
+            f"{ray_app.url}/v1/cache/stats", headers={"Authorization": f"Bearer {API_KEY}"}
+        ).json()
+        by_replica = {r: s["evicted_blocks_total"] for r, s in stats["replicas"].items()}
+        return by_replica if len(by_replica) == 2 and all(by_replica.values()) else {}
+
+    wait_for(evicted, 30, "evictions on both replicas")
+    # Events reach the log a moment after the engine applies them: exact equality once the
+    # last ones have arrived.
+    wait_for(lambda: mirrors_equal_caches(ray_app), 30, "the log's mirrors equal the caches")
 
 
 def test_a_killed_replica_loses_no_request_and_a_new_one_is_mirrored(ray_app: RayApp) -> None:
@@ -207,32 +238,42 @@ def test_a_killed_replica_loses_no_request_and_a_new_one_is_mirrored(ray_app: Ra
     from ray import serve
 
     before = set(replica_caches(ray_app))
-    victim = sorted(before)[0]
+    assert len(before) == 2
+    resent = ingress_counter(ray_app, "radixserve_ray_resent_requests")
     c = client(ray_app)
 
-    def ask(i: int) -> str:
+    def ask(i: int, max_tokens: int = 64) -> int:
+        """Completion tokens of a non-streamed request (which its replica's death must not lose)."""
         r = c.completions.create(
             model=None,  # type: ignore[arg-type]
             prompt=f"Request {i} about rivers and their deltas",
-            max_tokens=64,
+            max_tokens=max_tokens,
             temperature=0,
             extra_body={"ignore_eos": True},
         )
-        return r.choices[0].finish_reason or ""
+        assert r.choices[0].finish_reason == "length"
+        return r.usage.completion_tokens
 
+    def busy_replica() -> str | None:
+        running = {r: s.get("num_running", 0) for r, s in replica_stats(ray_app).items()}
+        return next((r for r in sorted(before) if running.get(r, 0) > 0), None)
+
+    # Long requests (most of the 512-token context), so that those seen running on a replica
+    # in its stats (pushed each second) are still running when it is killed.
     with ThreadPoolExecutor(8) as pool:
-        futures = [pool.submit(ask, i) for i in range(16)]
-        time.sleep(0.5)
+        futures = [pool.submit(ask, i, 400) for i in range(16)]
+        victim = wait_for(busy_replica, 120, "requests running on a replica")
         ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
-        reasons = [f.result() for f in futures]
-    assert reasons == ["length"] * 16  # every request answered in full
+        done = [f.result() for f in futures]
+    assert done == [400] * 16  # every request answered in full: none lost
+    # What ran on the victim was sent again, to the other replica.
+    assert ingress_counter(ray_app, "radixserve_ray_resent_requests") > resent
 
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
+    def two_running() -> bool:
         status = serve.status().applications["radixserve"].deployments["RadixEngine"]
-        if status.replica_states.get("RUNNING", 0) == 2:
-            break
-        time.sleep(2)
+        return bool(status.replica_states.get("RUNNING", 0) == 2)
+
+    wait_for(two_running, 240, "Serve to replace the killed replica", every=2)
     now = set(replica_caches(ray_app))
     assert len(now) == 2 and victim not in now
     fresh = (now - before).pop()
@@ -240,7 +281,10 @@ def test_a_killed_replica_loses_no_request_and_a_new_one_is_mirrored(ray_app: Ra
         ask(100 + i)
         if log_mirrors(ray_app).get(fresh):
             break
-    time.sleep(1.5)
-    mirrors = log_mirrors(ray_app)
-    assert mirrors.get(fresh) and mirrors[fresh] == replica_caches(ray_app)[fresh]
-    assert victim not in mirrors  # the routers told the log to forget it
+    wait_for(
+        lambda: bool(log_mirrors(ray_app).get(fresh)) and mirrors_equal_caches(ray_app),
+        30,
+        "the log's mirror of the new replica equal to its cache",
+    )
+    # The routers tell the log to forget the dead replica.
+    wait_for(lambda: victim not in log_mirrors(ray_app), 30, "the log to forget the killed one")
