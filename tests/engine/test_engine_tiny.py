@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import time
 
 import pytest
 import torch
@@ -13,6 +12,7 @@ from radixserve.engine.llm import LLM
 from radixserve.engine.outputs import RequestOutput
 from radixserve.engine.params import SamplingParams
 from radixserve.errors import InvalidRequestError, PromptTooLongError, RequestTooLargeError
+from tests.support import wait_for
 
 
 class Collector:
@@ -311,9 +311,7 @@ def test_an_error_inside_generate_leaves_the_engine_usable(make_tiny_engine) -> 
             llm.generate([[5, 6, 7], [10**9]], SamplingParams(max_tokens=4, temperature=0.0))
         out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, temperature=0.0))
         assert out[0].finish_reason == "length"
-        deadline = time.monotonic() + 30
-        while engine.stats().num_running and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(lambda: not engine.stats().num_running, 30, "the engine idle", every=0.01)
         assert engine.stats().blocks_locked == 0
     assert not engine.is_alive()
 
