@@ -2,42 +2,33 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
+from tests.support import run_cli
 
-def radixserve(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "radixserve.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+pytestmark = pytest.mark.slow  # each case starts the CLI in a subprocess
 
 
 def test_help_lists_every_command() -> None:
-    out = radixserve("--help")
+    out = run_cli("--help")
     assert out.returncode == 0
     for cmd in ("serve", "route", "bench", "analyze", "generate", "chat"):
         assert cmd in out.stdout
 
 
-@pytest.mark.slow
 def test_chat_answers_with_the_default_model() -> None:
-    out = radixserve("chat", "What is the capital of France?", "--max-tokens", "12")
+    out = run_cli("chat", "What is the capital of France?", "--max-tokens", "12")
     assert out.returncode == 0, out.stderr
     assert "Paris" in out.stdout
 
 
 def test_unknown_model_is_a_clear_error() -> None:
-    out = radixserve("generate", "hi", "--model", "/no/such/model")
+    out = run_cli("generate", "hi", "--model", "/no/such/model")
     assert out.returncode == 2
     assert "not found" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_impossible_sampling_parameters_are_a_clear_error() -> None:
-    out = radixserve("generate", "hi", "--temperature", "-1")
+    out = run_cli("generate", "hi", "--temperature", "-1")
     assert out.returncode == 2
     assert "temperature" in out.stderr and "Traceback" not in out.stderr

@@ -9,37 +9,17 @@ The model cases use a tiny random Llama directory written by the test, so no wei
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from radixserve import __version__
+from tests.support import run_cli, write_tiny_model
 
-
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """The CLI's result, after checking that nothing of its process group outlived it."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "radixserve.cli", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        env={**os.environ, **(env or {})},
-    )
-    try:
-        out, err = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    with pytest.raises(ProcessLookupError):  # no process of its group is left
-        os.killpg(proc.pid, 0)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+pytestmark = pytest.mark.slow  # each case starts the CLI in a subprocess (about 2 s each)
 
 
 def assert_one_error_line(res: subprocess.CompletedProcess[str], command: str, *names: str) -> str:
@@ -56,19 +36,10 @@ def assert_one_error_line(res: subprocess.CompletedProcess[str], command: str, *
 
 
 @pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_pair_factory) -> Path:
-    """A complete Hugging Face directory: tiny random Llama weights, config and tokenizer."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    path = tmp_path_factory.mktemp("tiny-llama")
-    hf, _ = tiny_pair_factory()  # 2 layers, 2 KV heads x 16 dims, 256 positions
-    hf.save_pretrained(path)
-    vocab = {f"w{i}": i for i in range(101)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0").save_pretrained(path)
-    return path
+def word_level_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A complete Hugging Face directory: tiny random Llama weights (2 layers, 2 KV heads x 16
+    dims, 256 positions), config and a word-level tokenizer."""
+    return write_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
 
 
 def test_version_prints_the_package_version() -> None:
@@ -93,22 +64,26 @@ def test_unparsable_kv_cache_memory_is_named(size: str) -> None:
     assert_one_error_line(res, "serve", "--kv-cache-memory", size)
 
 
-def test_kv_pool_larger_than_free_memory_says_what_is_free_and_fits(tiny_model_dir: Path) -> None:
-    res = run_cli("serve", "--model", str(tiny_model_dir), "--kv-cache-memory", "100TiB")
+def test_kv_pool_larger_than_free_memory_says_what_is_free_and_fits(
+    word_level_model_dir: Path,
+) -> None:
+    res = run_cli("serve", "--model", str(word_level_model_dir), "--kv-cache-memory", "100TiB")
     line = assert_one_error_line(res, "serve", "100TiB", "memory is free")
     assert "lower --kv-cache-memory to" in line
 
 
-def test_kv_pool_too_small_for_one_request_of_max_model_len(tiny_model_dir: Path) -> None:
-    args = ("serve", "--model", str(tiny_model_dir), "--kv-cache-memory", "4KiB")
+def test_kv_pool_too_small_for_one_request_of_max_model_len(word_level_model_dir: Path) -> None:
+    args = ("serve", "--model", str(word_level_model_dir), "--kv-cache-memory", "4KiB")
     res = run_cli(*args, "--max-model-len", "256", "--dtype", "float32")
     line = assert_one_error_line(res, "serve", "--max-model-len 256", "16 tokens")
     assert "raise --kv-cache-memory to" in line
 
 
-def test_a_16_bit_kv_cache_dtype_doubles_the_tokens_the_pool_holds(tiny_model_dir: Path) -> None:
+def test_a_16_bit_kv_cache_dtype_doubles_the_tokens_the_pool_holds(
+    word_level_model_dir: Path,
+) -> None:
     # 8 KiB: one 16-token block of this model's float32 K/V, two in float16.
-    args = ("serve", "--model", str(tiny_model_dir), "--kv-cache-memory", "8KiB")
+    args = ("serve", "--model", str(word_level_model_dir), "--kv-cache-memory", "8KiB")
     res = run_cli(*args, "--max-model-len", "256", "--dtype", "float32", "--kv-cache-dtype", "fp16")
     assert_one_error_line(res, "serve", "--max-model-len 256", "32 tokens (2 blocks x 16)")
 
@@ -119,8 +94,8 @@ def test_unknown_kv_cache_dtype_is_named(value: str) -> None:
     assert_one_error_line(res, "serve", "--kv-cache-dtype", value)
 
 
-def test_max_model_len_beyond_the_models_context(tiny_model_dir: Path) -> None:
-    res = run_cli("serve", "--model", str(tiny_model_dir), "--max-model-len", "100000")
+def test_max_model_len_beyond_the_models_context(word_level_model_dir: Path) -> None:
+    res = run_cli("serve", "--model", str(word_level_model_dir), "--max-model-len", "100000")
     assert_one_error_line(res, "serve", "--max-model-len 100000", "256")
 
 
@@ -135,8 +110,10 @@ def test_model_dir_missing_files_names_them(tmp_path: Path) -> None:
     assert_one_error_line(res, "generate", str(tmp_path), "tokenizer.json", "safetensors")
 
 
-def test_model_dir_with_missing_shards_names_them(tiny_model_dir: Path, tmp_path: Path) -> None:
-    for f in tiny_model_dir.iterdir():
+def test_model_dir_with_missing_shards_names_them(
+    word_level_model_dir: Path, tmp_path: Path
+) -> None:
+    for f in word_level_model_dir.iterdir():
         if f.suffix != ".safetensors":
             (tmp_path / f.name).write_bytes(f.read_bytes())
     shards = {"weight_map": {"a": "model-00001-of-00002.safetensors"}}

@@ -137,9 +137,16 @@ class RemoteEngine:
 class RemoteBridge(EngineBridge):
     """Submits requests to the engine deployment through a Serve handle."""
 
-    def __init__(self, engine: Any, handle: Any, observer: OutputObserver | None = None) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        handle: Any,
+        observer: OutputObserver | None = None,
+        on_resend: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(engine, observer)
         self.handle = handle
+        self.on_resend = on_resend  # called each time a request is sent again
 
     async def submit(  # type: ignore[override]
         self,
@@ -155,7 +162,7 @@ class RemoteBridge(EngineBridge):
         call = EngineCall(
             list(prompt_token_ids), params, request_id, namespace, priority, session_id
         )
-        s = RemoteStream(self.handle, call, self.observer)
+        s = RemoteStream(self.handle, call, self.observer, self.on_resend)
         if stream:
             await s.start()
         return s
@@ -164,10 +171,17 @@ class RemoteBridge(EngineBridge):
 class RemoteStream:
     """A request's outputs from an engine replica, shaped like `server.bridge.RequestStream`."""
 
-    def __init__(self, handle: Any, call: EngineCall, observer: OutputObserver | None) -> None:
+    def __init__(
+        self,
+        handle: Any,
+        call: EngineCall,
+        observer: OutputObserver | None,
+        on_resend: Callable[[], None] | None = None,
+    ) -> None:
         self.handle = handle
         self.call = call
         self.observer = observer
+        self.on_resend = on_resend
         self.request_id = call.request_id
         self.finished = False
         self.client_gone = False
@@ -197,6 +211,7 @@ class RemoteStream:
                 if replica_gone(e) and not self._yielded and self._restarts < MAX_ATTEMPTS:
                     log.warning("replica died before the first token of %s", self.request_id)
                     self._restarts += 1
+                    self._resent()
                     await asyncio.sleep(RETRY_BACKOFF_S)
                     await self.start()
                     continue
@@ -231,6 +246,7 @@ class RemoteStream:
                 if not replica_gone(e) or n == MAX_ATTEMPTS - 1:
                     raise _surface(e) from None
                 log.warning("replica died %s %s; sending it again", when, self.request_id)
+                self._resent()
                 await asyncio.sleep(RETRY_BACKOFF_S)
         raise AssertionError("unreachable")
 
@@ -246,6 +262,10 @@ class RemoteStream:
     def close(self) -> None:
         """Release the request: cancel it if its consumer stopped before it finished."""
         self.abort()
+
+    def _resent(self) -> None:
+        if self.on_resend is not None:
+            self.on_resend()
 
     def _observe(self, out: RequestOutput) -> None:
         stamp = time.monotonic()

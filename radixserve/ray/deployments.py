@@ -119,20 +119,32 @@ class OpenAIIngress:
         self.opts = WorkerOptions.from_dict(options)
 
     async def __serve_build_asgi_app__(self) -> Any:
+        from prometheus_client import Counter
+
         from radixserve.engine.tokenizer import Tokenizer
         from radixserve.model.files import resolve_model
         from radixserve.server.app import build_app as build_openai_app
+        from radixserve.server.metrics import ServerMetrics
 
         info = await self.engine_handle.info.remote()
         tokenizer = Tokenizer.from_dir(resolve_model(self.opts.model).path)
         ctx = serve.get_replica_context()
         remote = RemoteEngine(tokenizer, info, get_event_log(ctx.app_name, ENGINE_DEPLOYMENT))
+
+        def bridge(metrics: ServerMetrics) -> RemoteBridge:
+            resent = Counter(
+                "radixserve_ray_resent_requests",
+                "Requests sent again to an engine replica because theirs died",
+                registry=metrics.registry,
+            )
+            return RemoteBridge(remote, self.engine_handle, metrics, on_resend=resent.inc)
+
         app = build_openai_app(
             remote,  # type: ignore[arg-type]
             api_key=self.opts.api_key,
             served_model_name=self.opts.served_model_name or info["model_name"],
             default_max_tokens=self.opts.default_max_tokens,
-            bridge_factory=lambda metrics: RemoteBridge(remote, self.engine_handle, metrics),
+            bridge_factory=bridge,
             cache_events=False,  # per replica; the routers read them from the event log
         )
         remote.start_refreshing()  # on the replica's loop, which serves the app too

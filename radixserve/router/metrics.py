@@ -60,6 +60,12 @@ class RouterMetrics:
             ["worker"],
             registry=r,
         )
+        self.mirror_resyncs = Counter(
+            p + "mirror_resyncs",
+            "Times a worker's mirror drifted from its cache and was reloaded from a snapshot",
+            ["worker"],
+            registry=r,
+        )
         self.tree_blocks = Gauge(
             p + "tree_blocks",
             "Blocks in the router's mirror of each worker's cache",
@@ -80,6 +86,7 @@ class RouterMetrics:
             self.cached_tokens,
             self.worker_up,
             self.events_live,
+            self.mirror_resyncs,
             self.tree_blocks,
         ):
             m.labels(name)

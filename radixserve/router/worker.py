@@ -237,6 +237,7 @@ class Worker:
                 cached,
                 self.trie.num_blocks,
             )
+            self.metrics.mirror_resyncs.labels(self.name).inc()
             self.resync()
             seen = None
         self._drift = seen

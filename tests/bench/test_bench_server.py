@@ -61,11 +61,12 @@ def test_rag_run_agrees_with_server_usage_and_metrics(server, tokenizer):
     for r in recs:
         assert 1 <= r.chunks <= r.completion_tokens <= 6 and r.text
         assert 0 < r.ttft <= r.e2e and len(r.itl) == r.chunks - 1
-    # the server measured the same requests' TTFT, a little less than the client saw
+    # The server measured the same requests' TTFT, a little less than the client saw (the
+    # HTTP hops are the client's alone). Relative, not in seconds: on a busy machine the
+    # hops and the prefills slow down together (measured idle: server 0.55 s of 0.63 s).
     assert c1 - c0 == 3
     client_sum = sum(r.ttft for r in recs)
-    assert s1 - s0 <= client_sum + 0.01
-    assert client_sum - (s1 - s0) < 3 * 0.5
+    assert 0.5 * client_sum <= s1 - s0 <= client_sum + 0.01, (s1 - s0, client_sum)
 
 
 def test_multi_turn_completions_hit_the_previous_turn_and_its_answer(server, tokenizer):

@@ -36,6 +36,7 @@ def test_gpu_check_smoke_run_prints_every_row_without_server_packages() -> None:
     fp32 = next(line for line in table if "logits vs transformers, float32" in line)
     diff = float(re.search(r"max abs diff ([0-9.e+-]+)", fp32).group(1))  # type: ignore[union-attr]
     assert diff < 1e-4
-    for line in table:
-        if line.startswith("| greedy cache on == off"):
-            assert line.endswith("| yes |"), line
+    on_off = [line for line in table if line.startswith("| greedy cache on == off, ")]
+    assert [line.split(", ")[1].split(" ")[0] for line in on_off] == ["float32", "bfloat16"], table
+    for line in on_off:
+        assert line.endswith("| yes |"), line

@@ -34,9 +34,8 @@ def make_tiny_engine(
     """Build an unstarted engine over the tiny model; keyword args go to EngineConfig."""
 
     def make(**kw: Any) -> LLMEngine:
-        cfg = EngineConfig(
-            **{"block_size": 4, "num_blocks": 64, "max_num_batched_tokens": 64, **kw}
-        )
+        small = dict(block_size=4, num_blocks=64, max_num_batched_tokens=64)
+        cfg = EngineConfig(**{**small, **kw})  # a misspelt option is a TypeError
         return LLMEngine.from_parts(cfg, tiny_llama, default_tokenizer, "tiny")
 
     return make

@@ -11,8 +11,6 @@ from radixserve.engine.llm import LLM
 from radixserve.engine.params import SamplingParams
 from radixserve.engine.tokenizer import Tokenizer
 
-pytestmark = pytest.mark.slow
-
 SYSTEM = (
     "You are a meticulous assistant for a public library. You answer questions about "
     "opening hours, borrowing rules, late fees, interlibrary loans, study rooms and the "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import time
 
 import pytest
 import torch
@@ -13,6 +12,7 @@ from radixserve.engine.llm import LLM
 from radixserve.engine.outputs import RequestOutput
 from radixserve.engine.params import SamplingParams
 from radixserve.errors import InvalidRequestError, PromptTooLongError, RequestTooLargeError
+from tests.support import wait_for
 
 
 class Collector:
@@ -233,16 +233,45 @@ def test_random_workload_under_memory_pressure_keeps_invariants(
     assert engine.kv.num_private_blocks == 0
 
 
+def sample(engine, params: SamplingParams, prompt: list[int] | None = None) -> RequestOutput:
+    """The final output of one request run alone on `engine`."""
+    col = Collector()
+    rid = engine.add_request(prompt or list(range(500, 520)), params, on_output=col)
+    run_until_idle(engine)
+    return col.final(rid)
+
+
 def test_seeded_sampling_is_reproducible(make_tiny_engine) -> None:
     outs = []
     for _ in range(2):
-        engine = make_tiny_engine()
-        col = Collector()
         params = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, top_k=50, seed=42)
-        rid = engine.add_request(list(range(500, 520)), params, on_output=col)
-        run_until_idle(engine)
-        outs.append(col.final(rid).token_ids)
+        outs.append(sample(make_tiny_engine(), params).token_ids)
     assert outs[0] == outs[1]
+
+
+def test_different_seeds_sample_different_tokens(make_tiny_engine) -> None:
+    engine = make_tiny_engine()
+    outs = [
+        tuple(sample(engine, SamplingParams(max_tokens=12, temperature=1.0, seed=s)).token_ids)
+        for s in (1, 2, 3)
+    ]
+    assert len(set(outs)) == 3, outs
+
+
+def test_temperature_zero_is_greedy_whatever_the_seed(make_tiny_engine) -> None:
+    engine = make_tiny_engine()
+    outs = []
+    for seed in (None, 1, 2):
+        params = SamplingParams(
+            max_tokens=12, temperature=0.0, top_p=0.9, top_k=50, seed=seed, return_logits=True
+        )
+        out = sample(engine, params)
+        # Greedy by definition: each token is the argmax of the logits it was drawn from.
+        assert out.token_ids == [int(row.argmax()) for row in out.logits]
+        outs.append(out.token_ids)
+    assert outs[0] == outs[1] == outs[2]
+    # top_k=1 is the other way to ask for greedy; it must agree.
+    assert sample(engine, SamplingParams(max_tokens=12, top_k=1, seed=3)).token_ids == outs[0]
 
 
 def test_streamed_deltas_add_up_to_the_final_text(make_tiny_engine) -> None:
@@ -282,9 +311,7 @@ def test_an_error_inside_generate_leaves_the_engine_usable(make_tiny_engine) -> 
             llm.generate([[5, 6, 7], [10**9]], SamplingParams(max_tokens=4, temperature=0.0))
         out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, temperature=0.0))
         assert out[0].finish_reason == "length"
-        deadline = time.monotonic() + 30
-        while engine.stats().num_running and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(lambda: not engine.stats().num_running, 30, "the engine idle", every=0.01)
         assert engine.stats().blocks_locked == 0
     assert not engine.is_alive()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -270,12 +271,15 @@ def test_the_build_key_covers_every_source_and_header(tmp_path, monkeypatch) -> 
     assert kernels._build_key(flags + ["-DX"]) not in keys
 
 
-def _os_threads() -> int:
-    return len(os.listdir("/proc/self/task"))
+def _native_threads() -> set[int]:
+    """Ids of this process's OS threads that Python did not start (OpenMP's among them)."""
+    python = {t.native_id for t in threading.enumerate()}
+    return {int(tid) for tid in os.listdir("/proc/self/task")} - python
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
 def test_release_thread_pool_frees_this_threads_openmp_workers() -> None:
+    # Thread ids, not counts: threads that other tests left behind may end meanwhile.
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -283,11 +287,14 @@ def test_release_thread_pool_frees_this_threads_openmp_workers() -> None:
         w = torch.randint(0, 255, (4096, 288), dtype=torch.uint8)
         s, m = torch.rand(4096, 18), torch.rand(4096, 18)
         out = torch.empty(1, 4096)
-        kernels.op("q4_gemm")(x, w, s, m, out)  # a parallel region: its worker stays
-        with_workers = _os_threads()
         kernels.release_thread_pool()
-        assert _os_threads() == with_workers - 1
+        idle = _native_threads()
+        kernels.op("q4_gemm")(x, w, s, m, out)  # a parallel region: its worker stays
+        workers = _native_threads() - idle
+        assert len(workers) == 1, workers  # 2 threads: this one and one worker
+        kernels.release_thread_pool()
+        assert not workers & _native_threads()  # that worker is gone
         kernels.op("q4_gemm")(x, w, s, m, out)  # the workers come back when needed
-        assert _os_threads() == with_workers
+        assert len(_native_threads() - idle - workers) == 1
     finally:
         torch.set_num_threads(before)

@@ -116,20 +116,41 @@ def test_file_lock_waits_for_the_process_holding_it(
     caplog.set_level(logging.INFO, logger="radixserve.model.gguf_convert")
     lock = tmp_path / "m.lock"
     holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD_LOCK, str(lock)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", HOLD_LOCK, str(lock)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
-    assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
-    with file_lock(lock, "waiting for the other one"):
-        assert (tmp_path / "done").exists()  # the holder finished before we got the lock
-    holder.wait(30)
+    assert holder.stdin is not None and holder.stdout is not None
+    assert holder.stdout.readline() == "locked\n"
+
+    class ReleaseWhenWaiting(logging.Handler):
+        """Tells the holder to finish once file_lock says it waits (not after a guessed time)."""
+
+        def emit(self, record: logging.LogRecord) -> None:
+            holder.stdin.write("go\n")  # type: ignore[union-attr]
+            holder.stdin.flush()  # type: ignore[union-attr]
+
+    release = ReleaseWhenWaiting()
+    logger = logging.getLogger("radixserve.model.gguf_convert")
+    logger.addHandler(release)
+    try:
+        with file_lock(lock, "waiting for the other one"):
+            assert (tmp_path / "done").exists()  # the holder finished before we got the lock
+    finally:
+        logger.removeHandler(release)
+        holder.stdin.close()
+    assert holder.wait(30) == 0
     assert [r.getMessage() for r in caplog.records] == ["waiting for the other one"]
 
 
+# Holds the lock until told to go on stdin (or a minute passes: a file_lock that never says it
+# waits then fails the test instead of hanging it).
 HOLD_LOCK = """
-import fcntl, sys, time
+import fcntl, select, sys
 with open(sys.argv[1], "a") as f:
     fcntl.flock(f, fcntl.LOCK_EX)
     print("locked", flush=True)
-    time.sleep(1.0)
+    select.select([sys.stdin], [], [], 60)
     open(sys.argv[1].replace("m.lock", "done"), "w").close()
 """

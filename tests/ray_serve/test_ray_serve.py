@@ -2,17 +2,110 @@
 
 from __future__ import annotations
 
+import re
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from tests.ray_serve.conftest import API_KEY, RayApp
+from tests.support import free_port, wait_for, write_tiny_model
 
 pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+API_KEY = "ray-test-key"
+
+
+@dataclass
+class RayApp:
+    """The running app: the ingress' URL, a handle to the engine deployment, the event log."""
+
+    url: str
+    handle: Any
+    event_log: Any
+
+
+def start_serve_on_a_free_port(serve: Any, attempts: int = 3) -> int:
+    """Start Serve's HTTP proxy on a port free now; the port it listens on.
+
+    A port found free can be taken before the proxy binds it (Ray's own agents open ports
+    while starting: CI once lost 52365 that way), so a failed bind is retried on another.
+    """
+    for attempt in range(attempts):
+        port = free_port()
+        try:
+            serve.start(http_options={"host": "127.0.0.1", "port": port})
+            return port
+        except Exception as e:
+            if "Failed to bind" not in str(e) or attempt == attempts - 1:
+                raise
+            serve.shutdown()
+    raise AssertionError("unreachable")
+
+
+@pytest.fixture(scope="module")
+def ray_app(tmp_path_factory: pytest.TempPathFactory, default_model_files: Any) -> Iterator[RayApp]:
+    """Two engine replicas of a tiny random model behind the ingress on a free port; Ray is
+    stopped afterwards."""
+    ray = pytest.importorskip("ray")
+    from ray import serve
+
+    from radixserve.ray.deployments import (
+        APP_NAME,
+        ENGINE_DEPLOYMENT,
+        RayDeployment,
+        build_app,
+    )
+    from radixserve.ray.events import get_event_log
+    from radixserve.server.config import WorkerOptions
+
+    model = write_tiny_model(
+        tmp_path_factory.mktemp("tiny-llama"),
+        default_model_files.path,
+        vocab_size=49152,
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+    )
+    # Few logical CPUs: this machine has 2 cores; the workers import this checkout.
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
+        log_to_driver=False,
+    )
+    try:
+        port = start_serve_on_a_free_port(serve)
+        opts = WorkerOptions(
+            model=str(model),
+            dtype="float32",
+            kv_cache_memory="512KiB",  # 128 blocks of 16 tokens: evictions come quickly
+            max_model_len=512,
+            api_key=API_KEY,
+            log_level="warning",
+        )
+        layout = RayDeployment(num_replicas=2, num_cpus=0.5)
+        serve.run(build_app(opts, layout), name=APP_NAME, route_prefix="/")
+        handle = serve.get_deployment_handle(ENGINE_DEPLOYMENT, app_name=APP_NAME)
+        yield RayApp(f"http://127.0.0.1:{port}", handle, get_event_log(APP_NAME, ENGINE_DEPLOYMENT))
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        # Handles left for garbage collection would otherwise start a fresh local Ray
+        # instance at exit (Ray connects automatically on first use).
+        import ray._private.auto_init_hook as auto_init
+
+        auto_init.enable_auto_connect = False
+        time.sleep(1)
 
 
 def client(app: RayApp, key: str = API_KEY) -> openai.OpenAI:
@@ -42,11 +135,17 @@ def conversation_turns(c: openai.OpenAI, topic: str, turns: int) -> list[int]:
 def replica_caches(app: RayApp) -> dict[str, list[Any]]:
     """Each engine replica's own cached paths (asked until both have answered)."""
     out: dict[str, list[Any]] = {}
-    deadline = time.monotonic() + 60  # a handle learns of a new replica within seconds
-    while len(out) < 2 and time.monotonic() < deadline:
+
+    def both_answered() -> bool:
         snap = app.handle.cache_snapshot.remote().result()
         out[snap["replica"]] = sorted(snap["paths"], key=repr)
-        time.sleep(0.05)
+        return len(out) == 2
+
+    # A handle learns of a new replica within seconds; callers check what they got.
+    try:
+        wait_for(both_answered, 60, "both replicas' cache snapshots")
+    except AssertionError:
+        pass
     return out
 
 
@@ -55,6 +154,29 @@ def log_mirrors(app: RayApp) -> dict[str, list[Any]]:
 
     _, updates = ray.get(app.event_log.pull.remote(None, {}, 0))
     return {r: sorted(u.snapshot, key=repr) for r, u in updates.items()}
+
+
+def mirrors_equal_caches(app: RayApp, replicas: int = 2) -> bool:
+    """Whether the event log's mirror of each of `replicas` replicas equals its cache."""
+    caches = replica_caches(app)
+    mirrors = log_mirrors(app)
+    return len(caches) == replicas and all(mirrors.get(r) == p for r, p in caches.items())
+
+
+def ingress_counter(app: RayApp, name: str) -> float:
+    """The value of the unlabelled counter `name` (without _total) on the ingress' /metrics."""
+    text = httpx.get(f"{app.url}/metrics", headers={"Authorization": f"Bearer {API_KEY}"}).text
+    found = re.search(rf"^{name}_total (\S+)$", text, re.M)
+    assert found is not None, text[-2000:]
+    return float(found.group(1))
+
+
+def replica_stats(app: RayApp) -> dict[str, dict[str, Any]]:
+    """The engine stats each replica last pushed to the event log (about once a second)."""
+    import ray
+
+    stats: dict[str, dict[str, Any]] = ray.get(app.event_log.replica_stats.remote())
+    return stats
 
 
 def test_later_turns_of_a_chat_hit_the_cache_of_one_replica(ray_app: RayApp) -> None:
@@ -97,17 +219,17 @@ def test_the_event_log_mirrors_each_replica_exactly_through_evictions(ray_app: R
             max_tokens=2,
             temperature=0,
         )
-    time.sleep(2.5)  # the last events (and stats, pushed each second) reach the log
-    stats = httpx.get(
-        f"{ray_app.url}/v1/cache/stats", headers={"Authorization": f"Bearer {API_KEY}"}
-    ).json()
-    caches = replica_caches(ray_app)
-    assert len(caches) == 2
-    evicted = sum(r["evicted_blocks_total"] for r in stats["replicas"].values())
-    assert evicted > 0, stats
-    mirrors = log_mirrors(ray_app)
-    for replica, paths in caches.items():
-        assert mirrors[replica] == paths
+
+    def evicted() -> int:  # from the stats each replica pushes every second
+        stats = httpx.get(
+            f"{ray_app.url}/v1/cache/stats", headers={"Authorization": f"Bearer {API_KEY}"}
+        ).json()
+        return sum(r["evicted_blocks_total"] for r in stats["replicas"].values())
+
+    wait_for(evicted, 30, "evictions")
+    # Events reach the log a moment after the engine applies them: exact equality once the
+    # last ones have arrived.
+    wait_for(lambda: mirrors_equal_caches(ray_app), 30, "the log's mirrors equal the caches")
 
 
 def test_a_killed_replica_loses_no_request_and_a_new_one_is_mirrored(ray_app: RayApp) -> None:
@@ -115,32 +237,42 @@ def test_a_killed_replica_loses_no_request_and_a_new_one_is_mirrored(ray_app: Ra
     from ray import serve
 
     before = set(replica_caches(ray_app))
-    victim = sorted(before)[0]
+    assert len(before) == 2
+    resent = ingress_counter(ray_app, "radixserve_ray_resent_requests")
     c = client(ray_app)
 
-    def ask(i: int) -> str:
+    def ask(i: int, max_tokens: int = 64) -> int:
+        """Completion tokens of a non-streamed request (which its replica's death must not lose)."""
         r = c.completions.create(
             model=None,  # type: ignore[arg-type]
             prompt=f"Request {i} about rivers and their deltas",
-            max_tokens=64,
+            max_tokens=max_tokens,
             temperature=0,
             extra_body={"ignore_eos": True},
         )
-        return r.choices[0].finish_reason or ""
+        assert r.choices[0].finish_reason == "length"
+        return r.usage.completion_tokens
 
+    def busy_replica() -> str | None:
+        running = {r: s.get("num_running", 0) for r, s in replica_stats(ray_app).items()}
+        return next((r for r in sorted(before) if running.get(r, 0) > 0), None)
+
+    # Long requests (most of the 512-token context), so that those seen running on a replica
+    # in its stats (pushed each second) are still running when it is killed.
     with ThreadPoolExecutor(8) as pool:
-        futures = [pool.submit(ask, i) for i in range(16)]
-        time.sleep(0.5)
+        futures = [pool.submit(ask, i, 400) for i in range(16)]
+        victim = wait_for(busy_replica, 120, "requests running on a replica")
         ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
-        reasons = [f.result() for f in futures]
-    assert reasons == ["length"] * 16  # every request answered in full
+        done = [f.result() for f in futures]
+    assert done == [400] * 16  # every request answered in full: none lost
+    # What ran on the victim was sent again, to the other replica.
+    assert ingress_counter(ray_app, "radixserve_ray_resent_requests") > resent
 
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
+    def two_running() -> bool:
         status = serve.status().applications["radixserve"].deployments["RadixEngine"]
-        if status.replica_states.get("RUNNING", 0) == 2:
-            break
-        time.sleep(2)
+        return bool(status.replica_states.get("RUNNING", 0) == 2)
+
+    wait_for(two_running, 240, "Serve to replace the killed replica", every=2)
     now = set(replica_caches(ray_app))
     assert len(now) == 2 and victim not in now
     fresh = (now - before).pop()
@@ -148,7 +280,10 @@ def test_a_killed_replica_loses_no_request_and_a_new_one_is_mirrored(ray_app: Ra
         ask(100 + i)
         if log_mirrors(ray_app).get(fresh):
             break
-    time.sleep(1.5)
-    mirrors = log_mirrors(ray_app)
-    assert mirrors.get(fresh) and mirrors[fresh] == replica_caches(ray_app)[fresh]
-    assert victim not in mirrors  # the routers told the log to forget it
+    wait_for(
+        lambda: bool(log_mirrors(ray_app).get(fresh)) and mirrors_equal_caches(ray_app),
+        30,
+        "the log's mirror of the new replica equal to its cache",
+    )
+    # The routers tell the log to forget the dead replica.
+    wait_for(lambda: victim not in log_mirrors(ray_app), 30, "the log to forget the killed one")

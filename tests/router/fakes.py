@@ -6,6 +6,7 @@ evictions happen and its `/v1/cache/events` stream carries real insert/evict eve
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import threading
@@ -14,14 +15,16 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from radixserve.cache import CacheEvent
-from radixserve.router.launcher import free_port
+from radixserve.router.main import add_route_args, build_router_app
 from radixserve.router.trie import WorkerTrie
 from radixserve.server.cache_tree import tree_json
+from tests.support import free_port, wait_for
 
 BLOCK_SIZE = 4
 
@@ -235,11 +238,12 @@ class ServerThread:
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("server thread did not start")
-            time.sleep(0.02)
+        server, thread = self.server, self.thread
+        wait_for(
+            lambda: server.started or not thread.is_alive(), 20, f"uvicorn on {self.url}", 0.02
+        )
+        if not server.started:
+            raise RuntimeError(f"the server thread on {self.url} ended without starting")
         return self
 
     def stop(self) -> None:
@@ -249,11 +253,32 @@ class ServerThread:
         self.server = self.thread = None
 
 
-def wait_for(predicate: Any, timeout: float = 10.0, what: str = "condition") -> None:
-    """Poll `predicate()` until true or fail the test."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+class FakeCluster:
+    """Fake workers (in-process) and a real router app in front of them, all on loopback."""
+
+    def __init__(self, n: int = 2, route_flags: tuple[str, ...] = (), **fake: Any) -> None:
+        self.states = [FakeState(name=f"w{i}", **fake) for i in range(n)]
+        self.apps = [fake_worker_app(s) for s in self.states]
+        self.workers = [ServerThread(a).start() for a in self.apps]
+        parser = argparse.ArgumentParser()
+        add_route_args(parser)
+        argv = [x for w in self.workers for x in ("--worker", w.url)]
+        args = parser.parse_args([*argv, "--health-interval", "0.2", *route_flags])
+        self.app = build_router_app(args, tokenizer=CharTokenizer())
+        self.router = ServerThread(self.app).start()
+        self.http = httpx.Client(base_url=self.router.url, timeout=10)
+        wait_for(lambda: all(w.healthy for w in self.balancer.workers), what="workers up")
+
+    @property
+    def balancer(self) -> Any:
+        return self.app.state.balancer
+
+    def chat(self, content: str, **extra: Any) -> httpx.Response:
+        body = {"model": "fake", "messages": [{"role": "user", "content": content}], **extra}
+        return self.http.post("/v1/chat/completions", json=body, headers=extra.pop("headers", {}))
+
+    def close(self) -> None:
+        self.http.close()
+        self.router.stop()
+        for w in self.workers:
+            w.stop()

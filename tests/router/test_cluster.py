@@ -8,10 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,16 +17,14 @@ import httpx
 import openai
 import pytest
 
-from radixserve.router.launcher import free_port
-
-from .fakes import wait_for
+from tests.support import ServerProcess, wait_for
 
 pytestmark = pytest.mark.slow
 
 # Small and fast: float32, one thread per worker, a short context, a KV pool of ~40 blocks
 # so that a handful of conversations already forces evictions (the pool still has to hold one
 # request of --max-model-len: 39 blocks x 16 = 624 tokens).
-WORKER_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--kv-cache-memory", "28MiB"]
+WORKER_ARGS = ("--dtype", "float32", "--max-model-len", "512", "--kv-cache-memory", "28MiB")
 STARTUP_TIMEOUT_S = 240.0
 
 
@@ -62,30 +56,12 @@ def alive(pid: int) -> bool:
 
 
 class Cluster:
-    """The launcher process and what the tests need to know about it."""
+    """The launcher process (a ServerProcess) and the clients the tests talk to it with."""
 
     def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        fd, path = tempfile.mkstemp(prefix="radixserve-router-test-", suffix=".log")
-        os.close(fd)
-        self.log_path = Path(path)
-        cmd = [
-            sys.executable,
-            "-m",
-            "radixserve.cli",
-            "serve",
-            "--workers",
-            "2",
-            "--port",
-            str(self.port),
-            *WORKER_ARGS,
-            "--log-level",
-            "warning",
-        ]
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        self.extra: list[subprocess.Popen[bytes]] = []
+        self.server = ServerProcess("--workers", "2", *WORKER_ARGS, "--log-level", "warning")
+        self.proc = self.server.proc
+        self.url = self.server.url
         self.model = ""
         self.http = httpx.Client(base_url=self.url, timeout=120)
         self.client = openai.OpenAI(
@@ -93,22 +69,16 @@ class Cluster:
         )
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-5000:]
+        return self.server.log(5000)
 
     def wait_ready(self) -> None:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"launcher exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                r = self.http.get("/health", timeout=2)
-                if r.status_code == 200 and all(w["healthy"] for w in r.json()["workers"]):
-                    self.model = self.http.get("/v1/models").json()["data"][0]["id"]
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        pytest.fail(f"cluster not ready after {STARTUP_TIMEOUT_S:.0f}s:\n{self.log()}")
+        """Until the router and both workers are healthy; then learn the model's name."""
+
+        def all_workers_up(r: httpx.Response) -> bool:
+            return r.status_code == 200 and all(w["healthy"] for w in r.json()["workers"])
+
+        self.server.wait_ready(ready=all_workers_up)
+        self.model = self.http.get("/v1/models").json()["data"][0]["id"]
 
     def workers(self) -> list[dict[str, Any]]:
         return list(self.http.get("/health").json()["workers"])
@@ -125,18 +95,7 @@ class Cluster:
 
     def close(self) -> None:
         self.http.close()
-        for p in self.extra:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log_path.unlink(missing_ok=True)
+        self.server.close()
 
 
 @pytest.fixture(scope="module")
@@ -273,6 +232,9 @@ def test_killed_worker_loses_no_request_and_is_restarted(cluster: Cluster) -> No
 
 def test_launcher_stops_every_worker(cluster: Cluster) -> None:
     pids = children(cluster.proc.pid)
+    # Both workers (worker 0 restarted above) are seen alive first: `children` reads /proc
+    # and swallows its errors, so an empty list would make "all gone" below prove nothing.
+    assert len(pids) == 2 and all(alive(p) for p in pids), pids
     cluster.proc.send_signal(signal.SIGTERM)
     assert cluster.proc.wait(60) == 0
     wait_for(lambda: not any(alive(p) for p in pids), timeout=30, what="workers gone")

@@ -2,65 +2,34 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from radixserve.router.main import add_route_args, build_router_app
+from tests.support import wait_for
 
-from .fakes import CharTokenizer, FakeState, ServerThread, fake_worker_app, wait_for
-
-
-class Cluster:
-    """Fake workers plus a router, all on loopback."""
-
-    def __init__(self, n: int = 2, route_flags: tuple[str, ...] = (), **fake: Any) -> None:
-        self.states = [FakeState(name=f"w{i}", **fake) for i in range(n)]
-        self.apps = [fake_worker_app(s) for s in self.states]
-        self.workers = [ServerThread(a).start() for a in self.apps]
-        parser = argparse.ArgumentParser()
-        add_route_args(parser)
-        argv = [x for w in self.workers for x in ("--worker", w.url)]
-        args = parser.parse_args([*argv, "--health-interval", "0.2", *route_flags])
-        self.app = build_router_app(args, tokenizer=CharTokenizer())
-        self.router = ServerThread(self.app).start()
-        self.http = httpx.Client(base_url=self.router.url, timeout=10)
-        wait_for(lambda: all(w.healthy for w in self.balancer.workers), what="workers up")
-
-    @property
-    def balancer(self) -> Any:
-        return self.app.state.balancer
-
-    def chat(self, content: str, **extra: Any) -> httpx.Response:
-        body = {"model": "fake", "messages": [{"role": "user", "content": content}], **extra}
-        return self.http.post("/v1/chat/completions", json=body, headers=extra.pop("headers", {}))
-
-    def close(self) -> None:
-        self.http.close()
-        self.router.stop()
-        for w in self.workers:
-            w.stop()
+from .fakes import CharTokenizer, FakeCluster
 
 
 @pytest.fixture
-def cluster() -> Iterator[Cluster]:
-    c = Cluster()
+def cluster() -> Iterator[FakeCluster]:
+    c = FakeCluster()
     yield c
     c.close()
 
 
-def test_non_streamed_answer_and_usage_pass_through(cluster: Cluster) -> None:
+def test_non_streamed_answer_and_usage_pass_through(cluster: FakeCluster) -> None:
     r = cluster.chat("hello there")
     assert r.status_code == 200
     assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert r.headers["x-radixserve-worker"] in ("0", "1")
 
 
-def test_stream_is_passed_through_chunk_by_chunk(cluster: Cluster) -> None:
+def test_stream_is_passed_through_chunk_by_chunk(cluster: FakeCluster) -> None:
     body = {"model": "fake", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
     with cluster.http.stream("POST", "/v1/chat/completions", json=body) as r:
         assert r.status_code == 200
@@ -72,14 +41,14 @@ def test_stream_is_passed_through_chunk_by_chunk(cluster: Cluster) -> None:
 
 
 def test_turns_of_a_conversation_stay_on_one_worker() -> None:
-    cluster = Cluster(num_blocks=1024)  # room for every conversation: no evictions
+    cluster = FakeCluster(num_blocks=1024)  # room for every conversation: no evictions
     try:
         _converse(cluster)
     finally:
         cluster.close()
 
 
-def _converse(cluster: Cluster) -> None:
+def _converse(cluster: FakeCluster) -> None:
     convs = [
         [{"role": "user", "content": f"conversation {c} is about topic {c}. " * 3}]
         for c in range(4)
@@ -98,7 +67,7 @@ def _converse(cluster: Cluster) -> None:
     assert len(set.union(*workers)) == 2, "unrelated conversations spread over both workers"
 
 
-def test_failed_attempt_is_retried_on_the_other_worker(cluster: Cluster) -> None:
+def test_failed_attempt_is_retried_on_the_other_worker(cluster: FakeCluster) -> None:
     cluster.states[0].fail_next = [503]  # idle and empty workers: worker 0 is tried first
     r = cluster.chat("retry me")
     assert r.status_code == 200
@@ -108,7 +77,7 @@ def test_failed_attempt_is_retried_on_the_other_worker(cluster: Cluster) -> None
     assert "radixserve_router_retries_total 1.0" in text
 
 
-def test_error_when_every_attempt_fails_is_openai_style(cluster: Cluster) -> None:
+def test_error_when_every_attempt_fails_is_openai_style(cluster: FakeCluster) -> None:
     for s in cluster.states:
         s.fail_next = [500]
     r = cluster.chat("fail me")
@@ -116,7 +85,7 @@ def test_error_when_every_attempt_fails_is_openai_style(cluster: Cluster) -> Non
     assert "answered HTTP 500: w" in r.json()["error"]["message"]
 
 
-def test_worker_busy_status_and_message_are_reported(cluster: Cluster) -> None:
+def test_worker_busy_status_and_message_are_reported(cluster: FakeCluster) -> None:
     cluster.states[0].fail_next = [503]
     cluster.states[1].fail_next = [503]
     r = cluster.chat("busy")
@@ -125,7 +94,7 @@ def test_worker_busy_status_and_message_are_reported(cluster: Cluster) -> None:
     assert r.headers["retry-after"] == "1"
 
 
-def test_client_errors_are_not_retried(cluster: Cluster) -> None:
+def test_client_errors_are_not_retried(cluster: FakeCluster) -> None:
     for s in cluster.states:
         s.fail_next = [400]
     r = cluster.chat("bad")
@@ -134,7 +103,7 @@ def test_client_errors_are_not_retried(cluster: Cluster) -> None:
 
 
 def test_invalid_json_from_worker_is_a_502() -> None:
-    c = Cluster(bad_json=True)
+    c = FakeCluster(bad_json=True)
     try:
         r = c.chat("x")
         assert r.status_code == 502
@@ -143,7 +112,7 @@ def test_invalid_json_from_worker_is_a_502() -> None:
         c.close()
 
 
-def test_dead_worker_is_taken_out_and_request_retried(cluster: Cluster) -> None:
+def test_dead_worker_is_taken_out_and_request_retried(cluster: FakeCluster) -> None:
     cluster.workers[0].stop()
     for i in range(4):
         assert cluster.chat(f"still served {i}").status_code == 200
@@ -156,7 +125,7 @@ def test_dead_worker_is_taken_out_and_request_retried(cluster: Cluster) -> None:
     wait_for(lambda: w0.healthy, what="worker 0 back up")
 
 
-def test_no_healthy_worker_is_a_503(cluster: Cluster) -> None:
+def test_no_healthy_worker_is_a_503(cluster: FakeCluster) -> None:
     for w in cluster.workers:
         w.stop()
     wait_for(lambda: not cluster.balancer.healthy(), what="all down")
@@ -166,32 +135,64 @@ def test_no_healthy_worker_is_a_503(cluster: Cluster) -> None:
     assert cluster.http.get("/health").status_code == 503
 
 
-def test_models_answered_by_a_worker(cluster: Cluster) -> None:
+def test_models_answered_by_a_worker(cluster: FakeCluster) -> None:
     assert cluster.http.get("/v1/models").json()["data"][0]["id"] == "fake"
 
 
-def test_version_is_the_routers_own(cluster: Cluster) -> None:
+def test_version_is_the_routers_own(cluster: FakeCluster) -> None:
     from radixserve import __version__
 
     assert cluster.http.get("/version").json() == {"version": __version__}
 
 
-def test_mirror_matches_worker_cache_after_evictions(cluster: Cluster) -> None:
-    for i in range(40):  # 40 prompts of ~10 blocks into 64-block caches: many evictions
-        cluster.chat(f"conversation {i % 7} " * 3 + f"turn {i}")
-    for w, app in zip(cluster.balancer.workers, cluster.apps, strict=True):
-        real = sorted(app.state.trie.paths(), key=repr)
-        wait_for(
-            lambda w=w, real=real: sorted(w.trie.paths(), key=repr) == real,
-            what=f"mirror of {w.name} equal to its cache",
-        )
+def evicted_blocks(cluster: FakeCluster) -> list[int]:
+    """Blocks each fake worker's own cache has evicted so far."""
+    return [app.state.trie.cache.stats().evicted_blocks for app in cluster.apps]
+
+
+def router_counter(cluster: FakeCluster, name: str) -> dict[str, float]:
+    """The router's counter `name` (without _total) by worker label, from its /metrics."""
+    text = cluster.http.get("/metrics").text
+    return {
+        s.labels["worker"]: s.value
+        for family in text_string_to_metric_families(text)
+        if family.name == name
+        for s in family.samples
+        if s.name == name + "_total"
+    }
+
+
+def test_mirror_matches_worker_cache_after_evictions() -> None:
+    # Health probes a minute apart: no drift check can resync a mirror during the test, so
+    # the mirrors can only match through the insert and evict events.
+    cluster = FakeCluster(route_flags=("--health-interval", "60"))
+    try:
+        for i in range(40):  # 7 shared prefixes and ~8 new blocks a turn into 64-block caches
+            r = cluster.chat(f"conversation {i % 7} " * 3 + f"turn {i} " * 4)
+            assert r.status_code == 200, r.text
+        assert all(n > 0 for n in evicted_blocks(cluster)), evicted_blocks(cluster)
+        for w, app in zip(cluster.balancer.workers, cluster.apps, strict=True):
+            real = sorted(app.state.trie.paths(), key=repr)
+            assert real  # a cache still holding something: empty == empty would prove nothing
+            wait_for(
+                lambda w=w, real=real: sorted(w.trie.paths(), key=repr) == real,
+                what=f"mirror of {w.name} equal to its cache",
+            )
+        resyncs = router_counter(cluster, "radixserve_router_mirror_resyncs")
+        assert set(resyncs.values()) == {0.0}, resyncs
+    finally:
+        cluster.close()
 
 
 def test_mirror_resyncs_when_evictions_lack_their_length() -> None:
-    c = Cluster(send_num_tokens=False, num_blocks=24)
+    c = FakeCluster(send_num_tokens=False, num_blocks=24)
     try:
         for i in range(20):
-            c.chat(f"topic {i % 5} " * 4 + f"q{i}")
+            r = c.chat(f"topic {i % 5} " * 4 + f"q{i}")
+            assert r.status_code == 200, r.text
+        # Without num_tokens the mirror drops only each evicted path's last block, so it
+        # drifts from a worker that evicted more; the health probes notice and resync it.
+        assert sum(evicted_blocks(c)) > 0, evicted_blocks(c)
         for w, app in zip(c.balancer.workers, c.apps, strict=True):
             wait_for(
                 lambda w=w, app=app: (
@@ -200,11 +201,14 @@ def test_mirror_resyncs_when_evictions_lack_their_length() -> None:
                 timeout=10,
                 what=f"mirror of {w.name} resynced",
             )
+            assert app.state.trie.paths()
+        resyncs = router_counter(c, "radixserve_router_mirror_resyncs")
+        assert sum(resyncs.values()) >= 1, resyncs
     finally:
         c.close()
 
 
-def test_cache_salt_matches_only_within_its_namespace(cluster: Cluster) -> None:
+def test_cache_salt_matches_only_within_its_namespace(cluster: FakeCluster) -> None:
     long = "a long shared document " * 4
     first = cluster.chat(long, cache_salt="alice")
     w = cluster.balancer.workers[int(first.headers["x-radixserve-worker"])]
@@ -223,7 +227,7 @@ def test_cache_salt_matches_only_within_its_namespace(cluster: Cluster) -> None:
 
 
 def test_api_key_is_checked_at_the_router_and_forwarded() -> None:
-    c = Cluster(route_flags=("--api-key", "sekrit"), api_key="sekrit")
+    c = FakeCluster(route_flags=("--api-key", "sekrit"), api_key="sekrit")
     try:
         assert c.chat("no key").status_code == 401
         r = c.http.post(
@@ -237,7 +241,7 @@ def test_api_key_is_checked_at_the_router_and_forwarded() -> None:
         c.close()
 
 
-def test_client_key_is_forwarded_when_router_has_none(cluster: Cluster) -> None:
+def test_client_key_is_forwarded_when_router_has_none(cluster: FakeCluster) -> None:
     r = cluster.http.post(
         "/v1/chat/completions",
         headers={"authorization": "Bearer abc"},
@@ -248,7 +252,7 @@ def test_client_key_is_forwarded_when_router_has_none(cluster: Cluster) -> None:
 
 
 def test_normalize_whitespace_forwards_the_normalised_body() -> None:
-    c = Cluster(route_flags=("--normalize-whitespace",))
+    c = FakeCluster(route_flags=("--normalize-whitespace",))
     try:
         c.chat("  spaced out\r\nline  \n")
         bodies = [b for s in c.states for b in s.bodies]
@@ -257,7 +261,7 @@ def test_normalize_whitespace_forwards_the_normalised_body() -> None:
         c.close()
 
 
-def test_metrics_report_workers_and_decisions(cluster: Cluster) -> None:
+def test_metrics_report_workers_and_decisions(cluster: FakeCluster) -> None:
     cluster.chat("count me")
     text = cluster.http.get("/metrics").text
     assert "radixserve_router_decisions_total" in text
@@ -266,14 +270,14 @@ def test_metrics_report_workers_and_decisions(cluster: Cluster) -> None:
     assert "radixserve_router_in_flight" in text
 
 
-def test_malformed_body_is_a_400(cluster: Cluster) -> None:
+def test_malformed_body_is_a_400(cluster: FakeCluster) -> None:
     r = cluster.http.post("/v1/chat/completions", content=b"[1, 2")
     assert r.status_code == 400
     assert r.json()["error"]["type"] == "invalid_request_error"
 
 
 def test_without_cache_events_routed_prompts_are_recorded() -> None:
-    c = Cluster(route_flags=("--no-cache-events",))
+    c = FakeCluster(route_flags=("--no-cache-events",))
     try:
         long = "a conversation that is long enough to matter " * 3
         w = int(c.chat(long).headers["x-radixserve-worker"])
@@ -293,7 +297,7 @@ def test_without_cache_events_routed_prompts_are_recorded() -> None:
 
 
 def test_malformed_cache_event_makes_the_router_resubscribe() -> None:
-    c = Cluster(bad_events=1)
+    c = FakeCluster(bad_events=1)
     try:
         c.chat("something to cache " * 3)
         for w, app in zip(c.balancer.workers, c.apps, strict=True):
@@ -305,7 +309,7 @@ def test_malformed_cache_event_makes_the_router_resubscribe() -> None:
 
 
 def test_transport_attribute_error_on_a_killed_worker_is_retried_not_a_500(
-    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+    cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # httpcore raised this on a pooled connection to a worker killed with SIGKILL (found by
     # the kill -9 fault test); it must count as a failed connection, not crash the proxy.

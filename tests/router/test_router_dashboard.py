@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import time
+from typing import Any
 
 import pytest
 
 from radixserve.bench.dashboard import headless_chromium, missing
+from tests.support import wait_for
 
-from .test_proxy import Cluster
+from .fakes import FakeCluster
 
 
 def test_config_lists_one_panel_per_worker_and_the_page_is_served() -> None:
-    c = Cluster(n=2)
+    c = FakeCluster(n=2)
     try:
         config = c.http.get("/dashboard/config.json").json()
         assert [p["base"] for p in config["panels"]] == [
@@ -27,7 +28,7 @@ def test_config_lists_one_panel_per_worker_and_the_page_is_served() -> None:
 
 
 def test_each_panel_gets_its_own_workers_tree_and_stats() -> None:
-    c = Cluster(n=2)
+    c = FakeCluster(n=2)
     try:
         r = c.chat("a prompt long enough to fill several blocks of the fake tokenizer")
         index = int(r.headers["x-radixserve-worker"])
@@ -43,7 +44,7 @@ def test_each_panel_gets_its_own_workers_tree_and_stats() -> None:
 
 
 def test_worker_data_needs_the_router_key_and_is_forwarded_with_the_worker_key() -> None:
-    c = Cluster(n=1, route_flags=("--api-key", "sekrit"), api_key="sekrit")
+    c = FakeCluster(n=1, route_flags=("--api-key", "sekrit"), api_key="sekrit")
     try:
         assert c.http.get("/v1/router/workers/0/cache/tree").status_code == 401
         assert c.http.get("/dashboard/config.json").json()["auth"] is True
@@ -60,23 +61,22 @@ def test_page_draws_one_live_panel_per_worker_in_a_browser() -> None:
     why = missing()
     if why:
         pytest.skip(why)
-    c = Cluster(n=2, route_flags=("--policy", "round_robin"))  # both workers get traffic
+    c = FakeCluster(n=2, route_flags=("--policy", "round_robin"))  # both workers get traffic
     try:
         shared = "a long shared instruction for every request: " * 3
         for k in range(6):
             c.chat(shared + f"question {k}")
         with headless_chromium() as browser:
             browser.get(c.router.url + "/dashboard")
-            deadline = time.monotonic() + 30
-            widest: list = []
-            while time.monotonic() < deadline:
-                widest = browser.execute_script(
+
+            def widest_nodes() -> list[Any]:
+                nodes: list[Any] = browser.execute_script(
                     "const p = radixDashboard.state.panels;"
                     "return p.length ? p.map((_, k) => radixDashboard.widestNode(k)) : []"
                 )
-                if len(widest) == 2 and all(widest):
-                    break
-                time.sleep(0.5)
+                return nodes if len(nodes) == 2 and all(nodes) else []
+
+            widest = wait_for(widest_nodes, 30, "both panels' widest nodes", every=0.5)
             names = browser.execute_script(
                 "return [...document.querySelectorAll('.panel-name')].map(e => e.textContent)"
             )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import threading
-import time
 import uuid
 from typing import Any
 
@@ -13,6 +12,8 @@ import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -172,6 +173,28 @@ def test_seeded_sampling_is_reproducible(client: openai.OpenAI, model: str) -> N
     assert a == b
 
 
+def test_different_seeds_sample_different_text(client: openai.OpenAI, model: str) -> None:
+    kwargs = dict(model=model, prompt="My favourite animal is", max_tokens=16, temperature=1.0)
+    texts = [client.completions.create(**kwargs, seed=s).choices[0].text for s in (1, 2, 3)]
+    assert len(set(texts)) == 3, texts
+
+
+def test_temperature_zero_is_greedy_whatever_the_seed(client: openai.OpenAI, model: str) -> None:
+    kwargs = dict(model=model, prompt="My favourite animal is", max_tokens=16)
+    sampled = client.completions.create(**kwargs, temperature=1.0, seed=1234).choices[0].text
+    zero = [
+        client.completions.create(**kwargs, temperature=0, seed=s).choices[0].text
+        for s in (1234, 5)
+    ]
+    # top_k=1 asks for the argmax another way (through the sampler's cut, not the temperature).
+    top1 = (
+        client.completions.create(**kwargs, temperature=1.0, seed=1234, extra_body={"top_k": 1})
+        .choices[0]
+        .text
+    )
+    assert zero[0] == zero[1] == top1 != sampled
+
+
 def test_shared_prefix_reports_cached_tokens_in_whole_blocks(
     client: openai.OpenAI, model: str, block_size: int
 ) -> None:
@@ -217,16 +240,15 @@ def test_dropped_stream_aborts_and_releases_locked_blocks(server: Any) -> None:
         for _ in range(3):
             assert next(lines).startswith("data: ")
             next(lines)
-    deadline, stats = time.monotonic() + 20, {}
-    while time.monotonic() < deadline:
+
+    def aborted_and_unlocked() -> bool:
         metrics = metric_values(server)
-        locked = metrics["radixserve_cache_blocks{state=locked}"]
-        if (
-            locked == 0
+        return (
+            metrics["radixserve_cache_blocks{state=locked}"] == 0
             and metrics.get("radixserve_requests_total{finish_reason=abort}", 0) > aborted
-        ):
-            break
-        time.sleep(0.1)
+        )
+
+    wait_for(aborted_and_unlocked, 20, "the abort and its blocks unlocked", every=0.1)
     stats = httpx.get(f"{server.url}/v1/cache/stats").json()
     assert metric_values(server)["radixserve_requests_total{finish_reason=abort}"] == aborted + 1
     assert stats["locked_blocks"] == 0, stats

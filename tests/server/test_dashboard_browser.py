@@ -12,7 +12,7 @@ import os
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import pytest
 
 from radixserve.bench.dashboard import headless_chromium, missing, synthetic_cache
 from radixserve.server.cache_tree import tree_json
+from tests.support import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -65,17 +66,6 @@ def server(launch: Any) -> Iterator[Any]:
         yield s
 
 
-def _wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.5)
-    pytest.fail(f"timed out waiting for {what}; last value: {last!r}")
-
-
 def _send_traffic(url: str, waves: int = 4, per_wave: int = 2) -> None:
     """Chats sharing SYSTEM, in waves a few polls apart so the hit-ratio window changes."""
     with httpx.Client(base_url=url, timeout=120) as http:
@@ -92,12 +82,13 @@ def test_page_shows_the_shared_system_prompt_widest_and_the_hit_ratio_moving(
     browser: Any, server: Any
 ) -> None:
     browser.get(server.url + "/dashboard")
-    _wait_for(
+    wait_for(
         lambda: browser.execute_script(
             "return document.getElementById('status').textContent"
         ).startswith("live"),
         60,
         "the page to go live",
+        every=0.5,
     )
     traffic = threading.Thread(target=_send_traffic, args=(server.url,))
     traffic.start()
@@ -107,8 +98,8 @@ def test_page_shows_the_shared_system_prompt_widest_and_the_hit_ratio_moving(
         series = browser.execute_script("return radixDashboard.series(0)['hit.window']")
         return sorted({round(v, 4) for _, v in series if v is not None})
 
-    values = _wait_for(lambda: len(hit_values()) >= 2 and hit_values(), 30, "the hit ratio")
-    widest = _wait_for(
+    values = wait_for(lambda: len(hit_values()) >= 2 and hit_values(), 30, "the hit ratio", 0.5)
+    widest = wait_for(
         lambda: (
             (w := browser.execute_script("return radixDashboard.widestNode(0)"))
             and w["hits"] >= 1
@@ -116,6 +107,7 @@ def test_page_shows_the_shared_system_prompt_widest_and_the_hit_ratio_moving(
         ),
         30,
         "a reused node in the tree",
+        every=0.5,
     )
     assert "support assistant of a library" in widest["text"], widest
     assert widest["depth"] == 1 and widest["hits"] >= 6
@@ -141,12 +133,13 @@ def _hover_shows_the_text(browser: Any, widest: dict[str, Any]) -> None:
     x = widest["x_px"] + min(40, widest["width_px"] / 2) - size["width"] / 2
     y = (widest["depth"] + 0.5) * row_h - size["height"] / 2
     ActionChains(browser).move_to_element_with_offset(canvas, int(x), int(y)).perform()
-    tip = _wait_for(
+    tip = wait_for(
         lambda: browser.execute_script(
             "const t = document.querySelector('.tip'); return t.hidden ? '' : t.innerText"
         ),
         10,
         "the hover tooltip",
+        every=0.5,
     )
     assert "support assistant of a library" in tip and "hits" in tip and "last used" in tip
 
@@ -163,7 +156,7 @@ def test_a_100k_node_tree_renders_in_under_a_second(browser: Any, server: Any) -
     tree = _synthetic_tree(100_000)
     assert len(tree["nodes"]) > 100_000  # unfolded: the worst case the page can be sent
     browser.get(server.url + "/dashboard")
-    _wait_for(lambda: browser.execute_script("return window.radixDashboard"), 30, "the page")
+    wait_for(lambda: browser.execute_script("return window.radixDashboard"), 30, "the page", 0.5)
     browser.execute_script("document.getElementById('pause').checked = true")
     browser.execute_script("window.bigTree = arguments[0]", tree)
     times = [

@@ -6,6 +6,7 @@ what reaches the cache, not what the model says.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -73,11 +74,34 @@ def test_session_header_or_user_keeps_the_path_warm(app_client: Any) -> None:
     assert warm == [300, 400]
 
 
-def test_stats_and_metrics_report_policy_and_refetches(app_client: Any) -> None:
-    client, _ = app_client
+def refetch_counts(client: TestClient) -> tuple[int, float]:
+    """(refetch_blocks of /v1/cache/stats, radixserve_cache_refetch_blocks_total of /metrics)."""
     stats = client.get("/v1/cache/stats", headers={"authorization": "Bearer free-key"}).json()
-    assert stats["eviction_policy"] == "priority" and stats["refetch_blocks"] == 0
-    assert "radixserve_cache_refetch_blocks_total 0.0" in client.get("/metrics").text
+    metric = re.search(
+        r"^radixserve_cache_refetch_blocks_total (\S+)$", client.get("/metrics").text, re.M
+    )
+    assert metric is not None
+    return stats["refetch_blocks"], float(metric.group(1))
+
+
+def test_stats_and_metrics_report_policy_and_refetches(app_client: Any) -> None:
+    client, engine = app_client
+    stats = client.get("/v1/cache/stats", headers={"authorization": "Bearer free-key"}).json()
+    assert stats["eviction_policy"] == "priority"
+    assert refetch_counts(client) == (0, 0.0)
+    first = list(range(1000, 1040))  # 10 blocks of 4 tokens
+    assert complete(client, "free-key", first).status_code == 200
+    # 8 other prompts of 10 blocks each through a 64-block pool: the first one is evicted.
+    for k in range(8):
+        other = list(range(2000 + 100 * k, 2040 + 100 * k))
+        assert complete(client, "free-key", other).status_code == 200
+    assert engine.stats().evicted_blocks_total > 0
+    assert refetch_counts(client) == (0, 0.0)  # evictions alone are not refetches
+    again = complete(client, "free-key", first)  # prefilled again soon after its eviction
+    assert again.status_code == 200
+    assert again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] < len(first) - 4
+    blocks, metric = refetch_counts(client)
+    assert 0 < blocks <= len(first) // 4 and metric == blocks
 
 
 def test_serve_flags_reach_the_engine_config() -> None:

@@ -13,6 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support import wait_for
+
 pytestmark = pytest.mark.slow
 
 
@@ -30,22 +32,13 @@ def in_flight(url: str) -> int:
     return total
 
 
-def wait_until(cond: Any, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_sigterm_mid_burst_finishes_in_flight_refuses_new_and_exits_zero(
     launch: Any, tiny_model_dir: Path
 ) -> None:
     with launch("--model", str(tiny_model_dir), "--shutdown-timeout", "120") as server:
         with ThreadPoolExecutor(8) as pool:
             burst = [pool.submit(complete, server.url, 900) for _ in range(8)]
-            assert wait_until(lambda: in_flight(server.url) == 8, 60)
+            wait_for(lambda: in_flight(server.url) == 8, 60, "8 requests in flight")
             server.proc.send_signal(signal.SIGTERM)
             late = complete(server.url, 5)
             results = [f.result() for f in burst]

@@ -5,26 +5,24 @@ from __future__ import annotations
 import json
 import signal
 import threading
-import time
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.support import wait_for
+
 pytestmark = pytest.mark.slow
 
 
-def stops_accepting(url: str, within: float) -> bool:
-    """True once connecting to `url` is refused, polling for at most `within` seconds. A
-    connection the kernel had queued when the server closed its socket is reset instead of
-    refused (ECONNRESET before any response): that is a refusal too."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(f"{url}/health", timeout=1)
-        except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
-            return True
-        time.sleep(0.05)
+def refuses_connections(url: str) -> bool:
+    """Whether connecting to `url` is refused now. A connection the kernel had queued when the
+    server closed its socket is reset instead of refused (ECONNRESET before any response):
+    that is a refusal too."""
+    try:
+        httpx.get(f"{url}/health", timeout=1)
+    except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
+        return True
     return False
 
 
@@ -46,7 +44,8 @@ def test_sigterm_finishes_in_flight_requests_and_exits_zero(launch: Any) -> None
             lines = r.iter_lines()
             assert next(lines).startswith("data: ")
             server.proc.send_signal(signal.SIGTERM)
-            assert stops_accepting(server.url, within=60.0)  # once the stream has drained
+            # once the stream has drained
+            wait_for(lambda: refuses_connections(server.url), 60, "the server to stop listening")
             rest = [line[6:] for line in lines if line.startswith("data: ")]
         assert rest[-1] == "[DONE]"
         assert json.loads(rest[-2])["choices"][0]["finish_reason"] == "length"
