@@ -166,7 +166,7 @@ def case_step_vs_weights(llm: LLM, ctx: int = 2048, steps: int = 16) -> dict[str
     """One stream's decode step at `ctx` tokens of context against one read of the model's
     weights in bf16 (2 bytes per parameter), both timed here (medians)."""
     engine = llm.engine
-    c = engine.model_config
+    c = engine.runner.model.config
     n_params = c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)
     n_params += c.num_layers * layer_params(c)
     # The bytes of bf16 weights, written once: untouched pages would all read the one zero page.
@@ -251,7 +251,7 @@ def main() -> None:
             gain = b / a if metric.endswith("(s)") else a / b  # times shrink, rates grow
             print(f"| {name} | {metric} | {a:.3f} | {b:.3f} | {gain:.2f}x |", flush=True)
         if name.startswith("(a)"):
-            work_line(e.model_config, n_prefix, res[True])
+            work_line(e.runner.model.config, n_prefix, res[True])
     for metric, value in case_step_vs_weights(llms[True]).items():
         print(f"| (e) step vs weights | {metric} | {value:.4f} | | |", flush=True)
     for llm in llms.values():
