@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 
 from radixserve.engine.tokenizer import Tokenizer
+from radixserve.model.decoder import DecoderModel
 from radixserve.model.files import ModelFiles, resolve_model
-from radixserve.model.llama import LlamaModel
 from tests.support import build_tiny_pair, write_tiny_model
 
 
 @pytest.fixture(scope="session")
-def tiny_pair_factory() -> Callable[..., tuple[Any, LlamaModel]]:
+def tiny_pair_factory() -> Callable[..., tuple[Any, DecoderModel]]:
     """`build_tiny_pair`: tests build the tiny random Llama they need."""
     return build_tiny_pair
 

@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 from radixserve.errors import DeviceError, ModelNotFoundError
 from radixserve.model import kernels
 from radixserve.model.config import ModelConfig
+from radixserve.model.decoder import DecoderModel
 from radixserve.model.files import ModelFiles, quantized_copy_path
-from radixserve.model.llama import LlamaModel
 from radixserve.model.weights import load_hf_weights, pack_model_weights, quantize_model
 from radixserve.values import QUANTIZATIONS, kv_cache_dtype_name
 
@@ -126,11 +126,11 @@ def load_model(
     dtype: torch.dtype,
     device: torch.device,
     quantization: str | None = "none",
-) -> LlamaModel:
-    """Build the LlamaModel for `files` with its weights, on `device` in `dtype`, with its
+) -> DecoderModel:
+    """Build the DecoderModel for `files` with its weights, on `device` in `dtype`, with its
     projections quantized as `resolve_quantization` decides."""
     config = ModelConfig.from_dir(files.path)
-    model = LlamaModel(config, dtype)
+    model = DecoderModel(config, dtype)
     load_hf_weights(model, load_state_dict(files.path, dtype))
     model = model.to(device).eval()
     model.prepare()

@@ -275,6 +275,7 @@ def decode_into(
     out: torch.Tensor,
     partition_size: int,
     tile: int,
+    scale: float | None = None,
 ) -> None:
     """Writes out[:num_seqs] (one row per block-table row) from q[:num_seqs], `partition_size`
     tokens of context per program, `tile` at a time; allocates only the partials, whose sizes
@@ -298,7 +299,7 @@ def decode_into(
         acc,
         m,
         s,
-        _LOG2E / math.sqrt(head_dim),
+        _LOG2E * (scale if scale is not None else 1 / math.sqrt(head_dim)),
         q.stride(0),
         q.stride(1),
         k_blocks.stride(0),
@@ -344,6 +345,7 @@ def prefill_into(
     out: torch.Tensor,
     block_m: int,
     block_n: int,
+    scale: float | None = None,
 ) -> None:
     """Writes the rows of every prefill chunk named in `tiles` (see the backend's `plan`),
     `block_m` query rows by `block_n` keys at a time."""
@@ -355,7 +357,7 @@ def prefill_into(
         out,
         tiles,
         blocks,
-        _LOG2E / math.sqrt(head_dim),
+        _LOG2E * (scale if scale is not None else 1 / math.sqrt(head_dim)),
         q.stride(0),
         q.stride(1),
         k_blocks.stride(0),

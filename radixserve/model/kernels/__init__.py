@@ -181,6 +181,26 @@ def order_layer_weights(layers: Iterable[Mapping[str, torch.Tensor]]) -> list[to
     return ordered
 
 
+@functools.cache
+def quant_kind_names() -> tuple[str, ...]:
+    """The kinds of codes our kernels compute with (QuantizedWeight.kind values), in the
+    kernels' numbering (quant_kinds.h; load() must have succeeded)."""
+    names: list[str] = op("quant_kind_names")()
+    return tuple(names)
+
+
+def decode_layers_computes(kind: str) -> bool:
+    """Whether `decode_layers` runs projections holding `kind` codes (False without the
+    kernels)."""
+    return loaded() and kind in quant_kind_names()
+
+
+@functools.cache
+def quant_kind_tensor(kind: str) -> torch.Tensor:
+    """`kind`'s number as the one-element int64 tensor `decode_layers` reads per projection."""
+    return torch.tensor([quant_kind_names().index(kind)], dtype=torch.int64)
+
+
 def loaded() -> bool:
     """Whether load() succeeded (without trying to build)."""
     return bool(_loaded)
