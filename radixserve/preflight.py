@@ -65,10 +65,13 @@ def check_engine_args(args: argparse.Namespace) -> None:
     from radixserve.model.attention import kv_dtype_problem
     from radixserve.model.kv_pool import (
         bytes_per_token,
+        check_model_fits_memory,
         check_pool_fits_memory,
         check_pool_holds_request,
         parse_memory,
     )
+
+    check_model_fits_memory(config.num_parameters(), dtype, device)
 
     try:
         kv_dtype = resolve_kv_cache_dtype(getattr(args, "kv_cache_dtype", "auto"), dtype)

@@ -45,7 +45,7 @@ class EngineConfig:
         "weight-only quantization of the projections",
         choices=QUANTIZATIONS,
         short="-q",
-        default_text="a GGUF's own 4-bit weights on CPU, none elsewhere",
+        default_text="gguf for a GGUF on CPU (its own blocks), none elsewhere",
     )
     attention_backend: str = option(
         "auto",

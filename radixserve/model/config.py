@@ -73,6 +73,16 @@ class ModelConfig:
         with its own local base)."""
         return self.local_rope_theta is not None and self.layer_window(i) is not None
 
+    def num_parameters(self) -> int:
+        """How many weights the decoder holds (embedding, layers, final norm, untied head)."""
+        h, d = self.hidden_size, self.head_dim
+        qkv = (self.num_heads + 2 * self.num_kv_heads) * d
+        layer = qkv * h + self.num_heads * d * h + 3 * h * self.intermediate_size
+        layer += qkv * int(self.attention_bias) + 2 * d * int(self.qk_norm)
+        layer += h * (2 + 2 * int(self.sandwich_norms))
+        head = 0 if self.tie_word_embeddings else self.vocab_size * h
+        return self.vocab_size * h + self.num_layers * layer + h + head
+
     @property
     def softmax_scale(self) -> float:
         """The attention softmax scale."""
@@ -94,14 +104,20 @@ class ModelConfig:
         eos = d.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((int(eos),) if eos is not None else ())
         global_rope, local_rope = _rope(d, arch)
+        layers = int(d["num_hidden_layers"])
         window = d.get("sliding_window")
-        if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and not d.get("use_sliding_window"):
-            window = None  # Qwen configs name a window they do not use unless asked to
+        layer_types = d.get("layer_types") or ()
+        if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+            if not d.get("use_sliding_window"):
+                window = None  # Qwen configs name a window they do not use unless asked to
+            elif not layer_types:  # as transformers derives them
+                first = int(d.get("max_window_layers", 0))
+                layer_types = [SLIDING if i >= first else FULL for i in range(layers)]
         fields: dict[str, Any] = dict(
             vocab_size=int(d["vocab_size"]),
             hidden_size=hidden,
             intermediate_size=int(d["intermediate_size"]),
-            num_layers=int(d["num_hidden_layers"]),
+            num_layers=layers,
             num_heads=heads,
             num_kv_heads=int(d.get("num_key_value_heads") or heads),
             head_dim=int(d.get("head_dim") or hidden // heads),
@@ -113,7 +129,7 @@ class ModelConfig:
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             attention_bias=bool(d.get("attention_bias", arch == "Qwen2ForCausalLM")),
             sliding_window=int(window) if window else None,
-            layer_types=tuple(str(t) for t in d.get("layer_types") or ()),
+            layer_types=tuple(str(t) for t in layer_types),
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=eos_ids,
         )

@@ -396,7 +396,7 @@ class DecoderModel(nn.Module):
                 w, proj = lin.weight, attr.removesuffix("_lin")  # "qkv_lin": "qkv.qs", ...
                 named[f"{proj}.qs"], named[f"{proj}.scale"] = w.qs, w.scale
                 named[f"{proj}.minv"] = _optional(w.minv)
-                named[f"{proj}.kind"] = kernels.quant_kind_tensor(w.kind)
+                named[f"{proj}.kind"] = w.kernel_layout()
             named_layers.append(named)
         self._decode_weights = kernels.order_layer_weights(named_layers)
         layers = self.decoder_layers()

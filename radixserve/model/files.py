@@ -119,14 +119,17 @@ def missing_model_files(path: Path, weights: bool = True) -> list[str]:
 
 
 def quantized_copy_path(model_dir: Path) -> Path:
-    """Where the GGUF's 4-bit blocks are kept beside a converted model: in a subdirectory,
+    """Where the GGUF's quantized blocks are kept beside a converted model: in a subdirectory,
     because vLLM loads every top-level *.safetensors file of a model directory (a copy there
     broke `vllm serve <dir>`: "Attempted to load nested weight 'embed_tokens.weight.qs'").
-    A copy left at the top level by an earlier version is removed."""
-    stale = model_dir / "gguf_quantized.safetensors"
-    if stale.exists():
-        try:
-            stale.unlink()
-        except OSError:
-            pass
-    return model_dir / "radixserve" / "gguf_quantized.safetensors"
+    Copies in the formats of earlier versions (Q4_1 / Q8_0 only) are removed."""
+    for stale in (
+        model_dir / "gguf_quantized.safetensors",
+        model_dir / "radixserve" / "gguf_quantized.safetensors",
+    ):
+        if stale.exists():
+            try:
+                stale.unlink()
+            except OSError:
+                pass
+    return model_dir / "radixserve" / "gguf_blocks.safetensors"

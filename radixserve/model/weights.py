@@ -13,7 +13,7 @@ from radixserve.model.config import ModelConfig
 from radixserve.model.decoder import DecoderModel, Projection
 from radixserve.model.hugepages import pack_on_huge_pages
 from radixserve.model.layers import Linear
-from radixserve.model.quant import GROUP, QuantizedWeight, QuantLinear, quantize
+from radixserve.model.quant import GROUP, QuantizedWeight, QuantLinear, quantize, repacked
 
 
 def hf_names(config: ModelConfig) -> dict[str, list[str]]:
@@ -84,35 +84,46 @@ def load_hf_weights(model: DecoderModel, state_dict: dict[str, torch.Tensor]) ->
 def quantize_model(
     model: DecoderModel, kind: str, stored: dict[str, QuantizedWeight] | None = None
 ) -> None:
-    """Run every projection (and the LM head) of `model` on `kind` codes ("int8" / "int4").
+    """Run the projections (and the LM head) of `model` on quantized codes; sets
+    `model.quantization` to `kind`.
 
-    A projection whose transformers tensors are all in `stored` (e.g. a GGUF's own Q4_1
-    blocks) uses those codes as they are, whatever their kind, if they share one; the others
-    are quantized from the current dense weights, except matrices that groups of 32 do not
-    tile, which stay dense. The decoder's dense copies are then released (the embedding
-    table stays dense for lookups). Sets `model.quantization` to `kind`.
+    "gguf": every projection whose transformers tensors are all in `stored` (a GGUF's own
+    blocks, model/gguf_quant.py) computes with those blocks as they are, several kinds in one
+    matrix where the file mixed them (wholly Q4_1 / Q8_0 ones as the int4 / int8 repacking of
+    the same values); the others keep their dense weights.
+    "int4" / "int8": stored codes are used where they are that kind (or int8, as precise),
+    the rest is quantized from the current dense weights, except matrices that groups of 32
+    do not tile, which stay dense.
+    The decoder's dense copies of quantized projections are then released (the embedding
+    table stays dense for lookups).
     """
     stored = stored or {}
     names = hf_names(model.config)
     device = model.embed.device
     for projection in model.projections():
         codes = _stored_codes(names[projection.weight_name], stored)
+        if codes is not None and kind != "gguf" and codes.kind not in (kind, "int8"):
+            codes = None
+        if kind == "gguf" and codes is None:
+            continue
         model.set_projection(projection.name, _quantized(projection, kind, codes, device))
     model.quantization = kind
 
 
 def _stored_codes(names: list[str], stored: dict[str, QuantizedWeight]) -> QuantizedWeight | None:
-    """The rows of `names` concatenated from `stored`, or None unless all are there in one
-    kind."""
+    """The rows of `names` concatenated from `stored` (GGUF blocks of any kinds, or int4 /
+    int8 codes of one kind), repacked where that is the same values; None unless all are
+    there."""
     if not all(n in stored for n in names):
         return None
     parts = [stored[n] for n in names]
-    if len({p.kind for p in parts}) != 1:
+    kinds = {p.kind for p in parts}
+    if len(kinds) != 1:
         return None
     codes = parts[0]
     for p in parts[1:]:
         codes = codes.concat(p)
-    return codes
+    return repacked(codes)
 
 
 def _quantized(
@@ -146,13 +157,7 @@ def pack_model_weights(model: DecoderModel) -> None:
 
     def codes(lin: QuantLinear) -> None:
         w = lin.weight
-        parts = [w.qs, w.scale] + ([w.minv] if w.minv is not None else [])
-
-        def use(new: list[torch.Tensor]) -> None:
-            minv = new[2] if len(new) > 2 else None
-            lin.use_weight(QuantizedWeight(w.kind, new[0], new[1], minv))
-
-        moves.append((parts, use))
+        moves.append((w.tensors(), lambda new: lin.use_weight(w.with_tensors(new))))
 
     for read in model.step_weights():
         if isinstance(read, torch.Tensor):  # a norm

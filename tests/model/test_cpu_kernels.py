@@ -213,7 +213,7 @@ def _named_weights(layer: DecoderLayer) -> dict[str, torch.Tensor]:
         w = getattr(layer, f"{proj}_lin").weight
         named |= {f"{proj}.qs": w.qs, f"{proj}.scale": w.scale}
         named[f"{proj}.minv"] = _optional(w.minv)
-        named[f"{proj}.kind"] = kernels.quant_kind_tensor(w.kind)
+        named[f"{proj}.kind"] = w.kernel_layout()
     return named
 
 

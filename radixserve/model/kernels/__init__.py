@@ -182,23 +182,18 @@ def order_layer_weights(layers: Iterable[Mapping[str, torch.Tensor]]) -> list[to
 
 
 @functools.cache
-def quant_kind_names() -> tuple[str, ...]:
-    """The kinds of codes our kernels compute with (QuantizedWeight.kind values), in the
-    kernels' numbering (quant_kinds.h; load() must have succeeded)."""
-    names: list[str] = op("quant_kind_names")()
-    return tuple(names)
+def quant_kind_code(kind: str) -> int:
+    """The kernels' number for QuantizedWeight kind `kind` ("int4", "q4_k", ...; GGUF block
+    kinds by their GGML type number, quant_kinds.h); -1 for a kind they do not compute.
+    load() must have succeeded."""
+    code: int = op("quant_kind_code")(kind)
+    return code
 
 
 def decode_layers_computes(kind: str) -> bool:
     """Whether `decode_layers` runs projections holding `kind` codes (False without the
-    kernels)."""
-    return loaded() and kind in quant_kind_names()
-
-
-@functools.cache
-def quant_kind_tensor(kind: str) -> torch.Tensor:
-    """`kind`'s number as the one-element int64 tensor `decode_layers` reads per projection."""
-    return torch.tensor([quant_kind_names().index(kind)], dtype=torch.int64)
+    kernels; "gguf" weights hold only kinds the kernels compute)."""
+    return loaded() and (kind == "gguf" or quant_kind_code(kind) >= 0)
 
 
 def loaded() -> bool:

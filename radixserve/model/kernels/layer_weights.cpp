@@ -3,8 +3,6 @@
 // theirs shifts GCC's per-unit inlining budget, and with it their machine code.
 #include "layer_weights.h"
 
-#include "quant_kinds.h"
-
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
@@ -58,11 +56,13 @@ bool is_kind(const at::Tensor& t, WeightKind kind) {
   switch (kind) {
     case WeightKind::kNorm: return f32 && t.dim() == 1;
     case WeightKind::kOptionalNorm: return t.numel() == 0 || (f32 && t.dim() == 1);
-    case WeightKind::kCodes:
-      return (t.scalar_type() == at::kByte || t.scalar_type() == at::kChar) && t.dim() == 2;
+    case WeightKind::kCodes:  // int4 / int8: [out, in/2 | in]; GGUF blocks: one run of bytes
+      return (t.scalar_type() == at::kByte || t.scalar_type() == at::kChar) &&
+             (t.dim() == 2 || t.dim() == 1);
     case WeightKind::kScales:
     case WeightKind::kMins: return t.numel() == 0 || (f32 && t.dim() == 2);
-    case WeightKind::kKind: return t.scalar_type() == at::kLong && t.numel() == 1;
+    case WeightKind::kKind:  // the layout [parts, 2]: (rows, kind) per part
+      return t.scalar_type() == at::kLong && t.dim() == 2 && t.size(1) == 2 && t.size(0) > 0;
   }
   return false;
 }
@@ -70,12 +70,6 @@ bool is_kind(const at::Tensor& t, WeightKind kind) {
 std::vector<std::string> decode_layer_weight_names() {
   std::vector<std::string> names;
   for (int64_t w = 0; w < kLayerWeights; ++w) names.emplace_back(layer_weight(w).name);
-  return names;
-}
-
-std::vector<std::string> quant_kind_names() {
-  std::vector<std::string> names;
-  for (int64_t k = 0; k < kQuantKinds; ++k) names.emplace_back(quant_kind_name(k));
   return names;
 }
 
@@ -95,5 +89,4 @@ void check_layer_weights(const at::Tensor* w, int64_t layer) {
 TORCH_LIBRARY_FRAGMENT(radixserve, m) {
   // No tensors, so no dispatch key: defined with its kernel.
   m.def("decode_layer_weight_names() -> str[]", &radixserve::decode_layer_weight_names);
-  m.def("quant_kind_names() -> str[]", &radixserve::quant_kind_names);
 }

@@ -28,9 +28,9 @@ enum LayerWeight : int64_t {
 #pragma GCC visibility push(hidden)
 
 // Layer `layer`'s weights w[0 : kLayerWeights] are of the kinds the table gives them (a norm:
-// [hidden] float32, or empty where optional; a projection's codes: 2-D uint8 or int8, scales:
-// 2-D float32 or empty, mins: 2-D float32 or empty, kind: one int64 (quant_kinds.h)), or an
-// error names the first that is not.
+// [hidden] float32, or empty where optional; a projection's codes: uint8 or int8, 2-D (GGUF
+// blocks: 1-D); scales and mins: 2-D float32 or empty; kind: the layout int64 [parts, 2] of
+// (rows, kind) (quant_kinds.h)), or an error names the first that is not.
 void check_layer_weights(const at::Tensor* w, int64_t layer);
 
 #pragma GCC visibility pop

@@ -177,14 +177,22 @@ void silu_mul(const at::Tensor& gate_up, const at::Tensor& out) {
 
 // ---- A whole decode step's decoder layers in one call ----
 
-// y = x W^T for quantized codes of the kind `kind` holds (quant_kinds.h).
+// y = x W^T for quantized codes as `layout` [parts, 2] of (rows, kind) describes them
+// (quant_kinds.h): one part of int4 or int8 codes, or GGUF blocks of one or several kinds.
 void quant_linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
-                  const at::Tensor& minv, const at::Tensor& kind, const at::Tensor& out) {
-  const int64_t k = kind.data_ptr<int64_t>()[0];
+                  const at::Tensor& minv, const at::Tensor& layout, const at::Tensor& out) {
+  const int64_t k = layout.data_ptr<int64_t>()[1];
   if (k == kInt4) return q4_gemm(x, qs, scale, minv, out);
   if (k == kInt8) return q8_gemm(x, qs, scale, out);
-  TORCH_CHECK(false, "radixserve kernel: decode_layers cannot compute ", quant_kind_name(k),
-              " codes");
+  gguf_gemm(x, qs, layout, out);
+}
+
+// The rows (out features) of a projection whose layout is `layout` [parts, 2].
+int64_t layout_rows(const at::Tensor& layout) {
+  const int64_t* lp = layout.data_ptr<int64_t>();
+  int64_t rows = 0;
+  for (int64_t p = 0; p < layout.size(0); ++p) rows += lp[2 * p];
+  return rows;
 }
 
 // In place: h += d (same shape, contiguous float32).
@@ -232,7 +240,7 @@ void decode_layers(const at::Tensor& h, at::TensorList weights, const at::Tensor
   const int64_t* ropes = layer_ropes.data_ptr<int64_t>();
   for (int64_t i = 0; i < L; ++i) check(ropes[i] >= 0 && ropes[i] < cos.size(0), "rope table");
   const int64_t B = h.size(0), hidden = h.size(1), H = num_heads;
-  const int64_t qkv_width = (H + 2 * KVH) * Dh, gu_width = weights[kGateUpCodes].size(0);
+  const int64_t qkv_width = (H + 2 * KVH) * Dh, gu_width = layout_rows(weights[kGateUpKind]);
   const auto f32 = h.options();
   const at::Tensor x = at::empty({B, hidden}, f32), delta = at::empty({B, hidden}, f32);
   const at::Tensor qkv = at::empty({B, qkv_width}, f32);

@@ -1,8 +1,9 @@
-// The kinds of quantized codes the kernels compute with, one number each: decode_layers reads a
-// projection's kind from its weight list (layer_weights.h), and Python maps QuantizedWeight.kind
-// to these numbers by name (torch.ops.radixserve.quant_kind_names(), from layer_weights.cpp).
-//   int4, int8  groups of 32 with float32 scales (and mins): our repacking of Q4_1 / Q8_0
-//   q4_0 ... q6_k  llama.cpp's GGUF blocks, byte for byte as the file holds them (kquants.cpp)
+// The kinds of quantized codes the kernels compute with, one number each. decode_layers reads a
+// projection's parts as a layout [P, 2] of (rows, kind) (layer_weights.h); Python asks for a
+// kind's number by name (torch.ops.radixserve.quant_kind_code, kquants.cpp).
+//   llama.cpp's GGUF blocks, byte for byte as the file holds them (kquants.cpp), numbered as
+//   GGML numbers them (so the numbers a GGUF file names are these: gguf.GGMLQuantizationType);
+//   int4, int8: radixserve's groups of 32 with float32 scales (and mins), gemm.cpp.
 #pragma once
 
 #include <cstdint>
@@ -10,21 +11,32 @@
 namespace radixserve {
 
 enum QuantKind : int64_t {
-  kInt4,
-  kInt8,
-  kQ4_0,
-  kQ5_0,
-  kQ5_1,
-  kQ4_K,
-  kQ5_K,
-  kQ6_K,
-  kQuantKinds,  // their count
+  kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
+  kQ8_0 = 8,
+  kQ4_K = 12,
+  kQ5_K = 13,
+  kQ6_K = 14,
+  kInt4 = 100,
+  kInt8 = 101,
 };
 
 inline const char* quant_kind_name(int64_t kind) {
-  static const char* const names[kQuantKinds] = {"int4", "int8", "q4_0", "q5_0",
-                                                "q5_1", "q4_k", "q5_k", "q6_k"};
-  return kind >= 0 && kind < kQuantKinds ? names[kind] : "?";
+  switch (kind) {
+    case kQ4_0: return "q4_0";
+    case kQ4_1: return "q4_1";
+    case kQ5_0: return "q5_0";
+    case kQ5_1: return "q5_1";
+    case kQ8_0: return "q8_0";
+    case kQ4_K: return "q4_k";
+    case kQ5_K: return "q5_k";
+    case kQ6_K: return "q6_k";
+    case kInt4: return "int4";
+    case kInt8: return "int8";
+    default: return "?";
+  }
 }
 
 }  // namespace radixserve
