@@ -77,7 +77,8 @@ def load_parts(config: EngineConfig) -> EngineParts:
     quantization = resolve_quantization(config.quantization, files, device)
     dtype = resolve_dtype(config.dtype, device, quantized=quantization != "none")
     model = load_model(files, dtype, device, quantization)
-    return assemble(config, model, Tokenizer.from_dir(files.path), files.name)
+    tokenizer = Tokenizer.from_dir(files.path, chat_template=config.chat_template)
+    return assemble(config, model, tokenizer, files.name)
 
 
 def assemble(

@@ -70,6 +70,12 @@ GGUF_ARCHS = {
 }
 
 
+# Control tokens that end a turn in the chat templates of these families; llama.cpp stops on
+# them too (Gemma's <end_of_turn>, ChatML's <|im_end|>, Llama 3's <|eot_id|>, Phi-3's <|end|>).
+END_OF_TURN = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>")
+_CONTROL = 3  # tokenizer.ggml.token_type of control tokens
+
+
 def field_value(reader: Any, key: str, default: Any = None) -> Any:
     """The value of GGUF metadata field `key`, or `default` where the file lacks it."""
     f = reader.fields.get(key)
@@ -112,6 +118,27 @@ def rope_heads(gguf_name: str, arch: GgufArch, num_heads: int, num_kv_heads: int
     return None
 
 
+def stop_token_ids(reader: Any) -> int | list[int] | None:
+    """The file's end-of-sequence token, with its end-of-turn ones (the eot / eom ids it names,
+    and the END_OF_TURN control tokens of its vocabulary): a chat stops at either."""
+    ids = [field_value(reader, f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
+    found = [int(i) for i in ids if i is not None]
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    types = reader.fields.get("tokenizer.ggml.token_type")
+    if tokens is not None and types is not None:
+        kinds = types.contents()
+        for i, idx in enumerate(tokens.data):
+            if kinds[i] != _CONTROL:
+                continue
+            text = bytes(tokens.parts[idx]).decode("utf-8", "replace")
+            if text in END_OF_TURN:
+                found.append(i)
+    unique = list(dict.fromkeys(found))
+    if not unique:
+        return None
+    return unique[0] if len(unique) == 1 else unique
+
+
 def hf_config(reader: Any, file_name: str, tensor_names: set[str], vocab: int) -> dict[str, Any]:
     """The transformers config.json the file's metadata stands for. ModelNotFoundError for a
     missing field or a variant radixserve does not compute (long-context RoPE factors)."""
@@ -142,7 +169,7 @@ def hf_config(reader: Any, file_name: str, tensor_names: set[str], vocab: int) -
         if scaling != "linear":
             raise ModelNotFoundError(f"{file_name}: RoPE scaling {scaling!r} is not supported")
         rope = rope | {"rope_type": "linear", "factor": float(need("rope.scaling.factor"))}
-    eos = field_value(reader, "tokenizer.ggml.eos_token_id")
+    eos = stop_token_ids(reader)
     config: dict[str, Any] = {
         "architectures": [arch.hf_architecture],
         "model_type": arch.model_type,
