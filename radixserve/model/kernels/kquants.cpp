@@ -48,7 +48,11 @@ namespace {
 inline float f16_at(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
+#ifdef RS_AVX2
+  return _cvtsh_ss(h);  // F16C: one instruction
+#else
   return c10::detail::fp16_ieee_to_fp32_value(h);
+#endif
 }
 
 inline uint32_t u32_at(const uint8_t* p) {
@@ -69,30 +73,70 @@ inline void k_scale_min(const uint8_t* s, int64_t j, int& sc, int& m) {
 }
 
 #ifdef RS_AVX2
-// 8 bytes at p widened to 32-bit lanes.
-inline __m256i bytes8(const uint8_t* p) {
-  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+// One sub-block of 32 weights as the vector code reads it: weight e = scale(e) * codes[e] + off,
+// codes as 32 signed bytes (the format's fixed offset, such as Q4_0's -8, already applied),
+// scale(e) = s0 for e < 16 and s1 for the rest (they differ in Q6_K only).
+struct Sub {
+  __m256i codes;
+  float s0, s1, off;
+};
+
+// 16 bytes of nibbles as 32 codes: byte j's low nibble is code j, its high nibble code j + 16.
+inline __m256i nibbles32(const uint8_t* q) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+  const __m128i m = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
 }
-// Bit `shift + lane` of `bits` (lanes 0-7) as 0 or 16.
-inline __m256i bit4_of(uint32_t bits, int shift) {
-  const __m256i idx = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                                       _mm256_set1_epi32(shift));
-  const __m256i b = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(bits)), idx);
-  return _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(1)), 4);
+
+// Bit e of `bits` as byte e: `value` where set, 0 where not.
+inline __m256i bits_to_bytes(uint32_t bits, char value) {
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(bits)),
+      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,  //
+                       2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i mask = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, mask), mask);
+  return _mm256_and_si256(set, _mm256_set1_epi8(value));
 }
-inline __m256 fma8(__m256i codes, float scale, float offset) {
-  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(codes), _mm256_set1_ps(scale),
-                         _mm256_set1_ps(offset));
+
+// (v >> shift) & mask in every byte of 32 (shift < 8; the 16-bit shift's spill is masked off).
+inline __m256i byte_field(__m256i v, int shift, char mask) {
+  return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(shift)), _mm256_set1_epi8(mask));
+}
+
+inline __m256i load32(const uint8_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+// The 32 codes as floats, 8 a vector (elements 0-7, ..., 24-31).
+inline void widen(__m256i codes, __m256* f) {
+  const __m128i lo = _mm256_castsi256_si128(codes), hi = _mm256_extracti128_si256(codes, 1);
+  f[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+  f[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+  f[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+  f[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+}
+
+// The sub-block's 32 weights, 8 a vector.
+inline void weights(const Sub& u, __m256* w) {
+  widen(u.codes, w);
+  const __m256 s0 = _mm256_set1_ps(u.s0), s1 = _mm256_set1_ps(u.s1), off = _mm256_set1_ps(u.off);
+  w[0] = _mm256_fmadd_ps(w[0], s0, off);
+  w[1] = _mm256_fmadd_ps(w[1], s0, off);
+  w[2] = _mm256_fmadd_ps(w[2], s1, off);
+  w[3] = _mm256_fmadd_ps(w[3], s1, off);
 }
 #endif
 
-// Each format: kWeights per block, kBytes per block, and sub-block s (32 weights) of a row as
-// floats: `scalar` into w[32], `avx2` into four 8-lane vectors (weights 0-7, ..., 24-31).
+// Each format: kWeights per block, kBytes per block, kOffset (whether weights have a per-block
+// offset beyond the codes' own, i.e. a min), and sub-block s (32 weights) of a row: `scalar`
+// into w[32]; `sub` (AVX2) as its codes, scales and offset.
 
-// Q4_0 and Q4_1: nibbles, with a fixed offset (-8 d) or the block's min.
+// Q4_0 and Q4_1: nibbles, with a fixed offset (-8) or the block's min.
 template <bool kMin>
 struct Q4Block {
   static constexpr int64_t kWeights = 32, kBytes = kMin ? 20 : 18;
+  static constexpr bool kOffset = kMin;
   static void scalar(const uint8_t* row, int64_t s, float* w) {
     const uint8_t* b = row + s * kBytes;
     const float d = f16_at(b), off = kMin ? f16_at(b + 2) : -8.f * d;
@@ -103,15 +147,12 @@ struct Q4Block {
     }
   }
 #ifdef RS_AVX2
-  static void avx2(const uint8_t* row, int64_t s, __m256* w) {
+  static Sub sub(const uint8_t* row, int64_t s) {
     const uint8_t* b = row + s * kBytes;
-    const float d = f16_at(b), off = kMin ? f16_at(b + 2) : -8.f * d;
-    const uint8_t* q = b + (kMin ? 4 : 2);
-    const __m256i low = _mm256_set1_epi32(0x0F), b0 = bytes8(q), b1 = bytes8(q + 8);
-    w[0] = fma8(_mm256_and_si256(b0, low), d, off);
-    w[1] = fma8(_mm256_and_si256(b1, low), d, off);
-    w[2] = fma8(_mm256_srli_epi32(b0, 4), d, off);
-    w[3] = fma8(_mm256_srli_epi32(b1, 4), d, off);
+    const float d = f16_at(b);
+    __m256i codes = nibbles32(b + (kMin ? 4 : 2));
+    if (!kMin) codes = _mm256_sub_epi8(codes, _mm256_set1_epi8(8));
+    return {codes, d, d, kMin ? f16_at(b + 2) : 0.f};
   }
 #endif
 };
@@ -120,6 +161,7 @@ struct Q4Block {
 template <bool kMin>
 struct Q5Block {
   static constexpr int64_t kWeights = 32, kBytes = kMin ? 24 : 22;
+  static constexpr bool kOffset = kMin;
   static void scalar(const uint8_t* row, int64_t s, float* w) {
     const uint8_t* b = row + s * kBytes;
     const float d = f16_at(b), off = kMin ? f16_at(b + 2) : -16.f * d;
@@ -133,22 +175,20 @@ struct Q5Block {
     }
   }
 #ifdef RS_AVX2
-  static void avx2(const uint8_t* row, int64_t s, __m256* w) {
+  static Sub sub(const uint8_t* row, int64_t s) {
     const uint8_t* b = row + s * kBytes;
-    const float d = f16_at(b), off = kMin ? f16_at(b + 2) : -16.f * d;
-    const uint32_t qh = u32_at(b + (kMin ? 4 : 2));
-    const uint8_t* q = b + (kMin ? 8 : 6);
-    const __m256i low = _mm256_set1_epi32(0x0F), b0 = bytes8(q), b1 = bytes8(q + 8);
-    w[0] = fma8(_mm256_or_si256(_mm256_and_si256(b0, low), bit4_of(qh, 0)), d, off);
-    w[1] = fma8(_mm256_or_si256(_mm256_and_si256(b1, low), bit4_of(qh, 8)), d, off);
-    w[2] = fma8(_mm256_or_si256(_mm256_srli_epi32(b0, 4), bit4_of(qh, 16)), d, off);
-    w[3] = fma8(_mm256_or_si256(_mm256_srli_epi32(b1, 4), bit4_of(qh, 24)), d, off);
+    const float d = f16_at(b);
+    __m256i codes = _mm256_or_si256(nibbles32(b + (kMin ? 8 : 6)),
+                                    bits_to_bytes(u32_at(b + (kMin ? 4 : 2)), 0x10));
+    if (!kMin) codes = _mm256_sub_epi8(codes, _mm256_set1_epi8(16));
+    return {codes, d, d, kMin ? f16_at(b + 2) : 0.f};
   }
 #endif
 };
 
 struct Q8Block {
   static constexpr int64_t kWeights = 32, kBytes = 34;
+  static constexpr bool kOffset = false;
   static void scalar(const uint8_t* row, int64_t s, float* w) {
     const uint8_t* b = row + s * kBytes;
     const float d = f16_at(b);
@@ -156,12 +196,10 @@ struct Q8Block {
     for (int j = 0; j < 32; ++j) w[j] = d * static_cast<float>(q[j]);
   }
 #ifdef RS_AVX2
-  static void avx2(const uint8_t* row, int64_t s, __m256* w) {
+  static Sub sub(const uint8_t* row, int64_t s) {
     const uint8_t* b = row + s * kBytes;
-    const __m256 d = _mm256_set1_ps(f16_at(b));
-    for (int j = 0; j < 4; ++j)
-      w[j] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                                  _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + 8 * j)))));
+    const float d = f16_at(b);
+    return {load32(b + 2), d, d, 0.f};
   }
 #endif
 };
@@ -170,9 +208,10 @@ struct Q8Block {
 template <bool kHigh>
 struct QKBlock {
   static constexpr int64_t kWeights = 256, kBytes = kHigh ? 176 : 144;
+  static constexpr bool kOffset = true;
   // Sub-block s's block, scale and offset; its 32 code bytes and (Q5_K) high-bit bytes.
-  static const uint8_t* sub(const uint8_t* row, int64_t s, float& scale, float& offset,
-                            const uint8_t*& qh) {
+  static const uint8_t* parts(const uint8_t* row, int64_t s, float& scale, float& offset,
+                              const uint8_t*& qh) {
     const uint8_t* b = row + (s / 8) * kBytes;
     const int64_t j = s % 8;
     int sc, m;
@@ -185,7 +224,7 @@ struct QKBlock {
   static void scalar(const uint8_t* row, int64_t s, float* w) {
     float scale, offset;
     const uint8_t* qh;
-    const uint8_t* q = sub(row, s, scale, offset, qh);
+    const uint8_t* q = parts(row, s, scale, offset, qh);
     const int shift = (s % 2) * 4, j = static_cast<int>(s % 8);
     for (int e = 0; e < 32; ++e) {
       int code = (q[e] >> shift) & 0x0F;
@@ -194,31 +233,26 @@ struct QKBlock {
     }
   }
 #ifdef RS_AVX2
-  static void avx2(const uint8_t* row, int64_t s, __m256* w) {
+  static Sub sub(const uint8_t* row, int64_t s) {
     float scale, offset;
     const uint8_t* qh;
-    const uint8_t* q = sub(row, s, scale, offset, qh);
-    const __m128i shift = _mm_cvtsi32_si128(static_cast<int>((s % 2) * 4));
-    const __m128i jbits = _mm_cvtsi32_si128(static_cast<int>(s % 8));
-    const __m256i low = _mm256_set1_epi32(0x0F), one = _mm256_set1_epi32(1);
-    for (int k = 0; k < 4; ++k) {
-      __m256i code = _mm256_and_si256(_mm256_srl_epi32(bytes8(q + 8 * k), shift), low);
-      if (kHigh) {
-        const __m256i hb = _mm256_and_si256(_mm256_srl_epi32(bytes8(qh + 8 * k), jbits), one);
-        code = _mm256_or_si256(code, _mm256_slli_epi32(hb, 4));
-      }
-      w[k] = fma8(code, scale, offset);
-    }
+    const uint8_t* q = parts(row, s, scale, offset, qh);
+    __m256i codes = byte_field(load32(q), static_cast<int>((s % 2) * 4), 0x0F);
+    if (kHigh)
+      codes = _mm256_or_si256(
+          codes, _mm256_slli_epi16(byte_field(load32(qh), static_cast<int>(s % 8), 0x01), 4));
+    return {codes, scale, scale, offset};
   }
 #endif
 };
 
 struct Q6KBlock {
   static constexpr int64_t kWeights = 256, kBytes = 210;
+  static constexpr bool kOffset = false;
   // Sub-block s: its low-bit bytes, high-bit bytes, nibble and high-bit shifts, and the two
   // scales (d sc) of its halves.
-  static const uint8_t* sub(const uint8_t* row, int64_t s, const uint8_t*& qh, int& nshift,
-                            int& hshift, float& s0, float& s1) {
+  static const uint8_t* parts(const uint8_t* row, int64_t s, const uint8_t*& qh, int& nshift,
+                              int& hshift, float& s0, float& s1) {
     const uint8_t* b = row + (s / 8) * kBytes;
     const int64_t h = (s % 8) / 4, t = s % 4;
     const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192) + 8 * h + 2 * t;
@@ -234,27 +268,21 @@ struct Q6KBlock {
     const uint8_t* qh;
     int nshift, hshift;
     float s0, s1;
-    const uint8_t* ql = sub(row, s, qh, nshift, hshift, s0, s1);
+    const uint8_t* ql = parts(row, s, qh, nshift, hshift, s0, s1);
     for (int e = 0; e < 32; ++e) {
       const int code = ((ql[e] >> nshift) & 0x0F) | (((qh[e] >> hshift) & 3) << 4);
       w[e] = (e < 16 ? s0 : s1) * static_cast<float>(code - 32);
     }
   }
 #ifdef RS_AVX2
-  static void avx2(const uint8_t* row, int64_t s, __m256* w) {
+  static Sub sub(const uint8_t* row, int64_t s) {
     const uint8_t* qh;
     int nshift, hshift;
     float s0, s1;
-    const uint8_t* ql = sub(row, s, qh, nshift, hshift, s0, s1);
-    const __m128i ns = _mm_cvtsi32_si128(nshift), hs = _mm_cvtsi32_si128(hshift);
-    const __m256i low = _mm256_set1_epi32(0x0F), three = _mm256_set1_epi32(3);
-    const __m256i bias = _mm256_set1_epi32(32);
-    for (int k = 0; k < 4; ++k) {
-      const __m256i lo = _mm256_and_si256(_mm256_srl_epi32(bytes8(ql + 8 * k), ns), low);
-      const __m256i hi = _mm256_and_si256(_mm256_srl_epi32(bytes8(qh + 8 * k), hs), three);
-      const __m256i code = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), bias);
-      w[k] = _mm256_mul_ps(_mm256_cvtepi32_ps(code), _mm256_set1_ps(k < 2 ? s0 : s1));
-    }
+    const uint8_t* ql = parts(row, s, qh, nshift, hshift, s0, s1);
+    const __m256i hi = _mm256_slli_epi16(byte_field(load32(qh), hshift, 0x03), 4);
+    const __m256i codes = _mm256_or_si256(byte_field(load32(ql), nshift, 0x0F), hi);
+    return {_mm256_sub_epi8(codes, _mm256_set1_epi8(32)), s0, s1, 0.f};
   }
 #endif
 };
@@ -285,7 +313,7 @@ void dequant_block_rows(const uint8_t* blocks, int64_t row_bytes, int64_t n, int
     for (int64_t s = 0; s < K / 32; ++s, o += 32) {
 #ifdef RS_AVX2
       __m256 w[4];
-      B::avx2(row, s, w);
+      weights(B::sub(row, s), w);
       for (int j = 0; j < 4; ++j) _mm256_storeu_ps(o + 8 * j, w[j]);
 #else
       B::scalar(row, s, o);
@@ -295,7 +323,7 @@ void dequant_block_rows(const uint8_t* blocks, int64_t row_bytes, int64_t n, int
 }
 
 #ifdef RS_AVX2
-// out[r * ldo] = x[r] . row for MR input rows (x rows K apart), the row's weights made in
+// out[r * ldo] = x[r] . row for 2 <= MR input rows (x rows K apart), the row's weights made in
 // registers one sub-block at a time and used by every input row.
 template <typename B, int MR>
 inline void row_dot(const float* x, int64_t K, const uint8_t* row, float* out, int64_t ldo) {
@@ -303,7 +331,7 @@ inline void row_dot(const float* x, int64_t K, const uint8_t* row, float* out, i
   RS_UNROLL for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   for (int64_t s = 0; s < K / 32; ++s) {
     __m256 w[4];
-    B::avx2(row, s, w);
+    weights(B::sub(row, s), w);
     RS_UNROLL for (int r = 0; r < MR; ++r) {
       const float* xs = x + r * K + 32 * s;
       acc[r][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xs), acc[r][0]);
@@ -315,17 +343,58 @@ inline void row_dot(const float* x, int64_t K, const uint8_t* row, float* out, i
   RS_UNROLL for (int r = 0; r < MR; ++r) out[r * ldo] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
 }
 
+// x . row for one input row (a decode step of one sequence), bound by turning codes into
+// floats: the factored form sum_s scale_s (codes_s . x_s) + off_s sum(x_s), with each
+// sub-block's code products summed before its scale (`xsum`: sum(x_s), for formats with mins).
+template <typename B>
+inline float row_dot1(const float* x, const float* xsum, int64_t K, const uint8_t* row) {
+  float offsets = 0.f;
+#ifdef RS_AVX512
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
+  for (int64_t s = 0; s < K / 32; ++s) {
+    const Sub u = B::sub(row, s);
+    const __m512 c0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(u.codes)));
+    const __m512 c1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(u.codes, 1)));
+    acc0 = _mm512_fmadd_ps(_mm512_set1_ps(u.s0), _mm512_mul_ps(c0, _mm512_loadu_ps(x + 32 * s)), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_set1_ps(u.s1), _mm512_mul_ps(c1, _mm512_loadu_ps(x + 32 * s + 16)), acc1);
+    if (B::kOffset) offsets += u.off * xsum[s];
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + offsets;
+#else
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+  for (int64_t s = 0; s < K / 32; ++s) {
+    const Sub u = B::sub(row, s);
+    __m256 c[4];
+    widen(u.codes, c);
+    const float* xs = x + 32 * s;
+    const __m256 t0 = _mm256_fmadd_ps(c[1], _mm256_loadu_ps(xs + 8), _mm256_mul_ps(c[0], _mm256_loadu_ps(xs)));
+    const __m256 t1 = _mm256_fmadd_ps(c[3], _mm256_loadu_ps(xs + 24), _mm256_mul_ps(c[2], _mm256_loadu_ps(xs + 16)));
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(u.s0), t0, acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(u.s1), t1, acc1);
+    if (B::kOffset) offsets += u.off * xsum[s];
+  }
+  return hsum(_mm256_add_ps(acc0, acc1)) + offsets;
+#endif
+}
+
 // out [M, N] = x [M, K] W^T for M <= 16 input rows (decode steps): weight rows spread over the
-// threads, each row's weights made once per 8 input rows, nothing written but the outputs.
+// threads; one input row by row_dot1, more with each row's weights made once per 8 of them.
 template <typename B>
 void gemm_block_rows_small(const float* x, int64_t M, const uint8_t* blocks, int64_t row_bytes,
                            int64_t N, int64_t K, float* out) {
+  std::vector<float> xsum(M == 1 ? K / 32 : 0, 0.f);
+  for (size_t s = 0; s < xsum.size(); ++s)
+    for (int j = 0; j < 32; ++j) xsum[s] += x[32 * s + j];
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       const uint8_t* row = blocks + n * row_bytes;
       // Ask for the row 4 ahead: DRAM latency hides behind this row's FMAs.
       const char* ahead = reinterpret_cast<const char*>(blocks + std::min(n + 4, N - 1) * row_bytes);
       for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
+      if (M == 1) {
+        out[n] = row_dot1<B>(x, xsum.data(), K, row);
+        continue;
+      }
       for (int64_t m = 0; m < M; m += 8) {
         with_rows<8>(static_cast<int>(std::min<int64_t>(8, M - m)), [&](auto R) {
           row_dot<B, R>(x + m * K, K, row, out + m * N + n, N);
