@@ -243,6 +243,21 @@ struct QKBlock {
           codes, _mm256_slli_epi16(byte_field(load32(qh), static_cast<int>(s % 8), 0x01), 4));
     return {codes, scale, scale, offset};
   }
+  // f(first + j, sub-block j) for the 8 sub-blocks of the block at b.
+  template <typename F>
+  static void visit_block(const uint8_t* b, F& f, int64_t first) {
+    const float d = f16_at(b), dmin = f16_at(b + 2);
+    const uint8_t* qs = b + (kHigh ? 48 : 16);
+    const __m256i qh = kHigh ? load32(b + 16) : _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+      int sc, m;
+      k_scale_min(b + 4, j, sc, m);
+      __m256i codes = byte_field(load32(qs + 32 * (j / 2)), (j % 2) * 4, 0x0F);
+      if (kHigh) codes = _mm256_or_si256(codes, _mm256_slli_epi16(byte_field(qh, j, 0x01), 4));
+      const float scale = d * static_cast<float>(sc);
+      f(first + j, Sub{codes, scale, scale, -(dmin * static_cast<float>(m))});
+    }
+  }
 #endif
 };
 
@@ -284,8 +299,38 @@ struct Q6KBlock {
     const __m256i codes = _mm256_or_si256(byte_field(load32(ql), nshift, 0x0F), hi);
     return {_mm256_sub_epi8(codes, _mm256_set1_epi8(32)), s0, s1, 0.f};
   }
+  // f(first + s, sub-block s) for the 8 sub-blocks of the block at b.
+  template <typename F>
+  static void visit_block(const uint8_t* b, F& f, int64_t first) {
+    const float d = f16_at(b + 208);
+    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i qh = load32(b + 128 + 32 * h);
+      for (int t = 0; t < 4; ++t) {
+        const __m256i lo = byte_field(load32(b + 64 * h + 32 * (t & 1)), t >= 2 ? 4 : 0, 0x0F);
+        const __m256i hi = _mm256_slli_epi16(byte_field(qh, 2 * t, 0x03), 4);
+        const __m256i codes = _mm256_sub_epi8(_mm256_or_si256(lo, hi), _mm256_set1_epi8(32));
+        const int8_t* s2 = sc + 8 * h + 2 * t;
+        f(first + 4 * h + t, Sub{codes, d * static_cast<float>(s2[0]),
+                                 d * static_cast<float>(s2[1]), 0.f});
+      }
+    }
+  }
 #endif
 };
+
+#ifdef RS_AVX2
+// f(s, sub-block s) for every sub-block of a row of K weights, in order. Formats of 256-weight
+// super-blocks read each block's header (its float16 scales) once rather than per sub-block.
+template <typename B, typename F>
+inline void visit_subs(const uint8_t* row, int64_t K, F&& f) {
+  if constexpr (requires { B::visit_block(row, f, 0); }) {
+    for (int64_t b = 0; b < K / B::kWeights; ++b) B::visit_block(row + b * B::kBytes, f, 8 * b);
+  } else {
+    for (int64_t s = 0; s < K / 32; ++s) f(s, B::sub(row, s));
+  }
+}
+#endif
 
 // f(Block{}) for the block format of GGML type `kind`; false where it is none of ours.
 template <typename F>
@@ -310,15 +355,15 @@ void dequant_block_rows(const uint8_t* blocks, int64_t row_bytes, int64_t n, int
   for (int64_t r = 0; r < nr; ++r) {
     const uint8_t* row = blocks + (n + r) * row_bytes;
     float* o = buf + r * K;
-    for (int64_t s = 0; s < K / 32; ++s, o += 32) {
 #ifdef RS_AVX2
+    visit_subs<B>(row, K, [&](int64_t s, const Sub& u) {
       __m256 w[4];
-      weights(B::sub(row, s), w);
-      for (int j = 0; j < 4; ++j) _mm256_storeu_ps(o + 8 * j, w[j]);
+      weights(u, w);
+      for (int j = 0; j < 4; ++j) _mm256_storeu_ps(o + 32 * s + 8 * j, w[j]);
+    });
 #else
-      B::scalar(row, s, o);
+    for (int64_t s = 0; s < K / 32; ++s) B::scalar(row, s, o + 32 * s);
 #endif
-    }
   }
 }
 
@@ -329,9 +374,9 @@ template <typename B, int MR>
 inline void row_dot(const float* x, int64_t K, const uint8_t* row, float* out, int64_t ldo) {
   __m256 acc[MR][2];
   RS_UNROLL for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  for (int64_t s = 0; s < K / 32; ++s) {
+  visit_subs<B>(row, K, [&](int64_t s, const Sub& u) {
     __m256 w[4];
-    weights(B::sub(row, s), w);
+    weights(u, w);
     RS_UNROLL for (int r = 0; r < MR; ++r) {
       const float* xs = x + r * K + 32 * s;
       acc[r][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xs), acc[r][0]);
@@ -339,7 +384,7 @@ inline void row_dot(const float* x, int64_t K, const uint8_t* row, float* out, i
       acc[r][0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xs + 16), acc[r][0]);
       acc[r][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xs + 24), acc[r][1]);
     }
-  }
+  });
   RS_UNROLL for (int r = 0; r < MR; ++r) out[r * ldo] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
 }
 
@@ -351,28 +396,35 @@ inline float row_dot1(const float* x, const float* xsum, int64_t K, const uint8_
   float offsets = 0.f;
 #ifdef RS_AVX512
   __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
-  for (int64_t s = 0; s < K / 32; ++s) {
-    const Sub u = B::sub(row, s);
+  visit_subs<B>(row, K, [&](int64_t s, const Sub& u) {
     const __m512 c0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(u.codes)));
-    const __m512 c1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(u.codes, 1)));
-    acc0 = _mm512_fmadd_ps(_mm512_set1_ps(u.s0), _mm512_mul_ps(c0, _mm512_loadu_ps(x + 32 * s)), acc0);
-    acc1 = _mm512_fmadd_ps(_mm512_set1_ps(u.s1), _mm512_mul_ps(c1, _mm512_loadu_ps(x + 32 * s + 16)), acc1);
+    const __m512 c1 =
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(u.codes, 1)));
+    const __m512 t0 = _mm512_mul_ps(c0, _mm512_loadu_ps(x + 32 * s));
+    const __m512 t1 = _mm512_mul_ps(c1, _mm512_loadu_ps(x + 32 * s + 16));
+    if (u.s0 == u.s1) {  // one scale (all formats but Q6_K): one broadcast
+      acc0 = _mm512_fmadd_ps(_mm512_set1_ps(u.s0), _mm512_add_ps(t0, t1), acc0);
+    } else {
+      acc0 = _mm512_fmadd_ps(_mm512_set1_ps(u.s0), t0, acc0);
+      acc1 = _mm512_fmadd_ps(_mm512_set1_ps(u.s1), t1, acc1);
+    }
     if (B::kOffset) offsets += u.off * xsum[s];
-  }
+  });
   return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + offsets;
 #else
   __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
-  for (int64_t s = 0; s < K / 32; ++s) {
-    const Sub u = B::sub(row, s);
+  visit_subs<B>(row, K, [&](int64_t s, const Sub& u) {
     __m256 c[4];
     widen(u.codes, c);
     const float* xs = x + 32 * s;
-    const __m256 t0 = _mm256_fmadd_ps(c[1], _mm256_loadu_ps(xs + 8), _mm256_mul_ps(c[0], _mm256_loadu_ps(xs)));
-    const __m256 t1 = _mm256_fmadd_ps(c[3], _mm256_loadu_ps(xs + 24), _mm256_mul_ps(c[2], _mm256_loadu_ps(xs + 16)));
+    const __m256 t0 = _mm256_fmadd_ps(c[1], _mm256_loadu_ps(xs + 8),
+                                      _mm256_mul_ps(c[0], _mm256_loadu_ps(xs)));
+    const __m256 t1 = _mm256_fmadd_ps(c[3], _mm256_loadu_ps(xs + 24),
+                                      _mm256_mul_ps(c[2], _mm256_loadu_ps(xs + 16)));
     acc0 = _mm256_fmadd_ps(_mm256_set1_ps(u.s0), t0, acc0);
     acc1 = _mm256_fmadd_ps(_mm256_set1_ps(u.s1), t1, acc1);
     if (B::kOffset) offsets += u.off * xsum[s];
-  }
+  });
   return hsum(_mm256_add_ps(acc0, acc1)) + offsets;
 #endif
 }
