@@ -67,7 +67,6 @@ class TritonPagedBackend:
         fused_decode_step=False,
         narrows_last_layer=False,  # its plan builds a tile table per batch
         graph_capturable=True,
-        sliding_window=False,
     )
 
     @classmethod
@@ -119,18 +118,21 @@ class TritonPagedBackend:
         scale: float | None = None,
     ) -> torch.Tensor:
         """q [T, H, D] (a view is fine) -> [T, H * D] in q's dtype."""
-        _no_window(window)
         if q.stride(2) != 1:
             q = q.contiguous()
         out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype, device=q.device)
         if batch.decode is not None:
             d = batch.decode
-            self.decode_into(q, k_blocks, v_blocks, d.block_table, d.context_lens, out, scale)
+            self.decode_into(
+                q, k_blocks, v_blocks, d.block_table, d.context_lens, out, scale, window
+            )
         if batch.prefills:
             if not isinstance(plan, TritonPlan) or plan.prefill_tiles is None:
                 plan = self.plan(batch)
             assert plan.prefill_tiles is not None and plan.prefill_blocks is not None
-            self.prefill(q, plan.prefill_tiles, plan.prefill_blocks, k_blocks, v_blocks, out, scale)
+            self.prefill(
+                q, plan.prefill_tiles, plan.prefill_blocks, k_blocks, v_blocks, out, scale, window
+            )
         return out
 
     def decode(
@@ -144,11 +146,10 @@ class TritonPagedBackend:
         scale: float | None = None,
     ) -> torch.Tensor:
         """The tensors-only decode entry (AttentionBackend.decode): capturable."""
-        _no_window(window)
         if q.stride(2) != 1:
             q = q.contiguous()
         out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype, device=q.device)
-        self.decode_into(q, k_blocks, v_blocks, block_table, context_lens, out, scale)
+        self.decode_into(q, k_blocks, v_blocks, block_table, context_lens, out, scale, window)
         return out
 
     def decode_into(
@@ -160,12 +161,13 @@ class TritonPagedBackend:
         context_lens: torch.Tensor,
         out: torch.Tensor,
         scale: float | None = None,
+        window: int | None = None,
     ) -> None:
         """Writes out[:num_seqs] (one row per block-table row) from q[:num_seqs]; allocates
         only the partials, whose sizes follow the shapes."""
         self._kernels.decode_into(
             q, k_blocks, v_blocks, block_table, context_lens, out,
-            self.partition_size, self.decode_tile, scale,
+            self.partition_size, self.decode_tile, scale, window,
         )  # fmt: skip
 
     def prefill(
@@ -177,18 +179,9 @@ class TritonPagedBackend:
         v_blocks: torch.Tensor,
         out: torch.Tensor,
         scale: float | None = None,
+        window: int | None = None,
     ) -> None:
         """Writes the rows of every prefill chunk named in `tiles` (see `plan`)."""
         self._kernels.prefill_into(
-            q, tiles, blocks, k_blocks, v_blocks, out, self.block_m, self.block_n, scale
-        )
-
-
-def _no_window(window: int | None) -> None:
-    """The Triton kernels attend to whole contexts: a sliding window is an error (the runner
-    picks another backend for models with windows, so this is a caller's mistake)."""
-    if window is not None:
-        raise ValueError(
-            "the triton attention backend has no sliding-window attention; "
-            "use --attention-backend sdpa for models with sliding windows"
+            q, tiles, blocks, k_blocks, v_blocks, out, self.block_m, self.block_n, scale, window
         )
