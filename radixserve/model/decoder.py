@@ -1,7 +1,8 @@
-"""The decoder every architecture shares, over the paged KV pool: its parameters and forward
-paths. What differs between Llama, Mistral, Qwen2/3, Phi-3 and Gemma 3 is data in ModelConfig
-(optional q/k norms, sandwich norms, activation, windows, RoPE bases), read here; checkpoint
-names and quantization live in weights.py, huge pages in hugepages.py."""
+"""The decoder every architecture shares, over the paged KV pool: the stack of DecoderLayers
+(decoder_layer.py), its forward paths and the one-call decode step's weights. What differs
+between Llama, Mistral, Qwen2/3, Phi-3 and Gemma 3 is data in ModelConfig (optional q/k norms,
+sandwich norms, activation, windows, RoPE bases); checkpoint names and quantization live in
+weights.py, huge pages in hugepages.py."""
 
 from __future__ import annotations
 
@@ -16,22 +17,12 @@ from radixserve.model import kernels
 from radixserve.model.attention import AttendFn, AttentionBackend, SdpaBackend, planned
 from radixserve.model.batch import ForwardBatch, narrow_to_outputs
 from radixserve.model.config import ModelConfig
+from radixserve.model.decoder_layer import ACT_CODES, DecoderLayer, optional_tensor
 from radixserve.model.kv_pool import KVPool
-from radixserve.model.layers import (
-    Linear,
-    Rotary,
-    apply_rope,
-    frozen,
-    fused_kernels_apply,
-    gate_activation,
-    rms_norm,
-)
+from radixserve.model.layers import Linear, Rotary, frozen, fused_kernels_apply, rms_norm
 from radixserve.model.quant import QuantizedWeight, QuantLinear
 
 log = logging.getLogger(__name__)
-
-# The fused kernels' codes of ModelConfig.hidden_act (layers.cpp's gate_act_mul).
-ACT_CODES = {"silu": 0, "gelu_tanh": 1}
 
 
 class ForwardPath(Enum):
@@ -50,167 +41,6 @@ class Projection(NamedTuple):
     lin: Linear | QuantLinear
     weight_name: str  # the dense weight's name in state_dict(): "layers.0.qkv", ..., "embed"
     weight: nn.Parameter
-
-
-def _optional(t: torch.Tensor | None) -> torch.Tensor:
-    """`t`, or the empty tensor our kernels read as "absent"."""
-    return t if t is not None else torch.empty(0)
-
-
-class DecoderLayer(nn.Module):
-    """One pre-norm block: attention then a gated MLP, with fused QKV and gate/up weights.
-
-    Optional parts, as the config asks: a q/k/v bias, RMSNorms over each q and k head, norms
-    on the attention and MLP outputs before their residual adds (Gemma 3's sandwich), a
-    sliding window and the local RoPE table (`window`, `rope_table`)."""
-
-    qkv_lin: Linear | QuantLinear
-    o_lin: Linear | QuantLinear
-    gate_up_lin: Linear | QuantLinear
-    down_lin: Linear | QuantLinear
-
-    def __init__(self, config: ModelConfig, index: int) -> None:
-        super().__init__()
-        self.num_heads = config.num_heads
-        self.num_kv = config.num_kv_heads
-        self.head_dim = config.head_dim
-        self.eps = config.rms_norm_eps
-        self.window = config.layer_window(index)
-        self.rope_table = 1 if config.layer_local_rope(index) else 0
-        self.scale = config.softmax_scale
-        self.act_name = config.hidden_act
-        self.act = gate_activation(config.hidden_act)
-        hidden, inter, d = config.hidden_size, config.intermediate_size, config.head_dim
-        qkv_rows = (config.num_heads + 2 * config.num_kv_heads) * d
-        self.input_norm = frozen(torch.ones(hidden))
-        self.qkv = frozen(torch.empty(qkv_rows, hidden))
-        self.qkv_bias = frozen(torch.zeros(qkv_rows)) if config.attention_bias else None
-        self.q_norm = frozen(torch.ones(d)) if config.qk_norm else None
-        self.k_norm = frozen(torch.ones(d)) if config.qk_norm else None
-        self.o = frozen(torch.empty(hidden, config.num_heads * d))
-        self.attn_out_norm = frozen(torch.ones(hidden)) if config.sandwich_norms else None
-        self.post_norm = frozen(torch.ones(hidden))  # before the MLP
-        self.gate_up = frozen(torch.empty(2 * inter, hidden))
-        self.down = frozen(torch.empty(hidden, inter))
-        self.mlp_out_norm = frozen(torch.ones(hidden)) if config.sandwich_norms else None
-
-    def prepare(self) -> None:
-        """(Re)build the matmul wrappers from the current weights."""
-        self.fused = fused_kernels_apply(self.input_norm)
-        self.qkv_lin = Linear(self.qkv, self.qkv_bias)
-        self.o_lin = Linear(self.o)
-        self.gate_up_lin = Linear(self.gate_up)
-        self.down_lin = Linear(self.down)
-
-    def projections(self) -> list[tuple[str, Linear | QuantLinear, nn.Parameter]]:
-        """(attribute, matmul wrapper, dense weight) of the four projections, in the order a
-        step runs them."""
-        return [
-            ("qkv_lin", self.qkv_lin, self.qkv),
-            ("o_lin", self.o_lin, self.o),
-            ("gate_up_lin", self.gate_up_lin, self.gate_up),
-            ("down_lin", self.down_lin, self.down),
-        ]
-
-    def _attend(
-        self, attend: AttendFn, q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor
-    ) -> torch.Tensor:
-        return attend(q, k_blocks, v_blocks, self.window, self.scale)
-
-    def forward(
-        self,
-        h: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        slot_mapping: torch.Tensor,
-        attend: AttendFn,
-        k_blocks: torch.Tensor,
-        v_blocks: torch.Tensor,
-        out_rows: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """h [T, hidden] -> [T, hidden]; writes the tokens' K/V at `slot_mapping` first. With
-        `out_rows`, every row's K/V is written but only those rows go on through attention
-        (whose `attend` then describes just them) and the MLP: -> [len(out_rows), hidden].
-        `cos`/`sin` [T, head_dim] are this layer's RoPE table at the rows' positions."""
-        if self.fused:
-            return self._forward_fused(
-                h, cos, sin, slot_mapping, attend, k_blocks, v_blocks, out_rows
-            )
-        t = h.shape[0]
-        x = rms_norm(h, self.input_norm, self.eps)
-        qkv = self.qkv_lin(x)
-        nh, nkv = self.num_heads, self.num_kv
-        qk = qkv[:, : (nh + nkv) * self.head_dim].view(t, nh + nkv, -1)
-        if self.q_norm is not None and self.k_norm is not None:
-            heads = torch.cat([self.q_norm.expand(nh, -1), self.k_norm.expand(nkv, -1)])
-            qk = rms_norm(qk, heads, self.eps)
-        # Rotate q and k in one pass: they are adjacent heads of the fused projection.
-        qk = apply_rope(qk, cos, sin)
-        q, k = qk[:, :nh], qk[:, nh:]
-        v = qkv[:, (nh + nkv) * self.head_dim :].view(t, nkv, self.head_dim)
-        k_slots = k_blocks.view(-1, self.num_kv, self.head_dim)
-        v_slots = v_blocks.view(-1, self.num_kv, self.head_dim)
-        k_slots.index_copy_(0, slot_mapping, k.to(k_slots.dtype))  # --kv-cache-dtype
-        v_slots.index_copy_(0, slot_mapping, v.to(v_slots.dtype))
-        if out_rows is not None:
-            q, h = q[out_rows], h[out_rows]
-        o = self.o_lin(self._attend(attend, q, k_blocks, v_blocks))
-        if self.attn_out_norm is not None:
-            o = rms_norm(o, self.attn_out_norm, self.eps)
-        h = h + o
-        x = rms_norm(h, self.post_norm, self.eps)
-        gate, up = self.gate_up_lin(x).chunk(2, dim=-1)
-        m = self.down_lin(self.act(gate) * up)
-        if self.mlp_out_norm is not None:
-            m = rms_norm(m, self.mlp_out_norm, self.eps)
-        return h + m
-
-    def _forward_fused(
-        self,
-        h: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        slot_mapping: torch.Tensor,
-        attend: AttendFn,
-        k_blocks: torch.Tensor,
-        v_blocks: torch.Tensor,
-        out_rows: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """`forward` with the elementwise steps in radixserve's CPU kernels (float32 on CPU):
-        a dozen op calls per layer instead of about fifty. Updates h in place (without
-        `out_rows`)."""
-        rms_norm_into = kernels.op("rms_norm")
-        nh = self.num_heads
-        x = torch.empty_like(h)
-        rms_norm_into(h, self.input_norm, self.eps, x)
-        qkv = self.qkv_lin(x).contiguous()
-        kernels.op("rope_kv_write")(
-            qkv, cos, sin, slot_mapping, k_blocks, v_blocks, nh,
-            _optional(self.q_norm), _optional(self.k_norm), self.eps,
-        )  # fmt: skip
-        q = qkv[:, : nh * self.head_dim]
-        if out_rows is not None:
-            q, h, x = q[out_rows], h[out_rows], x[out_rows]
-        t = h.shape[0]
-        o = self.o_lin(self._attend(attend, q.view(t, nh, self.head_dim), k_blocks, v_blocks))
-        if self.attn_out_norm is not None:
-            rms_norm_into(o, self.attn_out_norm, self.eps, o)
-        h += o
-        rms_norm_into(h, self.post_norm, self.eps, x)
-        gate_up = self.gate_up_lin(x)
-        act = torch.empty(t, gate_up.shape[1] // 2, dtype=h.dtype)
-        kernels.op("gate_act_mul")(gate_up, act, ACT_CODES[self.act_name])
-        m = self.down_lin(act)
-        if self.mlp_out_norm is not None:
-            rms_norm_into(m, self.mlp_out_norm, self.eps, m)
-        h += m
-        return h
-
-    def norms(self) -> list[nn.Parameter]:
-        """Every RMSNorm weight of the layer, in the order a step reads them."""
-        found = [self.input_norm, self.q_norm, self.k_norm, self.attn_out_norm]
-        found += [self.post_norm, self.mlp_out_norm]
-        return [n for n in found if n is not None]
 
 
 class DecoderModel(nn.Module):
@@ -384,18 +214,18 @@ class DecoderModel(nn.Module):
             # By the names of the kernels' table (kernels/layer_weights.cpp); int8 has no mins.
             named: dict[str, torch.Tensor] = {
                 "input_norm": layer.input_norm,
-                "qkv.bias": _optional(layer.qkv_lin.bias),
-                "q_norm": _optional(layer.q_norm),
-                "k_norm": _optional(layer.k_norm),
-                "attn_out_norm": _optional(layer.attn_out_norm),
+                "qkv.bias": optional_tensor(layer.qkv_lin.bias),
+                "q_norm": optional_tensor(layer.q_norm),
+                "k_norm": optional_tensor(layer.k_norm),
+                "attn_out_norm": optional_tensor(layer.attn_out_norm),
                 "post_norm": layer.post_norm,
-                "mlp_out_norm": _optional(layer.mlp_out_norm),
+                "mlp_out_norm": optional_tensor(layer.mlp_out_norm),
             }
             for attr, lin, _ in layer.projections():
                 assert isinstance(lin, QuantLinear)
                 w, proj = lin.weight, attr.removesuffix("_lin")  # "qkv_lin": "qkv.qs", ...
                 named[f"{proj}.qs"], named[f"{proj}.scale"] = w.qs, w.scale
-                named[f"{proj}.minv"] = _optional(w.minv)
+                named[f"{proj}.minv"] = optional_tensor(w.minv)
                 named[f"{proj}.kind"] = w.kernel_layout()
             named_layers.append(named)
         self._decode_weights = kernels.order_layer_weights(named_layers)

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from radixserve.model import kernels
 from radixserve.model.attention import CpuPagedBackend, SdpaBackend
 from radixserve.model.batch import SeqChunk, build_batch
-from radixserve.model.decoder import DecoderLayer, DecoderModel
+from radixserve.model.decoder import DecoderModel
+from radixserve.model.decoder_layer import DecoderLayer
 from radixserve.model.layers import apply_rope, rms_norm
 from radixserve.model.weights import quantize_model
 
