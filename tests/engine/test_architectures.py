@@ -48,7 +48,11 @@ def generate(engine: LLMEngine, batch: list[list[int]], one_by_one: bool) -> lis
     return [(outs[i], cached[i]) for i in ids]
 
 
-@pytest.mark.parametrize("quantized", [False, True], ids=["dense", "int4"])
+# The 4-bit runs (decode steps in one decode_layers call) are the slow tier's: the fast tier
+# has decode_layers == the layer-by-layer step for every architecture (tests/model).
+@pytest.mark.parametrize(
+    "quantized", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["dense", "int4"]
+)
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_cache_on_and_off_give_the_same_greedy_tokens(
     tiny_pair_factory, default_tokenizer: Tokenizer, arch: str, quantized: bool
