@@ -9,7 +9,8 @@ appended) and driven with streaming /v1/completions at temperature 0 on real tex
 stdlib docs, token counts from the default model's tokenizer). Per server and trial: cold TTFT
 of a new 2,048-token prompt, TTFT of its exact repeat, TTFT of it + 50 new tokens, decode tok/s
 of 1 stream and of 8 concurrent streams (128 tokens each, ignore_eos). Prints medians and each
-case's ratio to the first server.
+case's ratio to the first server. `--tokenizer MODEL` counts tokens with another model's
+tokenizer (a directory or .gguf, e.g. the Gemma 3 GGUF the servers run).
 """
 
 from __future__ import annotations
@@ -80,8 +81,9 @@ def main() -> None:
     ap.add_argument("--server", nargs=2, action="append", metavar=("LABEL", "COMMAND"))
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--start-timeout", type=float, default=600.0)
+    ap.add_argument("--tokenizer", default=None, help="model whose tokenizer counts tokens")
     args = ap.parse_args()
-    counter = TokenCounter(load_tokenizer(None))
+    counter = TokenCounter(load_tokenizer(args.tokenizer))
     results: dict[str, list[dict[str, float]]] = {}
     for label, command in args.server:
         env_prefix = []
