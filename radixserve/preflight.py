@@ -14,6 +14,8 @@ from urllib.parse import urlsplit
 from radixserve.errors import ConfigError, DeviceError
 from radixserve.model.config import ModelConfig
 from radixserve.model.files import resolve_model
+from radixserve.options import from_args
+from radixserve.router.main import RouteConfig, kv_event_sources
 from radixserve.server.kv_events.config import KVEventsConfig, parse_endpoint
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1", "0.0.0.0", "::"}
@@ -154,3 +156,4 @@ def check_route_args(args: argparse.Namespace) -> None:
                 f"--worker {url} is the router's own address (--port {args.port}): "
                 "the router would send requests to itself; give the router another --port"
             )
+    kv_event_sources(from_args(RouteConfig, args))  # one per --worker, each well formed

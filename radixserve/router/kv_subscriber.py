@@ -3,9 +3,10 @@ a gap in the sequence numbers, and a restart of the publisher noticed.
 
 `KVEventSubscriber.run` connects, asks the replay socket (if there is one) for every batch it
 still keeps, then applies live batches in order. A batch whose number skips ahead triggers a
-replay of the missing ones; one numbered at or below the last applied, once the replay's
-overlap is past, means the publisher restarted (numbering starts at 0 per process): the
-mirror is cleared and everything replayed again. Without a replay socket a gap is logged and
+replay of the missing ones. One numbered at or below the last applied is either a repeat of
+a batch already applied from a replay (the same bytes: skipped) or the first sign that the
+publisher restarted (numbering starts at 0 per process): the mirror is cleared and
+everything replayed again. Without a replay socket a gap is logged and
 counted (the mirror may miss what was in it).
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -32,6 +34,7 @@ from radixserve.server.kv_events.wire import (
 log = logging.getLogger(__name__)
 
 REPLAY_TIMEOUT_S = 5.0
+RECENT_BATCHES = 4096  # batches remembered to tell a repeat from a restarted publisher
 
 
 class KVEventSource(NamedTuple):
@@ -86,7 +89,8 @@ class KVEventSubscriber:
         self.name = name or endpoint
         self.stats = SubscriberStats()
         self.last: int | None = None  # the last sequence number applied
-        self._overlap_until: int | None = None  # live seqs <= this may repeat a replay
+        self._recent: OrderedDict[int, int] = OrderedDict()  # seq -> hash of what was applied
+        self._whole_until = -1  # live seqs up to this are in a whole-cache batch replayed
         self.synced = asyncio.Event()  # set once the first replay (or connect) is done
         self._ctx = zmq.asyncio.Context()
 
@@ -115,12 +119,13 @@ class KVEventSubscriber:
     async def _live(self, seq: int, payload: bytes) -> None:
         last = self.last
         if last is not None and seq <= last:
-            if self._overlap_until is not None and seq <= self._overlap_until:
+            if self._recent.get(seq) == hash(payload) or seq <= self._whole_until:
                 return  # already applied from a replay
             log.warning("kv events of %s restarted at seq %d (after %d)", self.name, seq, last)
             self.stats.restarts += 1
             self.on_reset()
             self.last = None
+            self._recent.clear()
             await self._catch_up(0)
             if self.last is not None and seq <= self.last:
                 return
@@ -135,8 +140,6 @@ class KVEventSubscriber:
                 log.warning(
                     "kv events of %s: batches %d..%d are lost", self.name, self.last + 1, seq - 1
                 )
-        if self._overlap_until is not None and seq > self._overlap_until:
-            self._overlap_until = None
         self._apply(seq, payload)
 
     def _apply(self, seq: int, payload: bytes) -> None:
@@ -149,21 +152,27 @@ class KVEventSubscriber:
             self.on_batch(seq, batch)
             self.stats.batches += 1
         self.last = seq
+        self._recent[seq] = hash(payload)
+        if len(self._recent) > RECENT_BATCHES:
+            self._recent.popitem(last=False)
 
     async def _catch_up(self, start: int) -> None:
         """Apply every kept batch from `start` on (nothing without a replay socket)."""
         if self.replay_endpoint is None:
             return
         got = await self.replay(start)
-        if got and got[0][0] > start and not _starts_with_clear(got[0][1]):
-            self.stats.lost += 1  # the publisher no longer keeps batches start.. (vLLM)
-            log.warning("kv events of %s: batches from %d are gone", self.name, start)
+        if got and got[0][0] > start:
+            if _starts_with_clear(got[0][1]):
+                # radixserve answers a request older than what it keeps with the whole cache,
+                # numbered as its newest batch: live batches up to that one are in it.
+                self._whole_until = got[0][0]
+            else:
+                self.stats.lost += 1  # the publisher no longer keeps batches start.. (vLLM)
+                log.warning("kv events of %s: batches from %d are gone", self.name, start)
         for seq, payload in got:
             if self.last is None or seq > self.last:
                 self._apply(seq, payload)
                 self.stats.replayed += 1
-        if got:
-            self._overlap_until = got[-1][0]
 
     async def replay(self, start: int) -> list[tuple[int, bytes]]:
         """The publisher's kept batches from `start` on, as (seq, payload); [] if the replay
