@@ -18,7 +18,12 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "serve": ("radixserve.launch", "add_serve_args", "run_serve", "start the HTTP server"),
     "route": ("radixserve.router.main", "add_route_args", "run_route", "cache-aware router"),
     "bench": ("radixserve.bench.cli", "add_bench_args", "run_bench", "benchmark a server"),
-    "analyze": ("radixserve.bench.cli", "add_analyze_args", "run_analyze", "analyze a trace"),
+    "analyze": (
+        "radixserve.bench.analyze_cli",
+        "add_analyze_args",
+        "run_analyze",
+        "analyze a trace",
+    ),
     "generate": ("radixserve.offline", "add_generate_args", "run_generate", "complete a prompt"),
     "chat": ("radixserve.offline", "add_chat_args", "run_chat", "answer one chat message"),
 }

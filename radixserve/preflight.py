@@ -15,6 +15,9 @@ from radixserve.engine.tokenizer import load_chat_template
 from radixserve.errors import ConfigError, DeviceError
 from radixserve.model.config import ModelConfig
 from radixserve.model.files import resolve_model
+from radixserve.options import from_args
+from radixserve.router.main import RouteConfig, kv_event_sources
+from radixserve.server.kv_events.config import KVEventsConfig, parse_endpoint
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1", "0.0.0.0", "::"}
 
@@ -92,10 +95,33 @@ def check_engine_args(args: argparse.Namespace) -> None:
 
 
 def check_serve_args(args: argparse.Namespace) -> None:
-    """serve: the address must be free to bind (by the router, with --workers N), then the
-    engine checks."""
+    """serve: the address must be free to bind (by the router, with --workers N), and so
+    must the KV event endpoints; then the engine checks."""
     check_bindable(args.host, args.port)
+    check_kv_event_endpoints(getattr(args, "kv_events_config", None))
     check_engine_args(args)
+
+
+def check_kv_event_endpoints(values: dict[str, object] | None) -> None:
+    """Raise ConfigError if a tcp endpoint `--kv-events-config` binds is taken now."""
+    if not values:
+        return
+    config = KVEventsConfig.from_dict(values)
+    if not config.enabled:
+        return
+    for key in ("endpoint", "replay_endpoint"):
+        address = getattr(config, key)
+        ep = parse_endpoint(address, key) if address else None
+        if ep is None or not ep.bind or ep.port is None or ep.port == 0:
+            continue
+        host = "0.0.0.0" if ep.host == "*" else "localhost" if ep.host is None else ep.host
+        try:
+            check_bindable(host, ep.port)
+        except ConfigError:
+            raise ConfigError(
+                f"--kv-events-config: cannot bind {key} {address}: the address is in use or "
+                "not this machine's; pick another port"
+            ) from None
 
 
 def check_bindable(host: str, port: int) -> None:
@@ -136,3 +162,4 @@ def check_route_args(args: argparse.Namespace) -> None:
                 f"--worker {url} is the router's own address (--port {args.port}): "
                 "the router would send requests to itself; give the router another --port"
             )
+    kv_event_sources(from_args(RouteConfig, args))  # one per --worker, each well formed

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from radixserve import __version__
-from tests.support import run_cli, write_tiny_model
+from tests.support import free_port, run_cli, write_tiny_model
 
 pytestmark = pytest.mark.slow  # each case starts the CLI in a subprocess (about 2 s each)
 
@@ -181,6 +181,30 @@ def test_busy_port_is_named() -> None:
         port = s.getsockname()[1]
         res = run_cli("serve", "--port", str(port))
     assert_one_error_line(res, "serve", f"127.0.0.1:{port}", "in use")
+
+
+def test_kv_events_config_with_an_unknown_key_is_named() -> None:
+    config = '{"enable_kv_cache_events": true, "endpiont": "tcp://*:5557"}'
+    res = run_cli("serve", "--kv-events-config", config)
+    assert_one_error_line(res, "serve", "--kv-events-config", "endpiont")
+
+
+def test_kv_events_endpoint_in_use_is_named() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        config = json.dumps({"enable_kv_cache_events": True, "endpoint": f"tcp://127.0.0.1:{port}"})
+        res = run_cli("serve", "--port", str(free_port()), "--kv-events-config", config)
+    assert_one_error_line(res, "serve", "--kv-events-config", f"tcp://127.0.0.1:{port}", "in use")
+
+
+def test_route_kv_events_not_one_per_worker_is_named() -> None:
+    res = run_cli(
+        "route", "--worker", "http://127.0.0.1:11792", "--worker", "http://127.0.0.1:11793",
+        "--worker-kv-events", "tcp://127.0.0.1:5557",
+    )  # fmt: skip
+    assert_one_error_line(res, "route", "--worker-kv-events", "one per worker")
 
 
 def test_zero_workers_is_named() -> None:

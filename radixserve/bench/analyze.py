@@ -216,6 +216,11 @@ class Analysis:
     curve: list[CachePoint] = field(default_factory=list)
     policy: str = DEFAULT_POLICY  # of `curve`
     policy_curves: dict[str, list[CachePoint]] = field(default_factory=dict)
+    # False for block-hash traces: shares are known only at the trace's block granularity.
+    exact: bool = True
+    trace_format: str = "openai"
+    # Block-hash traces with request kinds or turns: label -> requests, prompt_tokens, reusable.
+    breakdown: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def redundant_fraction(self) -> float:
@@ -319,11 +324,11 @@ def analyze_tokens(
     for name in policies:
         a.policy_curves[name] = [point(c, name) for c in grid]
     if capacities is None:
-        _refine_knee(a, point)
+        refine_knee(a, point)
     return a
 
 
-def _refine_knee(a: Analysis, point: Callable[[int], CachePoint]) -> None:
+def refine_knee(a: Analysis, point: Callable[[int], CachePoint]) -> None:
     """Bisect between the grid points around the knee so `needed_capacity` is tight."""
     found = a.needed_capacity()
     if found is None:
@@ -350,41 +355,3 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GiB"
-
-
-def format_analysis(a: Analysis) -> str:
-    """The human-readable report printed by `radixserve analyze`."""
-    p = a.shared_percentiles()
-    with_hit = sum(1 for x in a.shared_lengths if x >= a.block_size)
-    lines = [
-        f"requests:                 {a.num_requests}",
-        f"prompt tokens:            {a.prompt_tokens}",
-        f"repeated-prefix tokens:   {a.shared_tokens} ({a.redundant_fraction:.1%}, exact)",
-        f"  block-aligned ({a.block_size:>3}):    {a.shared_tokens_block} "
-        f"({a.redundant_fraction_block:.1%})",
-        f"requests with a hit:      {with_hit} of {a.num_requests} (>= 1 block shared)",
-        f"shared prefix per request: p50 {p['p50']:.0f}, p90 {p['p90']:.0f}, "
-        f"p99 {p['p99']:.0f}, max {p['max']:.0f} tokens",
-        f"KV per token:             {human_bytes(a.kv_bytes_per_token)} ({a.kv_dtype}); "
-        f"unbounded cache holds {a.working_set_blocks} blocks = "
-        f"{human_bytes(a.working_set_blocks * a.bytes_per_block)}",
-        "",
-        "cache size (blocks)  memory      hit ratio  prefill saved (tokens)",
-    ]
-    for c in a.curve:
-        lines.append(
-            f"{c.capacity_blocks:>19}  {human_bytes(c.capacity_bytes):>10}  "
-            f"{c.hit_ratio:>9.1%}  {c.hit_tokens:>22}"
-        )
-    lines += ["", a.verdict()]
-    if a.policy_curves:
-        names = list(a.policy_curves)
-        lines += [
-            "",
-            "hit ratio by eviction policy",
-            "cache size (blocks)  " + "  ".join(f"{n:>8}" for n in names),
-        ]
-        for i, c in enumerate(a.policy_curves[names[0]]):
-            cells = "  ".join(f"{a.policy_curves[n][i].hit_ratio:>8.1%}" for n in names)
-            lines.append(f"{c.capacity_blocks:>19}  {cells}")
-    return "\n".join(lines)

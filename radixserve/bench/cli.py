@@ -11,24 +11,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from radixserve.bench.analyze import (
-    analyze_tokens,
-    format_analysis,
-    kv_bytes_per_token,
-    read_trace,
-    tokenize,
-)
 from radixserve.bench.client import NotLoopbackError, check_loopback, make_client
-from radixserve.bench.config import AnalyzeConfig, BenchConfig
+from radixserve.bench.config import BenchConfig
 from radixserve.bench.corpus import TokenCounter
 from radixserve.bench.load import BenchPlan, LoadConfig
 from radixserve.bench.report import format_summary, summarize
 from radixserve.bench.spike import format_phases, phase_stats, to_json
 from radixserve.bench.workloads import Spike, build_sessions, make_workload, script
-from radixserve.cache import POLICIES
 from radixserve.engine.tokenizer import Tokenizer
 from radixserve.errors import RadixServeError
-from radixserve.model.config import ModelConfig
 from radixserve.model.files import resolve_model
 from radixserve.options import add_options
 
@@ -239,65 +230,4 @@ def _run_compare(args: argparse.Namespace, plan: BenchPlan, progress: bool) -> i
     if args.output_dir:
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)
         write_run_files(Path(args.output_dir), plan.workload.name, res, None)
-    return 0
-
-
-def add_analyze_args(parser: argparse.ArgumentParser) -> None:
-    """Arguments of `radixserve analyze` (radixserve.bench.config.AnalyzeConfig)."""
-    parser.add_argument(
-        "trace", help="JSONL trace: one OpenAI request body per line (docs/bench.md)"
-    )
-    add_options(parser, AnalyzeConfig, "analyze")
-
-
-def parse_capacity(text: str, bytes_per_block: int) -> int:
-    """'1024' -> 1024 blocks; '256MiB' / '2GiB' / '500MB' -> blocks of that many bytes."""
-    t = text.strip()
-    units = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9}
-    for unit, mult in units.items():
-        if t.endswith(unit):
-            return max(1, int(float(t[: -len(unit)]) * mult) // bytes_per_block)
-    return int(t)
-
-
-def run_analyze(args: argparse.Namespace) -> int:
-    """Entry point of `radixserve analyze`."""
-    try:
-        policies = [n.strip() for n in (args.policy or "").split(",") if n.strip()]
-        for name in policies:
-            if name not in POLICIES:
-                raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
-        model_dir = resolve_model(args.model, weights=False).path
-        tok = load_tokenizer(args.model, args.tokenizer or str(model_dir))
-        kv = kv_bytes_per_token(ModelConfig.from_dir(model_dir), args.kv_dtype)
-        requests = read_trace(args.trace)
-        caps = None
-        if args.capacities:
-            bpb = kv * args.block_size
-            caps = [parse_capacity(c, bpb) for c in args.capacities.split(",") if c.strip()]
-        skipped: list[str] = []
-        seqs = tokenize(requests, tok, skipped)
-        if skipped:
-            print(f"skipped {len(skipped)} request(s), e.g. {skipped[0]}", file=sys.stderr)
-        if not seqs:
-            raise ValueError(f"{args.trace} holds no usable request")
-        a = analyze_tokens(seqs, args.block_size, kv, args.kv_dtype, caps, policies)
-    except (OSError, ValueError, RadixServeError) as e:
-        print(f"radixserve analyze: error: {e}", file=sys.stderr)
-        return 2
-    print(format_analysis(a))
-    if args.output_dir:
-        from radixserve.bench.plots import (
-            plot_miss_ratio_curve,
-            plot_policy_curves,
-            plot_shared_prefix_hist,
-        )
-
-        out = Path(args.output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "analysis.json").write_text(json.dumps(a.to_json(), indent=1))
-        plot_shared_prefix_hist(a, out / "shared_prefix_hist.png")
-        plot_miss_ratio_curve(a, out / "miss_ratio_curve.png")
-        if a.policy_curves:
-            plot_policy_curves(a, out / "policy_curves.png", f"{Path(args.trace).stem}: hit ratio")
     return 0

@@ -116,7 +116,8 @@ class BenchConfig:
 
 @dataclass(frozen=True)
 class AnalyzeConfig:
-    """What `analyze` replays a trace with: tokenizer, block size, KV shape, capacities."""
+    """What `analyze` replays a trace with: tokenizer, block size, KV shape, capacities (a
+    block-hash trace is never tokenized: its blocks are `--trace-block-size` tokens)."""
 
     model: str | None = option(
         None, "model whose tokenizer and KV shape to use", default_text="the default model"
@@ -138,4 +139,11 @@ class AnalyzeConfig:
         "eviction policies to replay and compare, comma-separated (e.g. lru,fanout,slru); adds "
         "a table and policy_curves.png",
     )
+    trace_block_size: int | None = option(
+        None,
+        "tokens per hash id of a block-hash trace",
+        type=types.positive_int,
+        default_text="512 for Mooncake, 16 for Bailian",
+    )
+    strict: bool = option(False, "stop at the first malformed line of a block-hash trace")
     output_dir: str | None = option(None, "write analysis.json and PNG plots here")

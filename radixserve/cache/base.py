@@ -20,13 +20,14 @@ from radixserve.cache.types import CacheEvent, CacheStats, InsertResult, MatchRe
 logger = logging.getLogger(__name__)
 
 Listener = Callable[[CacheEvent], None]
+PLAIN_KINDS = ("insert", "evict")  # what a listener hears without asking for detail
 
 
 class PrefixCache(ABC):
     """Token prefixes -> KV blocks of `pool`, in whole blocks of `block_size` tokens.
 
     The whole contract: find (`match_prefix`, `peek_prefix`), add (`insert`), pin
-    (`lock`/`unlock`), free (`evict`, `evict_path`), hand out blocks (`allocate`), report
+    (`lock`/`unlock`), free (`evict`, `evict_path`, `reset`), hand out blocks (`allocate`), report
     (`stats`, listeners, `leaf_paths`, `snapshot`), save and load (`export_nodes`,
     `restore_nodes`) and check itself (`check_invariants`). Every method is thread-safe.
     `enabled` is False only for the cache that caches nothing (`NullCache`).
@@ -42,7 +43,8 @@ class PrefixCache(ABC):
         self.counters = CacheCounters()  # read them through `stats()`
         # Re-entrant, so that listeners, and a subclass's own steps, may call public methods.
         self._lock = threading.RLock()
-        self._listeners: list[Listener] = []
+        # Every listener -> whether it asked for detail (see `add_listener`).
+        self._listeners: dict[Listener, bool] = {}
 
     # ----------------------------------------------------------------- settings
 
@@ -99,6 +101,11 @@ class PrefixCache(ABC):
         pool blocks freed."""
 
     @abstractmethod
+    def reset(self) -> int:
+        """Forget every cached node no request pins, in the pool and the offload tier;
+        returns the pool blocks freed. Listeners: see `add_listener`."""
+
+    @abstractmethod
     def allocate(self, num_blocks: int) -> list[int]:
         """`num_blocks` blocks from the pool, evicting if it is short; raises CacheFullError,
         taking nothing, when free plus evictable blocks are too few."""
@@ -110,20 +117,29 @@ class PrefixCache(ABC):
         with self._lock:
             return self.counters.freeze(self.pool)
 
-    def add_listener(self, listener: Listener) -> None:
+    def add_listener(self, listener: Listener, *, detail: bool = False) -> None:
         """Call `listener(event)` after every change of the cached set, under the cache lock.
 
+        With `detail`, also after every move of a run between the pool and the offload tier
+        ("demote" / "promote"), and a `reset` arrives as one "clear" (then an "insert" per
+        node that stayed) instead of one "evict" per dropped run (see `CacheEvent`).
         A listener may read this cache (the lock is re-entrant) but must not mutate it or
         wait on another thread that uses it. Exceptions it raises are logged and
         swallowed, so one bad listener cannot break the cache or the other listeners.
         """
         with self._lock:
-            self._listeners.append(listener)
+            self._listeners[listener] = detail
 
     def remove_listener(self, listener: Listener) -> None:
         """Stop calling `listener`; raises ValueError if it was not added."""
         with self._lock:
-            self._listeners.remove(listener)
+            if self._listeners.pop(listener, None) is None:
+                raise ValueError(f"{listener!r} is not a listener of this cache")
+
+    @property
+    def _detail_wanted(self) -> bool:
+        """Whether a listener asked for tier moves and resets (`add_listener(detail=True)`)."""
+        return any(self._listeners.values())
 
     @abstractmethod
     def leaf_paths(self) -> list[tuple[Hashable, tuple[int, ...]]]:
@@ -147,9 +163,15 @@ class PrefixCache(ABC):
         """Raise InvariantError on any broken invariant; with `num_private_blocks` (held by
         requests outside the cache) also check free + cached + private == total."""
 
-    def _emit(self, events: list[CacheEvent]) -> None:
-        for event in events:
-            for listener in list(self._listeners):
+    def _emit(self, events: list[CacheEvent], detailed: list[CacheEvent] | None = None) -> None:
+        """Tell the listeners: plain ones get the "insert" / "evict" events of `events`;
+        those that asked for detail get `detailed` where given, else all of `events`."""
+        for listener, detail in list(self._listeners.items()):
+            if detail:
+                chosen = events if detailed is None else detailed
+            else:
+                chosen = [e for e in events if e.kind in PLAIN_KINDS]
+            for event in chosen:
                 try:
                     listener(event)
                 except Exception:

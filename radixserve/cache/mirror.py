@@ -12,10 +12,16 @@ def apply_event(mirror: PrefixCache, event: CacheEvent) -> None:
     Both caches must use the same block_size. Blocks for inserted tokens come from the
     mirror's own pool (evicting there if it is short, which makes the mirror forget its
     least recently used prefixes first), so they mean nothing. Replays count as lookups
-    and accesses in the mirror's statistics. To mirror a cache live, add
+    and accesses in the mirror's statistics. Moves between tiers change nothing; "clear"
+    resets the mirror. To mirror a cache live, add
     `functools.partial(apply_event, mirror)` as its listener.
     """
     tokens = event.token_ids
+    if event.kind in ("demote", "promote"):
+        return  # still cached, only elsewhere
+    if event.kind == "clear":
+        mirror.reset()
+        return
     if event.kind == "evict":
         # The source evicted the tail run of a leaf: everything from its first block down.
         start = len(tokens) - event.num_tokens

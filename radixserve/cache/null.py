@@ -87,6 +87,10 @@ class NullCache(PrefixCache):
         """0: there is nothing to evict."""
         return 0
 
+    def reset(self) -> int:
+        """Nothing is cached: nothing to forget (0)."""
+        return 0
+
     def allocate(self, num_blocks: int) -> list[int]:
         """`num_blocks` free blocks of the pool; raises CacheFullError if it has fewer."""
         return self.pool.allocate(num_blocks)

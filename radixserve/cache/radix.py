@@ -310,6 +310,42 @@ class RadixCache(PrefixCache):
                     self._detach(dead, freed, events)
             return self._release(freed, events)
 
+    def reset(self) -> int:
+        """Remove every unlocked node of every namespace, from the pool and the tier (a node
+        a request locks stays, and so do its ancestors); returns the pool blocks freed.
+
+        The dropped blocks count as evicted but not as refetch candidates (nothing thrashed).
+        Plain listeners get one "evict" per removed run; detailed ones one "clear", then an
+        "insert" per node that stayed, parents first.
+        """
+        with self._lock:
+            refetch, self._refetch = self._refetch, None
+            freed: list[int] = []
+            events: list[CacheEvent] = []
+            try:
+                for root in list(self._roots.values()):
+                    for node in post_order(root):
+                        if node is not root and node.lock_ref == 0:
+                            self._detach(node, freed, events)
+            finally:
+                self._refetch = refetch
+            detailed: list[CacheEvent] | None = None
+            if self._detail_wanted:
+                detailed = [CacheEvent("clear", None, (), 0)]
+                for root in self._roots.values():
+                    for node in reversed(post_order(root)):
+                        if node is not root:
+                            path = decode(node.path_tokens())
+                            detailed.append(
+                                CacheEvent(
+                                    "insert", node.namespace, path, node.num_tokens, node.offloaded
+                                )
+                            )
+            self.pool.free(freed)
+            self.counters.evicted_blocks += len(freed)
+            self._emit(events, detailed)
+            return len(freed)
+
     def allocate(self, num_blocks: int) -> list[int]:
         """Allocate blocks from the pool, evicting first if the pool is short.
 
@@ -455,7 +491,11 @@ class RadixCache(PrefixCache):
             return
         path = node.path_tokens()
         if self._listeners:
-            events.append(CacheEvent("evict", node.namespace, decode(path), n * self.block_size))
+            events.append(
+                CacheEvent(
+                    "evict", node.namespace, decode(path), n * self.block_size, node.offloaded
+                )
+            )
         if self._refetch is not None:
             total = len(path) // self._block_bytes
             self._refetch.evicted(node.namespace, path, total - n, self._block_bytes)
@@ -516,7 +556,8 @@ class RadixCache(PrefixCache):
             self._enqueue(parent)
         if self._listeners:
             path = decode(node.path_tokens())
-            self._emit([CacheEvent("insert", node.namespace, path, node.num_tokens)])
+            event = CacheEvent("insert", node.namespace, path, node.num_tokens, node.offloaded)
+            self._emit([event])
 
     def _release(self, freed: list[int], events: list[CacheEvent]) -> int:
         """Return evicted blocks to the pool, count them and tell the listeners."""

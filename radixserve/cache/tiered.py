@@ -10,6 +10,7 @@ from radixserve.cache.eviction import EvictionPolicy, EvictionQueue, dequeue, is
 from radixserve.cache.node import RadixNode
 from radixserve.cache.pool import BlockPool
 from radixserve.cache.radix import RadixCache
+from radixserve.cache.tokens import decode
 from radixserve.cache.trie import post_order
 from radixserve.cache.types import BlockMover, CacheEvent, CacheStats, NodeRecord
 
@@ -55,7 +56,7 @@ class TieredRadixCache(RadixCache):
         A leaf with more blocks than needed is split and only its tail moves. Room in the
         tier is made by dropping its own unlocked leaves (evicted, with an "evict" event);
         a node the tier cannot take at all is evicted with its offloaded subtree. Returns
-        the pool blocks freed.
+        the pool blocks freed. Detailed listeners get a "demote" per moved run.
         """
         with self._lock:
             self._requeue_fallen()
@@ -165,6 +166,9 @@ class TieredRadixCache(RadixCache):
             dequeue(node)  # making room may have queued it again
             node.blocks = tier_blocks
             node.offloaded = True
+            if self._detail_wanted:
+                path = decode(node.path_tokens())
+                events.append(CacheEvent("demote", node.namespace, path, node.num_tokens, True))
             self._enqueue(node)
             assert node.parent is not None
             self._enqueue(node.parent)
@@ -228,7 +232,8 @@ class TieredRadixCache(RadixCache):
         return path[:k], promoted
 
     def _take_pool_blocks(self, node: RadixNode, pool_blocks: list[int]) -> None:
-        """Make offloaded `node` a pool node holding `pool_blocks`; free its tier blocks."""
+        """Make offloaded `node` a pool node holding `pool_blocks`; free its tier blocks.
+        Detailed listeners get a "promote"."""
         self.tier.free(node.blocks)
         self._tier_queue.discard(node)
         n = len(pool_blocks)
@@ -241,6 +246,9 @@ class TieredRadixCache(RadixCache):
         if node.lock_ref:
             counters.locked_blocks += n
             self._queues.add_locked(node.namespace, n)
+        if self._detail_wanted:
+            path = decode(node.path_tokens())
+            self._emit([CacheEvent("promote", node.namespace, path, node.num_tokens)])
 
 
 def _path_to(node: RadixNode) -> list[RadixNode]:

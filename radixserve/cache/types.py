@@ -75,12 +75,19 @@ class CacheEvent(NamedTuple):
     `token_ids` is the full path from the root of `namespace` to the end of the run
     that changed; the last `num_tokens` of them are the run that became cached
     ("insert") or stopped being cached ("evict"). Everything before them stays cached.
+    `offloaded`: the run is (insert) or was (evict) in the offload tier, not the pool.
+
+    Listeners added with `detail=True` (see `PrefixCache.add_listener`) also get "demote"
+    and "promote" (the run moved from the pool to the offload tier, or back; it stays
+    cached) and, for a `reset`, one "clear" (nothing is cached any more; namespace None,
+    no tokens) followed by an "insert" per node that stayed (pinned by a request).
     """
 
-    kind: Literal["insert", "evict"]
+    kind: Literal["insert", "evict", "demote", "promote", "clear"]
     namespace: Hashable
     token_ids: tuple[int, ...]
     num_tokens: int
+    offloaded: bool = False
 
 
 @dataclass(frozen=True)

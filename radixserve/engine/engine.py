@@ -8,6 +8,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Hashable
+from concurrent.futures import Future
 
 from radixserve.cache import CacheEvent, TreeSnapshot
 from radixserve.engine.builder import EngineParts, assemble, load_parts
@@ -78,6 +79,7 @@ class LLMEngine:
         self._wake = threading.Condition(self._lock)
         self._inbox: list[Request] = []
         self._aborts: list[str] = []
+        self._resets: list[Future[int]] = []  # reset_prefix_cache calls waiting for the loop
         self._requests: dict[str, Request] = {}
         self._thread: threading.Thread | None = None
         self._stop = False
@@ -177,9 +179,25 @@ class LLMEngine:
         """The prefix cache's statistics plus pool counts, as JSON-ready values."""
         return cache_stats(self.kv)
 
-    def add_cache_listener(self, fn: Callable[[CacheEvent], None]) -> None:
-        """Call `fn(event)` on every insert/evict of the radix tree (on the engine thread)."""
-        self.kv.cache.add_listener(fn)
+    def add_cache_listener(self, fn: Callable[[CacheEvent], None], detail: bool = False) -> None:
+        """Call `fn(event)` on every insert/evict of the radix tree (on the engine thread);
+        with `detail`, on tier moves and resets too (`PrefixCache.add_listener`)."""
+        self.kv.cache.add_listener(fn, detail=detail)
+
+    def reset_prefix_cache(self, timeout: float | None = 30.0) -> int:
+        """Drop every cached prefix no running request pins (pool and offload tier), on the
+        loop thread between steps; returns the pool blocks freed. Cache listeners hear of
+        it (`PrefixCache.reset`). Raises EngineDeadError if the loop is not running, and
+        TimeoutError if the loop took longer than `timeout` to get to it."""
+        if self._thread is None:  # not started (tests that drive `step` themselves)
+            return self.kv.cache.reset()
+        done: Future[int] = Future()
+        with self._lock:
+            if self._stop or self._crashed is not None:
+                raise EngineDeadError("the engine has stopped")
+            self._resets.append(done)
+            self._wake.notify_all()
+        return done.result(timeout)
 
     def remove_cache_listener(self, fn: Callable[[CacheEvent], None]) -> None:
         """Stop calling `fn`."""
@@ -198,7 +216,8 @@ class LLMEngine:
 
     def _idle(self) -> bool:
         """Nothing for the loop to do (call with the lock held)."""
-        return not (self._stop or self._inbox or self._aborts or self.scheduler.has_work())
+        busy = self._inbox or self._aborts or self._resets or self.scheduler.has_work()
+        return not (self._stop or busy)
 
     def _loop(self) -> None:
         try:
@@ -223,6 +242,10 @@ class LLMEngine:
             self._requests.update((r.request_id, r) for r in inbox)
             for req in list(self._requests.values()):
                 self._finish(req, "abort" if self._crashed is None else "error")
+            with self._lock:
+                resets, self._resets = self._resets, []
+            for done in resets:
+                done.set_exception(EngineDeadError("the engine stopped before the reset"))
 
     def step(self) -> None:
         """One step: take in new requests and aborts, schedule, run the model over every
@@ -231,6 +254,9 @@ class LLMEngine:
         with self._lock:
             inbox, self._inbox = self._inbox, []
             aborts, self._aborts = self._aborts, []
+            resets, self._resets = self._resets, []
+        for done in resets:
+            done.set_result(self.kv.cache.reset())
         for req in inbox:
             self._requests[req.request_id] = req
             self._counters.prompt_tokens_total += req.num_prompt_tokens

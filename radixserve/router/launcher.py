@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from radixserve.server.config import WorkerOptions
+from radixserve.server.kv_events.config import DEFAULT_ENDPOINT
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +30,9 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def worker_argv(opts: WorkerOptions, port: int) -> list[str]:
-    """The command line of one worker: its options, its own port, 1 thread unless set.
+def worker_argv(opts: WorkerOptions, port: int, index: int = 0) -> list[str]:
+    """The command line of worker `index`: its options, its own port, 1 thread unless set,
+    and its KV event endpoints' ports moved up by `index` (vLLM's convention for ranks).
 
     The workers log at the user's level, but at warning when it is left at info (spares the
     terminal the workers' access log of every probe). The API key travels by environment
@@ -39,9 +41,24 @@ def worker_argv(opts: WorkerOptions, port: int) -> list[str]:
     opts = opts.replace(
         num_threads=opts.num_threads or 1,
         log_level="warning" if opts.log_level == "info" else opts.log_level,
+        kv_events_config=offset_kv_events(opts.kv_events_config, index),
     )
     head = [sys.executable, "-m", "radixserve", "serve", "--host", "127.0.0.1", "--port", str(port)]
     return head + opts.to_argv()
+
+
+def offset_kv_events(values: dict[str, Any] | None, index: int) -> dict[str, Any] | None:
+    """`--kv-events-config` of worker `index`: tcp ports of its endpoints plus `index`."""
+    if not values or index == 0:
+        return values
+    out = dict(values)
+    for key in ("endpoint", "replay_endpoint"):
+        address = out.get(key, DEFAULT_ENDPOINT if key == "endpoint" else None)
+        if isinstance(address, str) and address.startswith("tcp://"):
+            head, _, port = address.rpartition(":")
+            if port.isdigit() and int(port) != 0:
+                out[key] = f"{head}:{int(port) + index}"
+    return out
 
 
 def worker_env(opts: WorkerOptions) -> dict[str, str]:
@@ -61,9 +78,9 @@ def _die_with_parent() -> None:  # runs in the child before exec (Linux): no orp
 def start_workers(opts: WorkerOptions, n: int) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
     """Spawn `n` workers on free loopback ports; returns the processes and their URLs."""
     procs, urls = [], []
-    for _ in range(n):
+    for i in range(n):
         port = free_port()
-        argv = worker_argv(opts, port)
+        argv = worker_argv(opts, port, i)
         log.info("starting worker: %s", " ".join(argv))
         procs.append(subprocess.Popen(argv, env=worker_env(opts), preexec_fn=_die_with_parent))
         urls.append(f"http://127.0.0.1:{port}")
@@ -128,7 +145,9 @@ class WorkerSupervisor:
         interval: float = 0.5,
     ) -> None:
         self.procs = procs
-        self.argvs = [worker_argv(opts, int(url.rsplit(":", 1)[1])) for url in urls]
+        self.argvs = [
+            worker_argv(opts, int(url.rsplit(":", 1)[1]), i) for i, url in enumerate(urls)
+        ]
         self.env = worker_env(opts)
         self.urls = urls
         self.interval = interval

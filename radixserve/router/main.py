@@ -13,8 +13,10 @@ from radixserve.engine.tokenizer import Tokenizer
 from radixserve.errors import ConfigError
 from radixserve.model.files import resolve_model
 from radixserve.options import add_options, from_args, option, types
+from radixserve.router.kv_subscriber import KVEventSource
 from radixserve.router.policy import POLICIES, PolicyConfig
 from radixserve.router.worker import WorkerConfig
+from radixserve.router.worker_checks import check_worker
 from radixserve.server.config import HttpConfig
 
 log = logging.getLogger(__name__)
@@ -29,6 +31,15 @@ class RouteConfig(HttpConfig):
         "a worker's base URL, e.g. http://127.0.0.1:8001 (repeat)",
         repeat=True,
         metavar="URL",
+    )
+    worker_kv_events: list[str] = option(
+        [],
+        "the vLLM-format KV events of the --worker of the same position, as "
+        "ENDPOINT[,REPLAY_ENDPOINT] (e.g. tcp://127.0.0.1:5557,tcp://127.0.0.1:5558), or "
+        "'none' for a worker mirrored through its /v1/cache/events; give one per --worker "
+        "(repeat)",
+        repeat=True,
+        metavar="ENDPOINT",
     )
     policy: str = option("cache_aware", "how to pick a worker", choices=POLICIES)
     model: str | None = option(
@@ -81,12 +92,47 @@ def build_router_app(args: argparse.Namespace, tokenizer: Any = None) -> Any:
     limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256, keepalive_expiry=2.0)
     client = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
     metrics = RouterMetrics()
-    workers = [Worker(i, url, client, cfg, metrics) for i, url in enumerate(route.worker)]
+    sources = kv_event_sources(route)
+    workers = [
+        Worker(i, url, client, cfg, metrics, sources[i]) for i, url in enumerate(route.worker)
+    ]
     policy_cfg = from_args(PolicyConfig, args)
     balancer = Balancer(workers, route.policy, metrics, tokenizer, policy_cfg, route.seed)
     return build_app(
         balancer, client, metrics, route.api_key, worker_key, route.normalize_whitespace
     )
+
+
+def kv_event_sources(route: RouteConfig) -> list[KVEventSource | None]:
+    """Each worker's vLLM-format event source (None: its /v1/cache/events); raises
+    ConfigError unless --worker-kv-events is absent or given once per --worker."""
+    if not route.worker_kv_events:
+        return [None] * len(route.worker)
+    if len(route.worker_kv_events) != len(route.worker):
+        raise ConfigError(
+            f"--worker-kv-events is given {len(route.worker_kv_events)} times for "
+            f"{len(route.worker)} --worker: give one per worker, in the same order ('none' "
+            "for a worker without)"
+        )
+    out: list[KVEventSource | None] = []
+    for text in route.worker_kv_events:
+        try:
+            out.append(None if text.strip().lower() == "none" else KVEventSource.parse(text))
+        except ValueError as e:
+            raise ConfigError(f"--worker-kv-events {e}") from None
+    return out
+
+
+def check_kv_event_workers(route: RouteConfig, tokenizer: Any, block_size: int | None) -> None:
+    """Before serving: every worker mirrored from block events must tokenize as the router
+    does and use its --block-size (ConfigError otherwise); unreachable ones are skipped."""
+    sources = kv_event_sources(route)
+    key = route.worker_api_key or route.api_key
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    with httpx.Client(timeout=30.0, headers=headers, trust_env=False) as client:
+        for url, source in zip(route.worker, sources, strict=True):
+            if source is not None:
+                check_worker(client, url.rstrip("/"), tokenizer, block_size)
 
 
 def run_route(args: argparse.Namespace) -> int:
@@ -97,7 +143,12 @@ def run_route(args: argparse.Namespace) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per worker call
-    app = build_router_app(args)
+    route = from_args(RouteConfig, args)
+    tokenizer = None
+    if route.worker_kv_events:
+        tokenizer = load_tokenizer(route.model)
+        check_kv_event_workers(route, tokenizer, args.block_size)
+    app = build_router_app(args, tokenizer)
     log.info(
         "routing %s over %d workers on http://%s:%d",
         args.policy,

@@ -13,9 +13,13 @@ from typing import Any
 import httpx
 
 from radixserve.options import option, types
+from radixserve.router.kv_mirror import BlockMirror, BlockSizeMismatch
+from radixserve.router.kv_subscriber import KVEventSource, KVEventSubscriber
 from radixserve.router.metrics import RouterMetrics
 from radixserve.router.policy import WorkerView
 from radixserve.router.trie import WorkerTrie
+from radixserve.router.worker_checks import vllm_cache_config
+from radixserve.server.kv_events.wire import KVEventBatch
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +93,11 @@ class Worker:
         client: httpx.AsyncClient,
         cfg: WorkerConfig,
         metrics: RouterMetrics,
+        kv_events: KVEventSource | None = None,
     ) -> None:
         self.index = index
+        self.kv_events = kv_events  # vLLM-format events over ZMQ instead of /v1/cache/events
+        self.kv_subscriber: KVEventSubscriber | None = None
         self.url = url.rstrip("/")
         self.name = self.url
         self.client = client
@@ -168,7 +175,9 @@ class Worker:
         self.last_error = None
         self.metrics.worker_up.labels(self.name).set(1)
         log.info("worker %s is up (block_size %d)", self.name, self.block_size)
-        if self.events_supported and self._events_task is None:
+        if self.kv_events is not None and self._events_task is None:
+            self._events_task = asyncio.create_task(self._kv_events_loop(self.kv_events))
+        elif self.events_supported and self._events_task is None:
             self._events_task = asyncio.create_task(self._events_loop())
 
     def connection_failed(self, e: Exception) -> None:
@@ -210,7 +219,7 @@ class Worker:
         return stats if isinstance(stats, dict) else {}
 
     async def _read_cache_stats(self) -> None:
-        stats = await self._get_stats()
+        stats = await self._get_stats() or await self._vllm_cache_config()
         bs = _int(stats, "block_size")
         if self.cfg.block_size and bs and bs != self.cfg.block_size:
             log.warning(
@@ -218,6 +227,14 @@ class Worker:
             )
         self.block_size = bs or self.cfg.block_size or 16
         self.num_blocks = _int(stats, "num_blocks", "blocks_total", "total_blocks") or 0
+
+    async def _vllm_cache_config(self) -> dict[str, Any]:
+        """vLLM's block size and pool from /metrics (`vllm:cache_config_info` labels)."""
+        try:
+            r = await self.client.get(self.url + "/metrics", headers=self.cfg.headers, timeout=5.0)
+        except httpx.HTTPError:
+            return {}
+        return vllm_cache_config(r.text) if r.status_code == 200 else {}
 
     async def _check_drift(self) -> None:
         """Resync (fresh snapshot) if the mirror's size disagrees with the worker's, steadily.
@@ -227,7 +244,8 @@ class Worker:
         """
         stats = await self._get_stats()
         cached = stats.get("cached_blocks")
-        if not isinstance(cached, int):
+        if not isinstance(cached, int) or self.kv_events is not None:
+            # Block events are numbered: a gap is replayed, so there is no drift to find.
             return
         seen: tuple[int, int] | None = (cached, self.trie.num_blocks)
         if cached != self.trie.num_blocks and seen == self._drift:
@@ -248,7 +266,10 @@ class Worker:
             self._events_task.cancel()
             self._events_task = None
         self.events_live = False
-        if self.healthy and self.events_supported:
+        if self.healthy and self.kv_events is not None:
+            self.trie.clear()
+            self._events_task = asyncio.create_task(self._kv_events_loop(self.kv_events))
+        elif self.healthy and self.events_supported:
             self._events_task = asyncio.create_task(self._events_loop())
 
     def _mirror_capacity(self) -> int:
@@ -291,6 +312,40 @@ class Worker:
                 raise httpx.HTTPError(f"/v1/cache/events answered {r.status_code}")
             async for event in sse_events(r.aiter_lines()):
                 self.apply_event(event)
+
+    async def _kv_events_loop(self, source: KVEventSource) -> None:
+        """Mirror the worker's cache from its vLLM-format events until cancelled."""
+        mirror = BlockMirror(self.trie)
+
+        def on_batch(seq: int, batch: KVEventBatch) -> None:
+            mirror.trie = self.trie  # mark_up may have replaced the trie
+            for event in batch.events:
+                mirror.apply(event)
+            self.metrics.tree_blocks.labels(self.name).set(self.trie.num_blocks)
+
+        sub = KVEventSubscriber(
+            source.endpoint, source.replay_endpoint, on_batch, mirror.clear, source.topic,
+            self.name,
+        )  # fmt: skip
+        self.kv_subscriber = sub
+        task = asyncio.create_task(sub.run())
+        try:
+            await sub.synced.wait()
+            self.events_live = True
+            self.metrics.events_live.labels(self.name).set(1)
+            log.info("mirroring %s's cache from kv events at %s", self.name, source.endpoint)
+            await task
+        except BlockSizeMismatch as e:
+            log.error("kv events of %s: %s", self.name, e)
+            self.last_error = str(e)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+            sub.close()
+            self.events_live = False
+            self.metrics.events_live.labels(self.name).set(0)
+            self._events_task = None
 
     def apply_event(self, event: dict[str, Any]) -> None:
         """Apply one cache event (snapshot / insert / evict) to the mirror."""
@@ -349,5 +404,9 @@ class Worker:
             "block_size": self.block_size,
             "num_blocks": self.num_blocks,
             "mirror_blocks": self.trie.num_blocks,
+            "kv_events": None if self.kv_events is None else self.kv_events.endpoint,
+            "kv_events_stats": (
+                None if self.kv_subscriber is None else vars(self.kv_subscriber.stats)
+            ),
             "last_error": self.last_error,
         }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import time
 from collections.abc import Awaitable, Callable
@@ -121,6 +122,13 @@ def build_app(
     add_dashboard(app, v1, engine, metrics, api_key, show_text=dashboard_show_text)
 
     app.include_router(v1)
+
+    if hasattr(engine, "reset_prefix_cache"):  # the Ray ingress's remote engine has none
+
+        @app.post("/reset_prefix_cache", dependencies=deps)
+        async def reset_prefix_cache() -> JSONResponse:  # vLLM's route; KV events: cleared
+            freed = await asyncio.to_thread(engine.reset_prefix_cache)
+            return JSONResponse({"status": "ok", "freed_blocks": freed})
 
     @app.get("/health")
     async def health() -> JSONResponse:

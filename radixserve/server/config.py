@@ -17,6 +17,7 @@ from typing import Any
 
 from radixserve.engine.config import EngineConfig
 from radixserve.options import from_args, from_dict, option, to_argv, to_dict, types
+from radixserve.server.kv_events.config import parse_kv_events_config
 from radixserve.values import LOG_LEVELS
 
 
@@ -49,6 +50,15 @@ class ServerConfig(HttpConfig):
     )
     dashboard_show_text: bool = option(
         False, "with --api-key, /dashboard and /v1/cache/tree show cached text, not only counts"
+    )
+    kv_events_config: dict[str, Any] | None = option(
+        None,
+        "publish the prefix cache's events in vLLM's format, with vLLM's KVEventsConfig keys, "
+        'e.g. \'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": '
+        '"tcp://127.0.0.1:5557", "replay_endpoint": "tcp://127.0.0.1:5558"}\' (the default '
+        "endpoint is loopback; docs/kv-events.md)",
+        type=parse_kv_events_config,
+        metavar="JSON",
     )
     api_key_tiers: str | None = option(
         None,

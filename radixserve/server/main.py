@@ -17,6 +17,7 @@ import uvicorn
 
 from radixserve.options import add_options
 from radixserve.server.config import ServerConfig, WorkerOptions
+from radixserve.server.kv_events.start import start_kv_events
 from radixserve.server.lifecycle import FAULT_ENV, install_fault_injection, watch_engine
 
 log = logging.getLogger("radixserve.server")
@@ -98,6 +99,7 @@ def _serve(engine: Any, cfg: ServerConfig, tiers: dict[str, int] | None = None) 
         cfg.port,
         engine.config.enable_prefix_cache,
     )
+    publisher = start_kv_events(engine, cfg.kv_events_config)
     config = uvicorn.Config(
         app,
         host=cfg.host,
@@ -124,7 +126,11 @@ def _serve(engine: Any, cfg: ServerConfig, tiers: dict[str, int] | None = None) 
     # place that re-raise is a no-op, so a graceful shutdown exits 0.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
-    server.run()
+    try:
+        server.run()
+    finally:
+        if publisher is not None:
+            publisher.close()
     if server.engine_died:
         return 1  # a supervisor (systemd, Kubernetes, serve --workers N) restarts us
     return 0 if server.started else 1

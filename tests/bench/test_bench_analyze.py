@@ -171,7 +171,7 @@ def test_requests_the_template_rejects_are_skipped_or_raise():
 
 
 def test_policy_curves_replay_each_policy_at_the_same_capacities():
-    from radixserve.bench.analyze import format_analysis
+    from radixserve.bench.analyze_report import format_analysis
 
     hot = list(range(64))  # a 4-block preamble reused by every other request
     seqs = []

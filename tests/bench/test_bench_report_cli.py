@@ -8,13 +8,8 @@ import math
 
 import pytest
 
-from radixserve.bench.cli import (
-    add_analyze_args,
-    add_bench_args,
-    parse_capacity,
-    run_analyze,
-    run_bench,
-)
+from radixserve.bench.analyze_cli import add_analyze_args, parse_capacity, run_analyze
+from radixserve.bench.cli import add_bench_args, run_bench
 from radixserve.bench.plots import plot_ttft_cdf, plot_ttft_vs_prompt
 from radixserve.bench.report import RequestRecord, format_compare, percentile, summarize
 

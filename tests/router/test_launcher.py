@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ from radixserve.router.launcher import (
     worker_env,
 )
 from radixserve.server.config import WorkerOptions
+from radixserve.server.kv_events.config import KVEventsConfig
 from tests.support import wait_for
 
 
@@ -27,6 +29,21 @@ def serve_args(*argv: str) -> argparse.Namespace:
 
 def opts(*argv: str) -> WorkerOptions:
     return WorkerOptions.from_namespace(serve_args(*argv))
+
+
+def test_each_worker_publishes_kv_events_on_ports_moved_up_by_its_index() -> None:
+    config = '{"enable_kv_cache_events": true, "replay_endpoint": "tcp://127.0.0.1:6000"}'
+    o = opts("--workers", "2", "--kv-events-config", config)
+    given = []
+    for i in range(2):
+        tail = worker_argv(o, 8123 + i, i)
+        given.append(
+            KVEventsConfig.from_dict(json.loads(tail[tail.index("--kv-events-config") + 1]))
+        )
+    assert [(g.endpoint, g.replay_endpoint) for g in given] == [
+        ("tcp://127.0.0.1:5557", "tcp://127.0.0.1:6000"),
+        ("tcp://127.0.0.1:5558", "tcp://127.0.0.1:6001"),
+    ]
 
 
 def test_worker_gets_user_flags_its_port_and_one_thread() -> None:
