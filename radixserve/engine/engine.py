@@ -15,7 +15,7 @@ from radixserve.engine.config import EngineConfig
 from radixserve.engine.output import append_token, deliver
 from radixserve.engine.params import SamplingParams
 from radixserve.engine.request import OutputCallback, Request, check_prompt
-from radixserve.engine.sampler import make_generator, sampling_row
+from radixserve.engine.sampler import make_generator, sampling_row, score_rows
 from radixserve.engine.scheduler import ScheduledChunk
 from radixserve.engine.stats import EngineCounters, EngineStats, cache_stats, collect_stats
 from radixserve.engine.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -23,6 +23,7 @@ from radixserve.errors import EngineDeadError, InvalidRequestError, QueueFullErr
 from radixserve.model import kernels
 from radixserve.model.llama import LlamaModel
 from radixserve.model.runner import StepResult
+from radixserve.model.sampling import TokenLogprobs
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,7 @@ class LLMEngine:
         self._inbox: list[Request] = []
         self._aborts: list[str] = []
         self._requests: dict[str, Request] = {}
+        self._groups: dict[str, list[Request]] = {}  # a request's choices, by its id
         self._thread: threading.Thread | None = None
         self._stop = False
         self._crashed: BaseException | None = None
@@ -146,23 +148,36 @@ class LLMEngine:
         vocab = self.runner.model.config.vocab_size
         check_prompt(ids, params, vocab, self.max_model_len, self.num_blocks * self.block_size)
         rid = request_id or f"req-{uuid.uuid4().hex[:16]}"
-        req = Request(
-            request_id=rid, prompt_token_ids=ids, params=params, on_output=on_output,
-            detokenizer=IncrementalDetokenizer(self.tokenizer, ids), namespace=namespace,
-            priority=priority, session_id=session_id, generator=make_generator(params),
-        )  # fmt: skip
+        # best_of > n ranks the choices by their cumulative log-prob: it needs them too.
+        wants_logprobs = params.logprobs is not None or params.num_samples > params.n
+        prompt_scores: list[TokenLogprobs] | None = (
+            [] if params.prompt_logprobs is not None else None
+        )
+        group = [
+            Request(
+                request_id=rid if i == 0 else f"{rid}#{i}", prompt_token_ids=ids, params=params,
+                on_output=on_output, detokenizer=IncrementalDetokenizer(self.tokenizer, ids),
+                namespace=namespace, priority=priority, session_id=session_id,
+                generator=make_generator(params, i), group_id=rid, index=i,
+                logprobs=[] if wants_logprobs else None, prompt_logprobs=prompt_scores,
+            )
+            for i in range(params.num_samples)
+        ]  # fmt: skip
+        for follower in group[1:]:
+            follower.leader = group[0]  # the prompt's logprobs (one list) are its to score
         with self._lock:
-            if rid in self._requests or any(r.request_id == rid for r in self._inbox):
+            if rid in self._groups or any(r.group_id == rid for r in self._inbox):
                 raise InvalidRequestError(f"request id {rid!r} is already in use")
             waiting = len(self._inbox) + len(self.scheduler.waiting)
             if bounded and waiting >= self.config.max_waiting:
                 raise QueueFullError("too many requests are waiting; retry later")
-            self._inbox.append(req)
+            self._inbox.extend(group)
             self._wake.notify_all()
         return rid
 
     def abort(self, request_id: str) -> None:
-        """Abort a request at any stage; its blocks and locks are freed (thread-safe)."""
+        """Abort a request (every choice of it) at any stage; its blocks and locks are freed
+        (thread-safe)."""
         with self._lock:
             self._aborts.append(request_id)
             self._wake.notify_all()
@@ -220,7 +235,8 @@ class LLMEngine:
         finally:
             with self._lock:
                 inbox, self._inbox = self._inbox, []
-            self._requests.update((r.request_id, r) for r in inbox)
+            for r in inbox:
+                self._track(r)
             for req in list(self._requests.values()):
                 self._finish(req, "abort" if self._crashed is None else "error")
 
@@ -232,21 +248,29 @@ class LLMEngine:
             inbox, self._inbox = self._inbox, []
             aborts, self._aborts = self._aborts, []
         for req in inbox:
-            self._requests[req.request_id] = req
-            self._counters.prompt_tokens_total += req.num_prompt_tokens
+            self._track(req)
+            if req.index == 0:
+                self._counters.prompt_tokens_total += req.num_prompt_tokens
             self.scheduler.add(req)
         for rid in aborts:
-            if rid in self._requests:
-                self._finish(self._requests[rid], "abort")
+            for req in list(self._groups.get(rid, ())):
+                self._finish(req, "abort")
         chunks = self.scheduler.schedule().chunks
         if not chunks:
             if self.scheduler.waiting and not self.scheduler.running:
                 time.sleep(0.001)  # blocks are pinned by running requests only; wait for them
             return
+        eos = self._parts.eos_ids
+        seq_chunks, scoring = [], []
+        for c in chunks:
+            logits_from, score = score_rows(c.req, c.req.num_computed, c.num_tokens)
+            seq_chunks.append(c.seq_chunk(logits_from))
+            scoring.append(score)
         result = self.runner.run(
-            [c.seq_chunk() for c in chunks],
-            [sampling_row(c.req) if c.samples else None for c in chunks],
+            seq_chunks,
+            [sampling_row(c.req, eos) if c.samples else None for c in chunks],
             [c.req.params.return_logits for c in chunks],
+            scoring,
         )
         self._postprocess(chunks, result)
 
@@ -258,18 +282,27 @@ class LLMEngine:
         for i, c in enumerate(chunks):
             req = c.req
             self.kv.commit(req, c.num_tokens)
+            if i in result.scores and req.prompt_logprobs is not None and req.leader is None:
+                req.prompt_logprobs.extend(result.scores[i])
             if i not in tokens:
                 continue
             if i in result.logits:
                 req.logits.append(result.logits[i])
+            if i in result.logprobs and req.logprobs is not None:
+                req.logprobs.append(result.logprobs[i])
+                req.cumulative_logprob += result.logprobs[i].logprob
             self._counters.generation_tokens_total += 1
             if req.metrics.first_token_time is None:
                 req.metrics.first_token_time = now
             reason = append_token(req, tokens[i], self._parts.eos_ids, self.max_model_len)
             if reason is not None:
                 self._finish(req, reason)
-            else:
+            elif not _ranks_choices(req):
                 deliver(req, finished=False)
+
+    def _track(self, req: Request) -> None:
+        self._requests[req.request_id] = req
+        self._groups.setdefault(req.group_id, []).append(req)
 
     def _finish(self, req: Request, reason: str) -> None:
         """End `req`: out of the queues, its blocks released (cached unless it failed), and
@@ -282,6 +315,24 @@ class LLMEngine:
         self.scheduler.remove(req, cache_computed=reason != "error")
         req.metrics.finish_time = time.monotonic()
         self._requests.pop(req.request_id, None)
-        totals = self._counters.requests_total
-        totals[reason] = totals.get(reason, 0) + 1
-        deliver(req, finished=True)
+        group = self._groups.get(req.group_id, [req])
+        done = all(r.is_finished for r in group)
+        if done:  # a request is counted once, by its first choice's reason
+            self._groups.pop(req.group_id, None)
+            totals = self._counters.requests_total
+            first = group[0].finish_reason or reason
+            totals[first] = totals.get(first, 0) + 1
+        if not _ranks_choices(req):
+            deliver(req, finished=True)
+        elif done:
+            # best_of > n: the n choices with the highest cumulative log-prob, re-numbered.
+            ranked = sorted(group, key=lambda r: -r.cumulative_logprob)[: req.params.n]
+            for i, r in enumerate(ranked):
+                r.index = i
+                deliver(r, finished=True)
+
+
+def _ranks_choices(req: Request) -> bool:
+    """Whether `req`'s group draws more choices than it returns (best_of > n): its outputs
+    are held until every choice has finished."""
+    return req.params.num_samples > req.params.n
