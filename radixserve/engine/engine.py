@@ -9,6 +9,8 @@ import uuid
 import weakref
 from collections.abc import Callable, Hashable
 
+import torch
+
 from radixserve.cache import CacheEvent, TreeSnapshot
 from radixserve.engine.builder import EngineParts, assemble, load_parts
 from radixserve.engine.config import EngineConfig
@@ -18,12 +20,13 @@ from radixserve.engine.request import OutputCallback, Request, check_prompt
 from radixserve.engine.sampler import make_generator, sampling_row, score_rows
 from radixserve.engine.scheduler import ScheduledChunk
 from radixserve.engine.stats import EngineCounters, EngineStats, cache_stats, collect_stats
+from radixserve.engine.structured import GrammarCompiler
 from radixserve.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from radixserve.errors import EngineDeadError, InvalidRequestError, QueueFullError
 from radixserve.model import kernels
 from radixserve.model.llama import LlamaModel
 from radixserve.model.runner import StepResult
-from radixserve.model.sampling import TokenLogprobs
+from radixserve.model.sampling import SamplingRow, TokenLogprobs
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +77,10 @@ class LLMEngine:
         self.kv_cache_dtype = str(self.runner.kv_dtype).removeprefix("torch.")
         self.quantization = str(getattr(self.runner.model, "quantization", "none"))
         self.scheduler = parts.scheduler
+        vocab = self.runner.model.config.vocab_size
+        self.grammars = GrammarCompiler(self.tokenizer.hf, vocab, sorted(parts.eos_ids))
+        # One grammar bitmask row per sampled sequence of a step, refilled in place.
+        self._bitmask = torch.zeros(0, self.grammars.bitmask_words, dtype=torch.int32)
         self._counters = EngineCounters()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -148,6 +155,9 @@ class LLMEngine:
         vocab = self.runner.model.config.vocab_size
         check_prompt(ids, params, vocab, self.max_model_len, self.num_blocks * self.block_size)
         rid = request_id or f"req-{uuid.uuid4().hex[:16]}"
+        # Compiled here, on the caller's thread (the server has compiled it already, off the
+        # event loop, so this is a cache hit); never on the engine thread.
+        grammar = self.grammars.compile(params.structured) if params.structured else None
         # best_of > n ranks the choices by their cumulative log-prob: it needs them too.
         wants_logprobs = params.logprobs is not None or params.num_samples > params.n
         prompt_scores: list[TokenLogprobs] | None = (
@@ -165,6 +175,8 @@ class LLMEngine:
         ]  # fmt: skip
         for follower in group[1:]:
             follower.leader = group[0]  # the prompt's logprobs (one list) are its to score
+        for req in group:
+            req.matcher = grammar.matcher() if grammar is not None else None
         with self._lock:
             if rid in self._groups or any(r.group_id == rid for r in self._inbox):
                 raise InvalidRequestError(f"request id {rid!r} is already in use")
@@ -260,19 +272,41 @@ class LLMEngine:
             if self.scheduler.waiting and not self.scheduler.running:
                 time.sleep(0.001)  # blocks are pinned by running requests only; wait for them
             return
-        eos = self._parts.eos_ids
         seq_chunks, scoring = [], []
         for c in chunks:
             logits_from, score = score_rows(c.req, c.req.num_computed, c.num_tokens)
             seq_chunks.append(c.seq_chunk(logits_from))
             scoring.append(score)
         result = self.runner.run(
-            seq_chunks,
-            [sampling_row(c.req, eos) if c.samples else None for c in chunks],
-            [c.req.params.return_logits for c in chunks],
+            seq_chunks, self._sampling_rows(chunks), [c.req.params.return_logits for c in chunks],
             scoring,
-        )
+        )  # fmt: skip
         self._postprocess(chunks, result)
+
+    def _sampling_rows(self, chunks: list[ScheduledChunk]) -> list[SamplingRow | None]:
+        """How each chunk that samples draws its token; a constrained request's row carries
+        the bitmask of the tokens its grammar allows now (computed here, per step: tens of
+        microseconds per row, so unconstrained rows of the step barely wait)."""
+        eos = self._parts.eos_ids
+        constrained = sum(1 for c in chunks if c.samples and c.req.matcher is not None)
+        if constrained > self._bitmask.shape[0]:
+            self._bitmask = torch.zeros(
+                max(constrained, self.config.max_num_seqs), self.grammars.bitmask_words,
+                dtype=torch.int32,
+            )  # fmt: skip
+        rows: list[SamplingRow | None] = []
+        used = 0
+        for c in chunks:
+            if not c.samples:
+                rows.append(None)
+                continue
+            allowed = None
+            if c.req.matcher is not None:
+                allowed = self._bitmask[used]
+                c.req.matcher.fill_bitmask(allowed)
+                used += 1
+            rows.append(sampling_row(c.req, eos, allowed))
+        return rows
 
     def _postprocess(self, chunks: list[ScheduledChunk], result: StepResult) -> None:
         """Record what the step computed, then each sampled token: its text, stop checks,
@@ -295,6 +329,12 @@ class LLMEngine:
             if req.metrics.first_token_time is None:
                 req.metrics.first_token_time = now
             reason = append_token(req, tokens[i], self._parts.eos_ids, self.max_model_len)
+            if req.matcher is not None:
+                if not req.matcher.accept(tokens[i]):
+                    req.error = f"the grammar rejected a token: {req.matcher.error}"
+                    reason = "error"
+                elif reason is None and req.matcher.is_finished:
+                    reason = "stop"  # the grammar is complete: nothing else may follow
             if reason is not None:
                 self._finish(req, reason)
             elif not _ranks_choices(req):
@@ -310,7 +350,7 @@ class LLMEngine:
         if req.is_finished:
             return
         req.finish_reason = reason
-        if reason == "error":
+        if reason == "error" and req.error is None:
             req.error = "the engine failed while running this request"
         self.scheduler.remove(req, cache_computed=reason != "error")
         req.metrics.finish_time = time.monotonic()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from radixserve.engine.structured import StructuredOutput
 from radixserve.errors import InvalidRequestError
 
 MAX_STOP_STRINGS = 16
@@ -36,6 +37,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None  # the same for every prompt token after the first
     n: int = 1  # choices returned
     best_of: int | None = None  # choices drawn (>= n); the n most likely are returned
+    structured: StructuredOutput | None = None  # the output must match this (a grammar)
 
     def __post_init__(self) -> None:
         self._check_basic()

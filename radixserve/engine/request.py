@@ -12,6 +12,7 @@ import torch
 
 from radixserve.engine.outputs import RequestMetrics, RequestOutput
 from radixserve.engine.params import SamplingParams
+from radixserve.engine.structured import GrammarMatcher
 from radixserve.engine.tokenizer import IncrementalDetokenizer
 from radixserve.errors import InvalidRequestError, PromptTooLongError, RequestTooLargeError
 from radixserve.model.sampling import TokenLogprobs
@@ -79,6 +80,7 @@ class Request:
     prompt_logprobs: list[TokenLogprobs] | None = None  # prompt tokens 1.., params.prompt_*
     cumulative_logprob: float = 0.0  # of the output tokens, when log-probs are computed
     stop_reason: int | str | None = None  # the stop token id or string that ended it
+    matcher: GrammarMatcher | None = None  # with params.structured: where the output is
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.monotonic()))
 
     def __post_init__(self) -> None:

@@ -36,12 +36,15 @@ def make_generator(params: SamplingParams, index: int = 0) -> torch.Generator | 
     return g
 
 
-def sampling_row(req: Request, eos_ids: Collection[int]) -> SamplingRow:
-    """How the runner draws `req`'s next token."""
+def sampling_row(
+    req: Request, eos_ids: Collection[int], allowed: torch.Tensor | None = None
+) -> SamplingRow:
+    """How the runner draws `req`'s next token; `allowed` is its grammar's bitmask row."""
     p = req.params
     out = req.output_token_ids if _needs_output(p) else ()
     banned: tuple[int, ...] = ()
-    if p.min_tokens and len(req.token_ids) - req.num_prompt_tokens < p.min_tokens:
+    early = len(req.token_ids) - req.num_prompt_tokens < p.min_tokens
+    if early and allowed is None:  # a grammar decides itself when the output may end
         banned = (*p.stop_token_ids, *(() if p.ignore_eos else eos_ids))
     return SamplingRow(
         temperature=p.temperature,
@@ -55,6 +58,7 @@ def sampling_row(req: Request, eos_ids: Collection[int]) -> SamplingRow:
         output_ids=out,
         prompt_ids=req.prompt_token_ids if p.repetition_penalty != 1.0 else (),
         banned_ids=banned,
+        allowed=allowed,
         logprobs=_num_top(p.logprobs) if req.logprobs is not None else None,
     )
 
