@@ -37,6 +37,27 @@ CACHE_SIZE = 256  # compiled grammars kept (least recently used dropped first)
 JSON_STYLE: Any = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
+# Integers without bounds are generated within JSON's exactly representable range (as
+# JavaScript's Number.MAX_SAFE_INTEGER): an unbounded digit run lets a small model repeat a
+# digit until max_tokens and leave invalid JSON behind.
+SAFE_INTEGER = 2**53 - 1
+
+
+def bound_integers(schema: Any) -> Any:
+    """A copy of JSON schema `schema` where every integer without a minimum or maximum gets
+    +-SAFE_INTEGER."""
+    if isinstance(schema, list):
+        return [bound_integers(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: bound_integers(v) for k, v in schema.items()}
+    types = out.get("type")
+    if types == "integer" or (isinstance(types, list) and "integer" in types):
+        if not any(k in out for k in ("minimum", "exclusiveMinimum")):
+            out["minimum"] = -SAFE_INTEGER
+        if not any(k in out for k in ("maximum", "exclusiveMaximum")):
+            out["maximum"] = SAFE_INTEGER
+    return out
 
 
 @dataclass(frozen=True)
@@ -74,11 +95,16 @@ class StructuredOutput:
             try:
                 schema = json.loads(self.spec)
             except ValueError as e:
-                raise InvalidRequestError(f"{self.param}: the schema is not JSON: {e}") from e
+                raise InvalidRequestError(
+                    f"{self.param}: the schema is not JSON: {e}", self.param
+                ) from e
             if schema is True:
                 schema = {}
             if not isinstance(schema, dict):
-                raise InvalidRequestError(f"{self.param}: a JSON schema must be an object")
+                raise InvalidRequestError(
+                    f"{self.param}: a JSON schema must be an object", self.param
+                )
+            schema = bound_integers(schema)
             return str(llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_STYLE))
         if self.kind == "json_object":
             return str(
@@ -214,9 +240,11 @@ class GrammarCompiler:
             )
         try:
             grammar = spec.lark()
-        except (ValueError, RecursionError, RuntimeError) as e:
+            matcher = llguidance.LLMatcher(self._tokenizer(), grammar, log_level=0)
+        except InvalidRequestError:
+            raise
+        except Exception as e:  # the converters raise what they like on odd input
             raise InvalidRequestError(f"{spec.param}: {_short(e)}", spec.param) from e
-        matcher = llguidance.LLMatcher(self._tokenizer(), grammar, log_level=0)
         if matcher.is_error():
             raise InvalidRequestError(
                 f"{spec.param}: cannot compile this {spec.kind}: {_short(matcher.get_error())}",
