@@ -13,6 +13,7 @@ import torch
 
 from radixserve.cache import CacheEvent, TreeSnapshot
 from radixserve.engine.builder import EngineParts, assemble, load_parts
+from radixserve.engine.closing import JsonCloser, closing_starts
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.output import append_token, deliver
 from radixserve.engine.params import SamplingParams
@@ -81,6 +82,7 @@ class LLMEngine:
         self.grammars = GrammarCompiler(self.tokenizer.hf, vocab, sorted(parts.eos_ids))
         # One grammar bitmask row per sampled sequence of a step, refilled in place.
         self._bitmask = torch.zeros(0, self.grammars.bitmask_words, dtype=torch.int32)
+        self._closer: JsonCloser | None = None  # built with the first JSON-constrained row
         self._counters = EngineCounters()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -305,8 +307,24 @@ class LLMEngine:
                 allowed = self._bitmask[used]
                 c.req.matcher.fill_bitmask(allowed)
                 used += 1
+                self._steer_to_close(c.req, allowed)
             rows.append(sampling_row(c.req, eos, allowed))
         return rows
+
+    def _steer_to_close(self, req: Request, allowed: torch.Tensor) -> None:
+        """Near max_tokens, keep a JSON-constrained row to the tokens that close it."""
+        spec = req.params.structured
+        out = len(req.token_ids) - req.num_prompt_tokens
+        if (
+            spec is None
+            or not spec.closes_as_json
+            or not closing_starts(req.params.max_tokens, out)
+        ):
+            return
+        if self._closer is None:
+            vocab = self.grammars.vocab_size
+            self._closer = JsonCloser(self.tokenizer.hf, vocab, self._parts.eos_ids)
+        self._closer.steer(allowed, req.text)
 
     def _postprocess(self, chunks: list[ScheduledChunk], result: StepResult) -> None:
         """Record what the step computed, then each sampled token: its text, stop checks,

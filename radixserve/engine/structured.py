@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from radixserve.errors import InvalidRequestError
+from radixserve.model.sampling import unpack_bitmask
 
 MAX_SPEC_BYTES = 256 * 1024  # a larger schema / grammar is refused before compiling
 CACHE_SIZE = 256  # compiled grammars kept (least recently used dropped first)
@@ -69,6 +70,12 @@ class StructuredOutput:
     kind: str
     spec: str = ""
     param: str = "response_format"
+    json_body: bool = False  # a grammar around JSON (tool calls): closed like JSON kinds
+
+    @property
+    def closes_as_json(self) -> bool:
+        """Whether near max_tokens the output is steered to close (engine/closing.py)."""
+        return self.kind in ("json", "json_object") or self.json_body
 
     @classmethod
     def json_schema(cls, schema: Any, param: str = "response_format") -> StructuredOutput:
@@ -83,7 +90,7 @@ class StructuredOutput:
 
     @property
     def key(self) -> str:
-        """The cache key: a hash of the kind and the spec."""
+        """The cache key: a hash of the kind and the spec (not `param`)."""
         return hashlib.sha256(f"{self.kind}\0{self.spec}".encode()).hexdigest()
 
     def lark(self) -> str:
@@ -125,9 +132,10 @@ class StructuredOutput:
 class GrammarMatcher:
     """One request's place in its grammar. The engine thread alone calls it."""
 
-    def __init__(self, matcher: Any, vocab_size: int) -> None:
+    def __init__(self, matcher: Any, vocab_size: int, eos_ids: Sequence[int] = ()) -> None:
         self._m = matcher
         self.vocab_size = vocab_size
+        self._eos = list(eos_ids)
 
     def fill_bitmask(self, row: torch.Tensor) -> None:
         """Write the tokens allowed next into `row` (int32 [ceil(vocab / 32)], contiguous,
@@ -153,8 +161,16 @@ class GrammarMatcher:
 
     @property
     def is_finished(self) -> bool:
-        """True once the grammar has ended (only EOS, or nothing, may follow)."""
-        return bool(self._m.is_stopped())
+        """True once the grammar has ended: nothing, or only EOS, may follow."""
+        if self._m.is_stopped():
+            return True
+        if not self._m.is_accepting():
+            return False
+        row = torch.zeros((self.vocab_size + 31) // 32, dtype=torch.int32)
+        self.fill_bitmask(row)
+        allowed = unpack_bitmask(row[None, :], self.vocab_size)[0]
+        allowed[[e for e in self._eos if e < self.vocab_size]] = False
+        return not bool(allowed.any())
 
     @property
     def error(self) -> str | None:
@@ -165,13 +181,14 @@ class GrammarMatcher:
 class CompiledGrammar:
     """A grammar built for one tokenizer; `matcher()` starts a request on it."""
 
-    def __init__(self, template: Any, vocab_size: int) -> None:
+    def __init__(self, template: Any, vocab_size: int, eos_ids: Sequence[int] = ()) -> None:
         self._template = template
         self.vocab_size = vocab_size
+        self._eos = list(eos_ids)
 
     def matcher(self) -> GrammarMatcher:
         """A fresh matcher at the grammar's start (a copy: about a microsecond)."""
-        return GrammarMatcher(self._template.deep_copy(), self.vocab_size)
+        return GrammarMatcher(self._template.deep_copy(), self.vocab_size, self._eos)
 
 
 class GrammarCompiler:
@@ -250,7 +267,7 @@ class GrammarCompiler:
                 f"{spec.param}: cannot compile this {spec.kind}: {_short(matcher.get_error())}",
                 spec.param,
             )
-        return CompiledGrammar(matcher, self.vocab_size)
+        return CompiledGrammar(matcher, self.vocab_size, self._eos or ())
 
     def _tokenizer(self) -> Any:
         """llguidance's view of the tokenizer, built on first use (about a second)."""

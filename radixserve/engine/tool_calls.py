@@ -136,7 +136,10 @@ def call_grammar(tools: Sequence[dict[str, Any]], parallel: bool) -> str:
         for t in tools
     ]
     body = {"anyOf": variants, "x-guidance": JSON_STYLE}
-    repeat = ' ("\\n" call)*' if parallel else ""
+    # Blocks follow each other without a newline: after a call the model chooses between
+    # ending (its EOS) and another `<tool_call>`, not a newline that it takes by habit
+    # (SmolLM2 did, then wrote a second, duplicate call).
+    repeat = " call*" if parallel else ""
     return (
         f"start: call{repeat}\n"
         f'call: "{OPEN}\\n" body "\\n{CLOSE}"\n'

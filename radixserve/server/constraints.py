@@ -70,7 +70,7 @@ def structured_output(req: ChatCompletionRequest | CompletionRequest) -> Structu
     if isinstance(req, ChatCompletionRequest) and tool_mode(req) in ("required", "named"):
         parallel = tool_mode(req) == "required" and req.parallel_tool_calls is not False
         grammar = call_grammar(callable_tools(req), parallel)
-        found.append(StructuredOutput("grammar", grammar, "tool_choice"))
+        found.append(StructuredOutput("grammar", grammar, "tool_choice", json_body=True))
     if len(found) > 1:
         raise APIError(
             400,

@@ -151,3 +151,29 @@ def test_the_matcher_checks_and_rolls_back_several_tokens(make_tiny_engine) -> N
     matcher.rollback(len(good))
     valid = matcher.count_valid(bad)
     assert matcher.accept_many(bad) == valid  # stops at the first token the regex forbids
+
+
+def test_a_json_output_near_max_tokens_is_steered_to_close_and_stays_valid(
+    make_tiny_engine,
+) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"note": {"type": "string"}, "tags": {"type": "array"}},
+        "required": ["note", "tags"],
+    }
+    engine, col = make_tiny_engine(num_blocks=256), Collector()
+    rids = [
+        engine.add_request(
+            PROMPT,
+            constrained(
+                StructuredOutput.json_schema(schema), temperature=1.0, seed=s, max_tokens=24
+            ),
+            on_output=col,
+        )
+        for s in range(4)
+    ]
+    run_until_idle(engine)
+    for rid in rids:
+        out = col.final(rid)
+        assert out.finish_reason == "stop" and len(out.token_ids) <= 24
+        jsonschema.validate(json.loads(out.text), schema)
