@@ -10,20 +10,25 @@ import weakref
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 
+import torch
+
 from radixserve.cache import CacheEvent, TreeSnapshot
 from radixserve.engine.builder import EngineParts, assemble, load_parts
+from radixserve.engine.closing import JsonCloser, closing_starts
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.output import append_token, deliver
 from radixserve.engine.params import SamplingParams
 from radixserve.engine.request import OutputCallback, Request, check_prompt
-from radixserve.engine.sampler import make_generator, sampling_row
+from radixserve.engine.sampler import make_generator, sampling_row, score_rows
 from radixserve.engine.scheduler import ScheduledChunk
 from radixserve.engine.stats import EngineCounters, EngineStats, cache_stats, collect_stats
+from radixserve.engine.structured import GrammarCompiler
 from radixserve.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from radixserve.errors import EngineDeadError, InvalidRequestError, QueueFullError
 from radixserve.model import kernels
 from radixserve.model.decoder import DecoderModel
 from radixserve.model.runner import StepResult
+from radixserve.model.sampling import SamplingRow, TokenLogprobs
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +79,11 @@ class LLMEngine:
         self.kv_cache_dtype = str(self.runner.kv_dtype).removeprefix("torch.")
         self.quantization = str(getattr(self.runner.model, "quantization", "none"))
         self.scheduler = parts.scheduler
+        vocab = self.runner.model.config.vocab_size
+        self.grammars = GrammarCompiler(self.tokenizer.hf, vocab, sorted(parts.eos_ids))
+        # One grammar bitmask row per sampled sequence of a step, refilled in place.
+        self._bitmask = torch.zeros(0, self.grammars.bitmask_words, dtype=torch.int32)
+        self._closer: JsonCloser | None = None  # built with the first JSON-constrained row
         self._counters = EngineCounters()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -81,6 +91,7 @@ class LLMEngine:
         self._aborts: list[str] = []
         self._resets: list[Future[int]] = []  # reset_prefix_cache calls waiting for the loop
         self._requests: dict[str, Request] = {}
+        self._groups: dict[str, list[Request]] = {}  # a request's choices, by its id
         self._thread: threading.Thread | None = None
         self._stop = False
         self._crashed: BaseException | None = None
@@ -148,23 +159,41 @@ class LLMEngine:
         vocab = self.runner.model.config.vocab_size
         check_prompt(ids, params, vocab, self.max_model_len, self.num_blocks * self.block_size)
         rid = request_id or f"req-{uuid.uuid4().hex[:16]}"
-        req = Request(
-            request_id=rid, prompt_token_ids=ids, params=params, on_output=on_output,
-            detokenizer=IncrementalDetokenizer(self.tokenizer, ids), namespace=namespace,
-            priority=priority, session_id=session_id, generator=make_generator(params),
-        )  # fmt: skip
+        # Compiled here, on the caller's thread (the server has compiled it already, off the
+        # event loop, so this is a cache hit); never on the engine thread.
+        grammar = self.grammars.compile(params.structured) if params.structured else None
+        # best_of > n ranks the choices by their cumulative log-prob: it needs them too.
+        wants_logprobs = params.logprobs is not None or params.num_samples > params.n
+        prompt_scores: list[TokenLogprobs] | None = (
+            [] if params.prompt_logprobs is not None else None
+        )
+        group = [
+            Request(
+                request_id=rid if i == 0 else f"{rid}#{i}", prompt_token_ids=ids, params=params,
+                on_output=on_output, detokenizer=IncrementalDetokenizer(self.tokenizer, ids),
+                namespace=namespace, priority=priority, session_id=session_id,
+                generator=make_generator(params, i), group_id=rid, index=i,
+                logprobs=[] if wants_logprobs else None, prompt_logprobs=prompt_scores,
+            )
+            for i in range(params.num_samples)
+        ]  # fmt: skip
+        for follower in group[1:]:
+            follower.leader = group[0]  # the prompt's logprobs (one list) are its to score
+        for req in group:
+            req.matcher = grammar.matcher() if grammar is not None else None
         with self._lock:
-            if rid in self._requests or any(r.request_id == rid for r in self._inbox):
+            if rid in self._groups or any(r.group_id == rid for r in self._inbox):
                 raise InvalidRequestError(f"request id {rid!r} is already in use")
             waiting = len(self._inbox) + len(self.scheduler.waiting)
             if bounded and waiting >= self.config.max_waiting:
                 raise QueueFullError("too many requests are waiting; retry later")
-            self._inbox.append(req)
+            self._inbox.extend(group)
             self._wake.notify_all()
         return rid
 
     def abort(self, request_id: str) -> None:
-        """Abort a request at any stage; its blocks and locks are freed (thread-safe)."""
+        """Abort a request (every choice of it) at any stage; its blocks and locks are freed
+        (thread-safe)."""
         with self._lock:
             self._aborts.append(request_id)
             self._wake.notify_all()
@@ -239,7 +268,8 @@ class LLMEngine:
         finally:
             with self._lock:
                 inbox, self._inbox = self._inbox, []
-            self._requests.update((r.request_id, r) for r in inbox)
+            for r in inbox:
+                self._track(r)
             for req in list(self._requests.values()):
                 self._finish(req, "abort" if self._crashed is None else "error")
             with self._lock:
@@ -258,23 +288,69 @@ class LLMEngine:
         for done in resets:
             done.set_result(self.kv.cache.reset())
         for req in inbox:
-            self._requests[req.request_id] = req
-            self._counters.prompt_tokens_total += req.num_prompt_tokens
+            self._track(req)
+            if req.index == 0:
+                self._counters.prompt_tokens_total += req.num_prompt_tokens
             self.scheduler.add(req)
         for rid in aborts:
-            if rid in self._requests:
-                self._finish(self._requests[rid], "abort")
+            for req in list(self._groups.get(rid, ())):
+                self._finish(req, "abort")
         chunks = self.scheduler.schedule().chunks
         if not chunks:
             if self.scheduler.waiting and not self.scheduler.running:
                 time.sleep(0.001)  # blocks are pinned by running requests only; wait for them
             return
+        seq_chunks, scoring = [], []
+        for c in chunks:
+            logits_from, score = score_rows(c.req, c.req.num_computed, c.num_tokens)
+            seq_chunks.append(c.seq_chunk(logits_from))
+            scoring.append(score)
         result = self.runner.run(
-            [c.seq_chunk() for c in chunks],
-            [sampling_row(c.req) if c.samples else None for c in chunks],
-            [c.req.params.return_logits for c in chunks],
-        )
+            seq_chunks, self._sampling_rows(chunks), [c.req.params.return_logits for c in chunks],
+            scoring,
+        )  # fmt: skip
         self._postprocess(chunks, result)
+
+    def _sampling_rows(self, chunks: list[ScheduledChunk]) -> list[SamplingRow | None]:
+        """How each chunk that samples draws its token; a constrained request's row carries
+        the bitmask of the tokens its grammar allows now (computed here, per step: tens of
+        microseconds per row, so unconstrained rows of the step barely wait)."""
+        eos = self._parts.eos_ids
+        constrained = sum(1 for c in chunks if c.samples and c.req.matcher is not None)
+        if constrained > self._bitmask.shape[0]:
+            self._bitmask = torch.zeros(
+                max(constrained, self.config.max_num_seqs), self.grammars.bitmask_words,
+                dtype=torch.int32,
+            )  # fmt: skip
+        rows: list[SamplingRow | None] = []
+        used = 0
+        for c in chunks:
+            if not c.samples:
+                rows.append(None)
+                continue
+            allowed = None
+            if c.req.matcher is not None:
+                allowed = self._bitmask[used]
+                c.req.matcher.fill_bitmask(allowed)
+                used += 1
+                self._steer_to_close(c.req, allowed)
+            rows.append(sampling_row(c.req, eos, allowed))
+        return rows
+
+    def _steer_to_close(self, req: Request, allowed: torch.Tensor) -> None:
+        """Near max_tokens, keep a JSON-constrained row to the tokens that close it."""
+        spec = req.params.structured
+        out = len(req.token_ids) - req.num_prompt_tokens
+        if (
+            spec is None
+            or not spec.closes_as_json
+            or not closing_starts(req.params.max_tokens, out)
+        ):
+            return
+        if self._closer is None:
+            vocab = self.grammars.vocab_size
+            self._closer = JsonCloser(self.tokenizer.hf, vocab, self._parts.eos_ids)
+        self._closer.steer(allowed, req.text)
 
     def _postprocess(self, chunks: list[ScheduledChunk], result: StepResult) -> None:
         """Record what the step computed, then each sampled token: its text, stop checks,
@@ -284,18 +360,33 @@ class LLMEngine:
         for i, c in enumerate(chunks):
             req = c.req
             self.kv.commit(req, c.num_tokens)
+            if i in result.scores and req.prompt_logprobs is not None and req.leader is None:
+                req.prompt_logprobs.extend(result.scores[i])
             if i not in tokens:
                 continue
             if i in result.logits:
                 req.logits.append(result.logits[i])
+            if i in result.logprobs and req.logprobs is not None:
+                req.logprobs.append(result.logprobs[i])
+                req.cumulative_logprob += result.logprobs[i].logprob
             self._counters.generation_tokens_total += 1
             if req.metrics.first_token_time is None:
                 req.metrics.first_token_time = now
             reason = append_token(req, tokens[i], self._parts.eos_ids, self.max_model_len)
+            if req.matcher is not None:
+                if not req.matcher.accept(tokens[i]):
+                    req.error = f"the grammar rejected a token: {req.matcher.error}"
+                    reason = "error"
+                elif reason is None and req.matcher.is_finished:
+                    reason = "stop"  # the grammar is complete: nothing else may follow
             if reason is not None:
                 self._finish(req, reason)
-            else:
+            elif not _ranks_choices(req):
                 deliver(req, finished=False)
+
+    def _track(self, req: Request) -> None:
+        self._requests[req.request_id] = req
+        self._groups.setdefault(req.group_id, []).append(req)
 
     def _finish(self, req: Request, reason: str) -> None:
         """End `req`: out of the queues, its blocks released (cached unless it failed), and
@@ -303,11 +394,29 @@ class LLMEngine:
         if req.is_finished:
             return
         req.finish_reason = reason
-        if reason == "error":
+        if reason == "error" and req.error is None:
             req.error = "the engine failed while running this request"
         self.scheduler.remove(req, cache_computed=reason != "error")
         req.metrics.finish_time = time.monotonic()
         self._requests.pop(req.request_id, None)
-        totals = self._counters.requests_total
-        totals[reason] = totals.get(reason, 0) + 1
-        deliver(req, finished=True)
+        group = self._groups.get(req.group_id, [req])
+        done = all(r.is_finished for r in group)
+        if done:  # a request is counted once, by its first choice's reason
+            self._groups.pop(req.group_id, None)
+            totals = self._counters.requests_total
+            first = group[0].finish_reason or reason
+            totals[first] = totals.get(first, 0) + 1
+        if not _ranks_choices(req):
+            deliver(req, finished=True)
+        elif done:
+            # best_of > n: the n choices with the highest cumulative log-prob, re-numbered.
+            ranked = sorted(group, key=lambda r: -r.cumulative_logprob)[: req.params.n]
+            for i, r in enumerate(ranked):
+                r.index = i
+                deliver(r, finished=True)
+
+
+def _ranks_choices(req: Request) -> bool:
+    """Whether `req`'s group draws more choices than it returns (best_of > n): its outputs
+    are held until every choice has finished."""
+    return req.params.num_samples > req.params.n

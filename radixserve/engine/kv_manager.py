@@ -56,7 +56,11 @@ class KVCacheManager:
 
     def peek(self, req: Request) -> int:
         """Cached-prefix length `admit` would find for `req` now (no side effects)."""
-        return self.cache.peek_prefix(self._match_key(req), req.namespace)
+        limit = req.cacheable_prefix
+        if limit is not None and limit < self.block_size:
+            return 0
+        cached = self.cache.peek_prefix(self._match_key(req), req.namespace)
+        return cached if limit is None else min(cached, limit // self.block_size * self.block_size)
 
     def admit(self, req: Request) -> int:
         """Match `req`'s longest cached prefix, pin it, and start its block table with it.
@@ -71,6 +75,9 @@ class KVCacheManager:
         n = len(req.token_ids)
         self.query_tokens += n
         key = req.token_ids if self.copy_block is not None else self._match_key(req)
+        limit = req.cacheable_prefix
+        if limit is not None:  # rows still to score must be computed: match only before them
+            key = key[: limit // self.block_size * self.block_size]
         m = self.cache.match_prefix(key, req.namespace)
         if m.num_tokens:
             self.cache.lock(m.node)
@@ -96,8 +103,37 @@ class KVCacheManager:
         req.block_table = blocks
         req.num_shared_blocks = len(blocks)
         req.num_computed = cached
+        if self._fork_tail(req):
+            cached = req.num_computed
         self.hit_tokens += cached
         return cached
+
+    def _fork_tail(self, req: Request) -> bool:
+        """Copy-on-write of a shared prompt's last partial block: a choice i > 0 whose leader
+        has computed the prompt and still holds that block (private, past the tree's whole
+        blocks that `req` matched) starts from a copy of it, computed up to its last token.
+        Returns whether it did."""
+        lead, n, done = req.leader, len(req.token_ids), req.num_computed
+        if (
+            lead is None
+            or self.copy_block is None
+            or n != req.num_prompt_tokens  # a fresh choice, not one being resumed
+            or not 0 < n - 1 - done < self.block_size
+            or lead.num_computed < n - 1
+            or lead.block_table[: len(req.block_table)] != req.block_table
+            or len(lead.block_table) <= done // self.block_size
+            or lead.token_ids[done : n - 1] != req.token_ids[done : n - 1]
+        ):
+            return False
+        try:
+            (copy,) = self.cache.allocate(1)  # the match is locked: not evicted for this
+        except CacheFullError:
+            return False
+        self.copy_block(lead.block_table[done // self.block_size], copy)
+        req.block_table.append(copy)
+        self.num_private_blocks += 1
+        req.num_computed = n - 1
+        return True
 
     def ensure_blocks(self, req: Request, num_tokens: int) -> bool:
         """Grow `req`'s block table to cover `num_tokens` tokens, evicting cached blocks if

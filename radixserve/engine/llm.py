@@ -63,13 +63,15 @@ class LLM:
     def _run(
         self, token_lists: list[list[int]], params: SamplingParams, namespace: Hashable
     ) -> list[RequestOutput]:
-        results: list[RequestOutput | None] = [None] * len(token_lists)
+        """Outputs in prompt order; with n > 1, the n choices of each prompt in a row."""
+        n = params.n
+        results: list[RequestOutput | None] = [None] * (len(token_lists) * n)
         done = threading.Semaphore(0)
 
         def callback(i: int) -> Callable[[RequestOutput], None]:
             def on_output(out: RequestOutput) -> None:
                 if out.finished:
-                    results[i] = out
+                    results[i * n + out.index] = out
                     done.release()
 
             return on_output
@@ -82,7 +84,7 @@ class LLM:
                         toks, params, namespace=namespace, on_output=callback(i)
                     )
                 )
-            for _ in ids:
+            for _ in range(len(results)):
                 done.acquire()
         except BaseException:
             for rid in ids:

@@ -21,26 +21,32 @@ def append_token(
     the text) or "length" (max_tokens, or the context is full)."""
     req.token_ids.append(token)
     p = req.params
-    if (token in eos_ids and not p.ignore_eos) or token in p.stop_token_ids:
+    early = len(req.output_token_ids) <= p.min_tokens  # EOS and stops cannot end it yet
+    if not early and ((token in eos_ids and not p.ignore_eos) or token in p.stop_token_ids):
+        req.stop_reason = token
         return "stop"
     delta = req.detokenizer.add(token)
-    if delta and _add_text(req, delta):
+    if delta and _add_text(req, delta, early):
         return "stop"
     if len(req.output_token_ids) >= p.max_tokens or len(req.token_ids) >= max_model_len:
         return "length"
     return None
 
 
-def _add_text(req: Request, delta: str) -> bool:
+def _add_text(req: Request, delta: str, early: bool = False) -> bool:
     """Append `delta` to `req.text`; True (with the text cut there) if a stop string ends in
-    it. Only the tail where a new match can start is searched."""
+    it, unless `early` (min_tokens not reached). Only the tail where a new match can start
+    is searched."""
     stops = req.params.stop
     start = max(0, len(req.text) - max((len(s) for s in stops), default=0))
     req.text += delta
+    if early:
+        return False
     for s in stops:
         idx = req.text.find(s, start)
         if idx != -1:
             req.text = req.text[:idx]
+            req.stop_reason = s
             return True
     return False
 
@@ -57,7 +63,7 @@ def take_output(req: Request, finished: bool = False) -> RequestOutput:
     req.emitted_chars = max(req.emitted_chars, visible)
     req.metrics.num_output_tokens = len(out_ids)
     return RequestOutput(
-        request_id=req.request_id,
+        request_id=req.group_id,
         prompt_token_ids=req.prompt_token_ids,
         token_ids=list(out_ids),
         text=req.text[:visible] if not finished else req.text,
@@ -69,6 +75,11 @@ def take_output(req: Request, finished: bool = False) -> RequestOutput:
         metrics=req.metrics,
         error=req.error,
         logits=list(req.logits) if finished else [],
+        index=req.index,
+        logprobs=list(req.logprobs) if req.logprobs is not None else None,
+        prompt_logprobs=list(req.prompt_logprobs) if req.prompt_logprobs is not None else None,
+        cumulative_logprob=req.cumulative_logprob if req.logprobs is not None else None,
+        stop_reason=req.stop_reason,
     )
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixserve.model.sampling import TokenLogprobs
+
 
 @dataclass
 class RequestMetrics:
@@ -38,3 +40,10 @@ class RequestOutput:
     error: str | None = None
     # One float32 row per generated token, only when SamplingParams.return_logits.
     logits: list[Any] = field(default_factory=list)
+    index: int = 0  # which choice of the request (SamplingParams.n / best_of)
+    # With SamplingParams.logprobs (or best_of > n): one entry per token of token_ids.
+    logprobs: list[TokenLogprobs] | None = None
+    # With SamplingParams.prompt_logprobs: one entry per prompt token after the first.
+    prompt_logprobs: list[TokenLogprobs] | None = None
+    cumulative_logprob: float | None = None  # sum of `logprobs`
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it

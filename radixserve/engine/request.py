@@ -12,8 +12,10 @@ import torch
 
 from radixserve.engine.outputs import RequestMetrics, RequestOutput
 from radixserve.engine.params import SamplingParams
+from radixserve.engine.structured import GrammarMatcher
 from radixserve.engine.tokenizer import IncrementalDetokenizer
 from radixserve.errors import InvalidRequestError, PromptTooLongError, RequestTooLargeError
+from radixserve.model.sampling import TokenLogprobs
 
 
 class RequestState(enum.Enum):
@@ -40,7 +42,12 @@ class Request:
     Each group of fields has one owner that changes it: the scheduler the queue state
     (`state`, `admitted_seq`), the KVCacheManager the blocks (`num_computed`, `block_table`,
     `num_shared_blocks`, `lock_node`), radixserve.engine.output the output (new
-    `token_ids`, `text`, `emitted_*`), and the engine the ending (`finish_reason`, `error`).
+    `token_ids`, `text`, `emitted_*`, the log-probs), and the engine the ending
+    (`finish_reason`, `error`).
+
+    A request with n > 1 choices is one Request per choice, sharing `group_id` (the id the
+    caller knows); choice i > 0 follows choice 0 (`leader`): it is admitted once the
+    leader's prompt is computed and starts from the leader's blocks (see KVCacheManager).
     """
 
     request_id: str
@@ -66,11 +73,20 @@ class Request:
     emitted_chars: int = 0  # how much of `text` callers have been given
     emitted_tokens: int = 0
     logits: list[torch.Tensor] = field(default_factory=list)  # with params.return_logits
+    group_id: str = ""  # the caller's request id ("" means request_id)
+    index: int = 0  # which choice of the group
+    leader: Request | None = None  # choice 0, for choices i > 0
+    logprobs: list[TokenLogprobs] | None = None  # per output token, with params.logprobs
+    prompt_logprobs: list[TokenLogprobs] | None = None  # prompt tokens 1.., params.prompt_*
+    cumulative_logprob: float = 0.0  # of the output tokens, when log-probs are computed
+    stop_reason: int | str | None = None  # the stop token id or string that ended it
+    matcher: GrammarMatcher | None = None  # with params.structured: where the output is
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.monotonic()))
 
     def __post_init__(self) -> None:
         if not self.token_ids:
             self.token_ids = list(self.prompt_token_ids)
+        self.group_id = self.group_id or self.request_id
         self.metrics.num_prompt_tokens = len(self.prompt_token_ids)
 
     @property
@@ -87,6 +103,16 @@ class Request:
     def num_remaining(self) -> int:
         """Tokens still to compute before the next token can be sampled."""
         return len(self.token_ids) - self.num_computed
+
+    @property
+    def cacheable_prefix(self) -> int | None:
+        """How many leading tokens admission may take from the cache (None: any). A prompt
+        being scored needs the logits of every row it has not scored yet, so those rows
+        are computed, not served from the cache."""
+        scores = self.prompt_logprobs
+        if scores is None or len(scores) >= self.num_prompt_tokens - 1:
+            return None
+        return len(scores)
 
     @property
     def is_finished(self) -> bool:
@@ -117,6 +143,10 @@ def check_prompt(
             "tokens, and at least one must be left to generate",
             "prompt",
         )
+    for tok in (*params.logit_bias, *params.stop_token_ids):
+        if tok >= vocab_size:
+            name = "logit_bias" if tok in params.logit_bias else "stop_token_ids"
+            raise InvalidRequestError(f"{name}: token id {tok} is not below {vocab_size}", name)
     total = min(len(ids) + params.max_tokens, max_model_len)
     if total > pool_tokens:
         raise RequestTooLargeError(

@@ -26,11 +26,11 @@ class ScheduledChunk:
         """Whether this chunk ends at the request's last token."""
         return self.req.num_computed + self.num_tokens == len(self.req.token_ids)
 
-    def seq_chunk(self) -> SeqChunk:
-        """What the model runner computes for this chunk."""
+    def seq_chunk(self, logits_from: int | None = None) -> SeqChunk:
+        """What the model runner computes for this chunk (scoring rows from `logits_from`)."""
         r = self.req
         ids = r.token_ids[r.num_computed : r.num_computed + self.num_tokens]
-        return SeqChunk(ids, r.num_computed, r.block_table, need_logits=self.samples)
+        return SeqChunk(ids, r.num_computed, r.block_table, self.samples, logits_from)
 
 
 @dataclass
@@ -124,6 +124,8 @@ class Scheduler:
         for req in self._admission_order():
             if budget <= 0 or len(self.running) >= self.max_num_seqs:
                 break
+            if self._waits_for_leader(req):
+                continue  # one prefill for every choice: the leader's
             peek = self.kv.peek(req)
             if self._shares_uncached_prefix(req, peek):
                 continue  # let the other request compute it once, then hit the cache
@@ -175,6 +177,18 @@ class Scheduler:
             ):
                 return True
         return False
+
+    def _waits_for_leader(self, req: Request) -> bool:
+        """True for a choice i > 0 whose leader has not computed the shared prompt yet (it
+        then starts from the leader's blocks instead of prefilling them again)."""
+        lead = req.leader
+        return (
+            lead is not None
+            and self.kv.cache.enabled
+            and not lead.is_finished
+            and lead.num_computed < lead.num_prompt_tokens
+            and len(req.token_ids) == req.num_prompt_tokens
+        )
 
     def _pick_victim(self, scheduled: set[int], exclude: Request) -> Request | None:
         candidates: Iterable[Request] = (

@@ -13,13 +13,16 @@ class SeqChunk:
     """New tokens of one sequence: ids, the position of the first, and the block table.
 
     The block table covers positions [0, start_pos + len(token_ids)); tokens before
-    start_pos must already be in the pool. `need_logits` asks for the last token's logits.
+    start_pos must already be in the pool. `need_logits` asks for the last token's logits;
+    `logits_from` (an offset in the chunk) asks for the logits of every row from it on too
+    (to score a prompt), returned in row order before the last row's.
     """
 
     token_ids: Sequence[int]
     start_pos: int
     block_table: Sequence[int]
     need_logits: bool = True
+    logits_from: int | None = None
 
 
 @dataclass
@@ -137,8 +140,12 @@ def build_batch(
         for p in range(c.start_pos, end):
             positions.append(p)
             slots.append(table[p // block_size] * block_size + p % block_size)
-        if c.need_logits:
-            logits_rows.append(row0 + n - 1)
+        if c.logits_from is not None:
+            first = min(max(0, c.logits_from), n - 1)
+        else:
+            first = n - 1 if c.need_logits else n
+        for r in range(first, n):
+            logits_rows.append(row0 + r)
             logits_chunk.append(i)
         if n > 1:
             used = torch.tensor(table[: -(-end // block_size)], dtype=torch.long, device=device)
@@ -191,6 +198,8 @@ def narrow_to_outputs(batch: ForwardBatch) -> tuple[torch.Tensor, ForwardBatch] 
     prefills = []
     for p in batch.prefills:
         last = p.token_start + p.num_tokens - 1
+        if any(p.token_start <= r < last for r in wanted):
+            return None  # a chunk scores its prompt: the last layer needs those rows too
         if last in wanted:
             prefills.append(PrefillMeta(len(keep), 1, p.context_len, p.block_ids))
             keep.append(last)

@@ -22,15 +22,29 @@ from radixserve.model.attention import select_backend
 from radixserve.model.batch import ForwardBatch, SeqChunk, StepBuffers, build_batch
 from radixserve.model.decoder import DecoderModel
 from radixserve.model.kv_pool import KVPool
-from radixserve.model.sampling import SamplingRow, sample_rows
+from radixserve.model.sampling import SamplingRow, TokenLogprobs, sample_rows, token_logprobs
+
+
+@dataclass(frozen=True)
+class ScoreRows:
+    """Score a chunk's rows from its `logits_from` on: row j's log-prob of `target_ids[j]`
+    (the token after it) and its `num_top` most likely tokens. A sampling chunk's last row is
+    scored through its sampled token instead, so `target_ids` may stop one row short."""
+
+    target_ids: Sequence[int]
+    num_top: int = 0
 
 
 @dataclass
 class StepResult:
-    """Sampled token per chunk that asked for one, and logits rows where asked for."""
+    """Sampled token per chunk that asked for one, and what else each chunk asked for."""
 
     token_ids: dict[int, int] = field(default_factory=dict)  # chunk index -> token id
     logits: dict[int, torch.Tensor] = field(default_factory=dict)  # chunk index -> [V] float32
+    # chunk index -> the sampled token's log-prob, where its SamplingRow asks for logprobs
+    logprobs: dict[int, TokenLogprobs] = field(default_factory=dict)
+    # chunk index -> one entry per target of its ScoreRows
+    scores: dict[int, list[TokenLogprobs]] = field(default_factory=dict)
 
 
 def graph_buckets(max_num_seqs: int) -> list[int]:
@@ -107,24 +121,80 @@ class ModelRunner:
         chunks: Sequence[SeqChunk],
         sampling: Sequence[SamplingRow | None],
         keep_logits: Sequence[bool] | None = None,
+        scoring: Sequence[ScoreRows | None] | None = None,
     ) -> StepResult:
         """One forward step over `chunks`; each chunk with `need_logits` gets a token drawn
-        as `sampling[i]` says, and its logits row too where `keep_logits[i]`."""
+        as `sampling[i]` says (with its log-prob where that row asks), its logits row too
+        where `keep_logits[i]`, and the scores of its prompt rows where `scoring[i]`."""
         batch = build_batch(chunks, self.block_size, self.device, self.buffers)
         logits = self._forward(batch)
         result = StepResult()
-        if not batch.logits_chunk_index:
+        index = batch.logits_chunk_index
+        if not index:
             return result
+        # A chunk's sampling row is its last returned row; rows before it score its prompt.
+        sample_at = [
+            r
+            for r, i in enumerate(index)
+            if chunks[i].need_logits and (r + 1 == len(index) or index[r + 1] != i)
+        ]
         rows: list[SamplingRow] = []
-        for i in batch.logits_chunk_index:
-            row = sampling[i]
+        for r in sample_at:
+            row = sampling[index[r]]
             rows.append(row if row is not None else SamplingRow(temperature=0.0))
-        ids = sample_rows(logits, rows).tolist()  # the step's one device-to-host copy of ids
-        for r, i in enumerate(batch.logits_chunk_index):
-            result.token_ids[i] = ids[r]
+        drawn = logits if len(sample_at) == len(index) else logits[sample_at]
+        ids = sample_rows(drawn, rows).tolist()  # the step's one device-to-host copy of ids
+        for j, r in enumerate(sample_at):
+            i = index[r]
+            result.token_ids[i] = ids[j]
             if keep_logits is not None and keep_logits[i]:
                 result.logits[i] = logits[r].cpu()
+        self._score(logits, index, sample_at, rows, ids, scoring, result)
         return result
+
+    @staticmethod
+    def _score(
+        logits: torch.Tensor,
+        index: Sequence[int],
+        sample_at: Sequence[int],
+        rows: Sequence[SamplingRow],
+        ids: Sequence[int],
+        scoring: Sequence[ScoreRows | None] | None,
+        result: StepResult,
+    ) -> None:
+        """Fill `result.logprobs` and `result.scores` with one log-softmax over every row
+        that needs one (sampled tokens that ask for log-probs, then prompt rows)."""
+        at: list[int] = []
+        targets: list[int] = []
+        tops: list[int] = []
+        owners: list[tuple[int, bool]] = []
+        for j, r in enumerate(sample_at):
+            top = rows[j].logprobs
+            if top is not None:
+                at.append(r)
+                targets.append(ids[j])
+                tops.append(top)
+                owners.append((index[r], True))
+        if scoring is not None:
+            seen: set[int] = set()
+            for r, i in enumerate(index):
+                score = scoring[i]
+                if score is None or i in seen:
+                    continue
+                seen.add(i)
+                for k, target in enumerate(score.target_ids):
+                    at.append(r + k)
+                    targets.append(target)
+                    tops.append(score.num_top)
+                    owners.append((i, False))
+        if not at:
+            return
+        scored = token_logprobs(logits, at, targets, tops)
+        for (i, sampled), lp in zip(owners, scored, strict=True):
+            if sampled:
+                result.logprobs[i] = lp
+            else:
+                result.scores.setdefault(i, []).append(lp)
 
     def _forward(self, batch: ForwardBatch) -> torch.Tensor:
         d = batch.decode

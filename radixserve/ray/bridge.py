@@ -148,6 +148,8 @@ class RemoteBridge(EngineBridge):
         self.handle = handle
         self.on_resend = on_resend  # called each time a request is sent again
 
+    supports_choices = False  # RemoteStream ends at the first finished choice
+
     async def submit(  # type: ignore[override]
         self,
         prompt_token_ids: list[int],

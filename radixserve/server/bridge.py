@@ -34,9 +34,14 @@ class RequestStream:
     """Outputs of one engine request as an async iterator; `close()` aborts it if unfinished."""
 
     def __init__(
-        self, engine: LLMEngine, loop: asyncio.AbstractEventLoop, observer: OutputObserver | None
+        self,
+        engine: LLMEngine,
+        loop: asyncio.AbstractEventLoop,
+        observer: OutputObserver | None,
+        num_choices: int = 1,
     ) -> None:
         self._engine = engine
+        self.num_choices = num_choices
         self._loop = loop
         self._observer = observer
         self._queue: asyncio.Queue[tuple[float, RequestOutput]] = asyncio.Queue()
@@ -44,7 +49,8 @@ class RequestStream:
         self.request_id: str | None = None
         self.finished = False
         self.client_gone = False
-        self.final: RequestOutput | None = None
+        self.final: RequestOutput | None = None  # choice 0's last output
+        self.finals: list[RequestOutput] = []  # every choice's, by index, once all finished
 
     def on_output(self, output: RequestOutput) -> None:
         """Engine-thread callback: must be quick and must not raise."""
@@ -60,16 +66,24 @@ class RequestStream:
             if output.new_token_ids:
                 self._last_stamp = stamp
             if output.finished:
-                self.finished = True
-                self.final = output
+                self.finals.append(output)
+                if len(self.finals) == self.num_choices:
+                    self.finished = True
+                    self.finals.sort(key=lambda o: o.index)
+                    self.final = self.finals[0]
             yield output
 
     async def result(self) -> RequestOutput:
-        """Wait for the final output."""
+        """Wait for the final output (of choice 0)."""
         async for _ in self:
             pass
         assert self.final is not None
         return self.final
+
+    async def results(self) -> list[RequestOutput]:
+        """Wait for the final output of every choice, by index."""
+        await self.result()
+        return self.finals
 
     def abort(self) -> None:
         """Abort the request in the engine unless it already finished (idempotent)."""
@@ -83,6 +97,8 @@ class RequestStream:
 
 class EngineBridge:
     """Submits requests to an `LLMEngine` from the event loop."""
+
+    supports_choices = True  # streams carry n > 1 choices (RequestStream.results)
 
     def __init__(self, engine: LLMEngine, observer: OutputObserver | None = None) -> None:
         self.engine = engine
@@ -103,7 +119,8 @@ class EngineBridge:
         `stream` says whether the caller reads every output or only the last; a bridge to a
         remote engine may use it, this one does not need to.
         """
-        out = RequestStream(self.engine, asyncio.get_running_loop(), self.observer)
+        loop = asyncio.get_running_loop()
+        out = RequestStream(self.engine, loop, self.observer, params.n)
         out.request_id = self.engine.add_request(
             prompt_token_ids,
             params,

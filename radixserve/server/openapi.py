@@ -50,20 +50,61 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails
 
 
+class FunctionCallOut(BaseModel):
+    """The function a generated tool call names, with its JSON arguments as text."""
+
+    name: str
+    arguments: str
+
+
+class ToolCallOut(BaseModel):
+    """One generated tool call."""
+
+    id: str
+    type: Literal["function"]
+    function: FunctionCallOut
+
+
 class AssistantMessage(BaseModel):
-    """The generated message of a chat completion."""
+    """The generated message of a chat completion (content is null when it is only tool
+    calls; `tool_calls` is absent when there are none)."""
 
     role: Literal["assistant"]
-    content: str
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = None
+
+
+class TopLogprob(BaseModel):
+    """One of a token's most likely alternatives."""
+
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(TopLogprob):
+    """A generated token's log-prob, with its `top_logprobs` alternatives."""
+
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    """`choices[].logprobs` of a chat completion (with `logprobs: true`)."""
+
+    content: list[TokenLogprob] | None
+    refusal: None
+
+
+_FINISH = Literal["stop", "length", "tool_calls"]
 
 
 class ChatChoice(BaseModel):
-    """The one choice of a chat completion."""
+    """One choice of a chat completion."""
 
     index: int
     message: AssistantMessage
-    logprobs: None
-    finish_reason: Literal["stop", "length"]
+    logprobs: ChatLogprobs | None
+    finish_reason: _FINISH
 
 
 class ChatCompletion(BaseModel):
@@ -77,12 +118,22 @@ class ChatCompletion(BaseModel):
     usage: Usage
 
 
+class CompletionLogprobs(BaseModel):
+    """`choices[].logprobs` of a text completion (with `logprobs: N`); the prompt's tokens
+    first with `echo` (the very first one without a log-prob)."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
 class CompletionChoice(BaseModel):
-    """The one choice of a text completion."""
+    """One choice of a text completion."""
 
     index: int
     text: str
-    logprobs: None
+    logprobs: CompletionLogprobs | None
     finish_reason: Literal["stop", "length"]
 
 

@@ -5,193 +5,21 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    WithJsonSchema,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, ValidationError, WithJsonSchema, field_validator, model_validator
 from starlette.requests import Request
 
+from radixserve.engine.params import MAX_LOGPROBS, MAX_N
 from radixserve.server.errors import APIError
+from radixserve.server.messages import ChatMessage, Strict, first_message, message_schema
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
-class _Strict(BaseModel):
-    # Unknown fields are ignored (OpenAI clients send fields we do not use); known fields are
-    # typed strictly: "10" is not an int, 1 is not a bool, NaN is not a temperature.
-    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
-
-
-class StreamOptions(_Strict):
+class StreamOptions(Strict):
     """`stream_options` of a streaming request."""
 
     include_usage: bool = False
-
-
-# Content part types OpenAI defines that this text-only server cannot read.
-_MEDIA_PARTS = {"image_url": "image", "input_audio": "audio", "file": "file"}
-# Which content part types each role may send (OpenAI's message types); others: text only.
-_PART_TYPES = {"assistant": ("text", "refusal")}
-
-
-class ContentPart(_Strict):
-    """One part of a message's content list; text (and an assistant's refusal) only."""
-
-    type: str
-    text: str | None = None
-    refusal: str | None = None
-
-    @model_validator(mode="after")
-    def _readable(self) -> ContentPart:
-        if self.type in _MEDIA_PARTS:
-            raise ValueError(
-                f"{_MEDIA_PARTS[self.type]} content parts ('{self.type}') are not supported: "
-                "this model reads text only; send {'type': 'text', 'text': ...} parts"
-            )
-        if self.type == "text" and self.text is None:
-            raise ValueError("a text content part needs a string 'text'")
-        if self.type == "refusal" and self.refusal is None:
-            raise ValueError("a refusal content part needs a string 'refusal'")
-        if self.type not in ("text", "refusal"):
-            raise ValueError(f"unknown content part type '{self.type}'; expected 'text'")
-        return self
-
-
-class FunctionCall(_Strict):
-    """The function an assistant's tool call names, with its JSON arguments as a string."""
-
-    name: str
-    arguments: str
-
-
-class ToolCall(_Strict):
-    """One entry of an assistant message's `tool_calls`."""
-
-    id: str
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
-class ChatMessage(_Strict):
-    """One chat message, checked per role as OpenAI's API does (see docs/server.md)."""
-
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
-    tool_call_id: str | None = None
-    tool_calls: list[ToolCall] | None = None
-
-    @field_validator("content", mode="before")
-    @classmethod
-    def _content_shape(cls, v: Any) -> Any:
-        # Checked here so a bad part gets its own message, not one error per union member.
-        if v is None or isinstance(v, str):
-            return v
-        if not isinstance(v, list):
-            raise ValueError("content must be a string or a list of content parts")
-        parts = []
-        for j, part in enumerate(v):
-            if not isinstance(part, dict):
-                raise ValueError(f"content[{j}] must be an object with a 'type'")
-            try:
-                parts.append(ContentPart.model_validate(part))
-            except ValidationError as e:
-                inner = "".join(f".{p}" for p in e.errors(include_url=False)[0].get("loc", ()))
-                raise ValueError(f"content[{j}]{inner}: {_first_message(e)}") from None
-        return parts
-
-    @model_validator(mode="after")
-    def _per_role(self) -> ChatMessage:
-        role = self.role
-        if self.content is None and not (role == "assistant" and self.tool_calls):
-            raise ValueError(
-                f"'content' is required in {_a(role)} message (it may be null only in an "
-                "assistant message that carries tool_calls)"
-            )
-        if isinstance(self.content, list):
-            allowed = _PART_TYPES.get(role, ("text",))
-            for part in self.content:
-                if part.type not in allowed:
-                    raise ValueError(
-                        f"{_a(role).capitalize()} message cannot hold '{part.type}' parts"
-                    )
-        if role == "tool" and self.tool_call_id is None:
-            raise ValueError("a tool message needs 'tool_call_id' (a string)")
-        if role != "tool" and self.tool_call_id is not None:
-            raise ValueError(f"'tool_call_id' belongs in tool messages, not {role} messages")
-        if role != "assistant" and self.tool_calls is not None:
-            raise ValueError(f"'tool_calls' belongs in assistant messages, not {role} messages")
-        return self
-
-    def template_dict(self) -> dict[str, Any]:
-        """The message as the tokenizer's chat template takes it: role and text content."""
-        if isinstance(self.content, list):
-            text = "".join((p.text if p.type == "text" else p.refusal) or "" for p in self.content)
-        else:
-            text = self.content or ""
-        return {"role": self.role, "content": text}
-
-
-def _message_schema() -> dict[str, Any]:
-    """JSON schema of one message, one variant per role rule of `ChatMessage` (the OpenAPI
-    document shows it; the fuzz tests hold the validators to it)."""
-
-    def part(kind: str) -> dict[str, Any]:
-        props = {"type": {"const": kind}, kind: {"type": "string"}}
-        return {"type": "object", "properties": props, "required": ["type", kind]}
-
-    def content(*kinds: str) -> dict[str, Any]:
-        items = part(kinds[0]) if len(kinds) == 1 else {"anyOf": [part(k) for k in kinds]}
-        return {"anyOf": [{"type": "string"}, {"type": "array", "items": items}]}
-
-    call = {
-        "type": "object",
-        "properties": {
-            "id": {"type": "string"},
-            "type": {"const": "function"},
-            "function": {
-                "type": "object",
-                "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}},
-                "required": ["name", "arguments"],
-            },
-        },
-        "required": ["id", "function"],
-    }
-    null, text = {"type": "null"}, {"anyOf": [{"type": "string"}, {"type": "null"}]}
-
-    def variant(roles: list[str], required: list[str], **props: Any) -> dict[str, Any]:
-        base = {"name": text, "tool_call_id": null, "tool_calls": null}
-        properties = {"role": {"enum": roles}, **base, **props}
-        return {"type": "object", "properties": properties, "required": ["role", *required]}
-
-    calls = {"type": "array", "items": call}
-    return {
-        "title": "ChatMessage",
-        "anyOf": [
-            variant(["system", "developer", "user"], ["content"], content=content("text")),
-            variant(
-                ["tool"],
-                ["content", "tool_call_id"],
-                content=content("text"),
-                tool_call_id={"type": "string"},
-            ),
-            variant(
-                ["assistant"],
-                ["content"],
-                content=content("text", "refusal"),
-                tool_calls={"anyOf": [calls, null]},
-            ),
-            variant(
-                ["assistant"], ["tool_calls"], content=null, tool_calls={**calls, "minItems": 1}
-            ),
-        ],
-    }
 
 
 _ONE_PROMPT: dict[str, Any] = {
@@ -216,8 +44,74 @@ def _only(*values: Any) -> WithJsonSchema:
     return WithJsonSchema({"enum": list(values)})
 
 
-class _SamplingRequest(_Strict):
-    """Fields shared by /v1/completions and /v1/chat/completions."""
+class FunctionDef(Strict):
+    """A tool's function: its name, what it does, and its arguments' JSON schema."""
+
+    name: str = Field(pattern=r"^[a-zA-Z0-9_.-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # honoured always: constrained calls match the schema
+
+
+class Tool(Strict):
+    """One entry of `tools`."""
+
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(Strict):
+    """The function a named `tool_choice` forces."""
+
+    name: str
+
+
+class NamedToolChoice(Strict):
+    """`tool_choice: {"type": "function", "function": {"name": ...}}`."""
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(Strict):
+    """`response_format.json_schema`."""
+
+    name: str = Field(default="response", max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None  # honoured always: the output is constrained to the schema
+
+
+class ResponseFormat(Strict):
+    """`response_format`: free text, any JSON object, or JSON matching a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("type 'json_schema' needs a 'json_schema' object")
+        return self
+
+
+class StructuredOutputs(Strict):
+    """vLLM's `structured_outputs`: exactly one of its fields."""
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = Field(default=None, min_length=1)
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
+def _unsupported(param: str, why: str) -> APIError:
+    return APIError(400, f"{param} is not supported: {why}", param=param)
+
+
+class _SamplingRequest(Strict):
+    """Fields shared by /v1/completions and /v1/chat/completions (docs/server.md has the
+    table of every OpenAI field and what this server does with it)."""
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
@@ -225,18 +119,27 @@ class _SamplingRequest(_Strict):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
     stop: str | list[str] | None = None
-    n: Annotated[int, _only(1)] = Field(default=1, ge=1)
+    n: int = Field(default=1, ge=1, le=MAX_N)
     user: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: Annotated[float | None, _only(0, None)] = Field(default=None, ge=-2, le=2)
-    frequency_penalty: Annotated[float | None, _only(0, None)] = Field(default=None, ge=-2, le=2)
-    logit_bias: Annotated[dict[str, float] | None, _only({}, None)] = None
-    # radixserve extras (pass them with the openai client's `extra_body`)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
+    response_format: ResponseFormat | None = None
+    # radixserve and vLLM extras (pass them with the openai client's `extra_body`)
     top_k: int | None = Field(default=None, ge=-1)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
+    min_tokens: int = Field(default=0, ge=0)
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
     ignore_eos: bool = False
     priority: int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
     cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = Field(default=None, min_length=1)
+    guided_grammar: str | None = None
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -247,16 +150,27 @@ class _SamplingRequest(_Strict):
             return v
         raise ValueError("stop must be a string or a list of strings")
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_keys(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key in v or {}:
+            if not key.isdigit():
+                raise ValueError(f"logit_bias keys are token ids as strings, not {key!r}")
+        return v
+
     def unsupported(self) -> APIError | None:
-        """The first accepted-but-unsupported parameter set to a non-default value, if any."""
-        if self.n != 1:
-            return APIError(400, "only n=1 is supported", param="n")
-        if self.presence_penalty or self.frequency_penalty:
-            param = "presence_penalty" if self.presence_penalty else "frequency_penalty"
-            return APIError(400, f"{param} is not supported; leave it at 0", param=param)
-        if self.logit_bias:
-            return APIError(400, "logit_bias is not supported", param="logit_bias")
+        """The first field set to something this server cannot do, as a 400 naming it."""
+        if self.stream and self.best_of_value() > self.n:
+            return APIError(400, "best_of > n cannot be streamed", param="best_of")
         return None
+
+    def best_of_value(self) -> int:
+        """How many choices are drawn (best_of where the API has it)."""
+        return self.n
+
+    def bias(self) -> dict[int, float]:
+        """logit_bias with integer token ids."""
+        return {int(k): float(v) for k, v in (self.logit_bias or {}).items()}
 
     @property
     def include_usage(self) -> bool:
@@ -267,15 +181,55 @@ class _SamplingRequest(_Strict):
 class ChatCompletionRequest(_SamplingRequest):
     """Body of POST /v1/chat/completions."""
 
-    messages: list[Annotated[ChatMessage, WithJsonSchema(_message_schema())]] = Field(min_length=1)
+    messages: list[Annotated[ChatMessage, WithJsonSchema(message_schema())]] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: Annotated[bool | None, _only(False, None)] = None
-    top_logprobs: Annotated[int | None, _only(0, None)] = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    tools: list[Tool] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    # Accepted because they do not change the output (see docs/server.md):
+    metadata: dict[str, str] | None = None
+    prompt_cache_key: str | None = None  # also marks the session, like `user`
+    safety_identifier: str | None = None
+    # Accepted only at values that ask for nothing this server cannot do:
+    store: Annotated[bool | None, _only(False, None)] = None
+    service_tier: Annotated[str | None, _only("auto", "default", None)] = None
+    modalities: Annotated[list[str] | None, _only(["text"], None)] = None
+    audio: Annotated[dict[str, Any] | None, _only(None)] = None
+    prediction: Annotated[dict[str, Any] | None, _only(None)] = None
+    reasoning_effort: Annotated[str | None, _only(None)] = None
+    verbosity: Annotated[str | None, _only(None)] = None
+    web_search_options: Annotated[dict[str, Any] | None, _only(None)] = None
+    functions: Annotated[list[dict[str, Any]] | None, _only(None)] = None
+    function_call: Annotated[str | dict[str, Any] | None, _only(None)] = None
 
     def unsupported(self) -> APIError | None:
-        """As the base class, plus logprobs."""
-        if self.logprobs or self.top_logprobs:
-            return APIError(400, "logprobs are not supported", param="logprobs")
+        """As the base class, plus the chat fields."""
+        if self.top_logprobs is not None and not self.logprobs:
+            return APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        if self.tool_choice is not None and not self.tools:
+            return APIError(400, "tool_choice needs tools", param="tool_choice")
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tools:
+            name = self.tool_choice.function.name
+            if name not in {t.function.name for t in self.tools}:
+                why = f"tool_choice names {name!r}, which is not in tools"
+                return APIError(400, why, param="tool_choice")
+        refused = (
+            ("store", self.store, "completions are not stored"),
+            ("service_tier", self.service_tier not in (None, "auto", "default"), "one tier only"),
+            ("modalities", self.modalities not in (None, ["text"]), "text output only"),
+            ("audio", self.audio is not None, "text output only"),
+            ("prediction", self.prediction is not None, "no predicted outputs"),
+            ("reasoning_effort", self.reasoning_effort is not None, "not a reasoning model"),
+            ("verbosity", self.verbosity is not None, "not a reasoning model"),
+            ("web_search_options", self.web_search_options is not None, "no web search"),
+            ("functions", self.functions is not None, "deprecated; send `tools`"),
+            ("function_call", self.function_call is not None, "deprecated; send `tool_choice`"),
+        )
+        for param, bad, why in refused:
+            if bad:
+                return _unsupported(param, why)
         return super().unsupported()
 
     def requested_max_tokens(self) -> int | None:
@@ -286,14 +240,20 @@ class ChatCompletionRequest(_SamplingRequest):
         """Messages as plain dicts for `Tokenizer.apply_chat_template`."""
         return [m.template_dict() for m in self.messages]
 
+    def tool_dicts(self) -> list[dict[str, Any]] | None:
+        """`tools` as plain dicts (None without tools)."""
+        if not self.tools:
+            return None
+        return [t.model_dump(by_alias=True, exclude_none=True) for t in self.tools]
+
 
 class CompletionRequest(_SamplingRequest):
     """Body of POST /v1/completions; `prompt` is text, token ids, or a list of one of those."""
 
     prompt: Annotated[str | list[int], WithJsonSchema(_PROMPT_SCHEMA)]
-    echo: Annotated[bool, _only(False)] = False
-    best_of: Annotated[int | None, _only(1, None)] = None
-    logprobs: Annotated[int | None, _only(0, None)] = None
+    echo: bool = False
+    best_of: int | None = Field(default=None, ge=1, le=MAX_N)
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     suffix: Annotated[str | None, _only("", None)] = None
 
     @field_validator("prompt", mode="before")
@@ -314,16 +274,16 @@ class CompletionRequest(_SamplingRequest):
         raise ValueError("prompt must be a string or a list of token ids")
 
     def unsupported(self) -> APIError | None:
-        """As the base class, plus echo, best_of, logprobs and suffix."""
-        if self.echo:
-            return APIError(400, "echo is not supported", param="echo")
-        if self.best_of not in (None, 1):
-            return APIError(400, "only best_of=1 is supported", param="best_of")
-        if self.logprobs:
-            return APIError(400, "logprobs are not supported", param="logprobs")
+        """As the base class, plus best_of and suffix."""
+        if self.best_of is not None and self.best_of < self.n:
+            return APIError(400, "best_of must be >= n", param="best_of")
         if self.suffix:
-            return APIError(400, "suffix is not supported", param="suffix")
+            return _unsupported("suffix", "no fill-in-the-middle")
         return super().unsupported()
+
+    def best_of_value(self) -> int:
+        """best_of, or n when it is not set."""
+        return self.best_of or self.n
 
     def requested_max_tokens(self) -> int | None:
         """max_tokens as sent (None when absent)."""
@@ -333,10 +293,6 @@ class CompletionRequest(_SamplingRequest):
 def sse(data: dict[str, Any]) -> bytes:
     """One server-sent event carrying `data` as JSON."""
     return b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
-
-
-def _a(role: str) -> str:
-    return f"an {role}" if role[0] in "aeiou" else f"a {role}"
 
 
 def _is_int(v: Any) -> bool:
@@ -389,9 +345,4 @@ def validation_error(e: ValidationError) -> APIError:
     loc = [str(p) for p in err.get("loc", ())]
     param = loc[0] if loc else None
     where = ".".join(loc) or "body"
-    return APIError(400, f"invalid '{where}': {_first_message(e)}", param=param)
-
-
-def _first_message(e: ValidationError) -> str:
-    msg = str(e.errors(include_url=False)[0].get("msg", "invalid value"))
-    return msg.removeprefix("Value error, ")
+    return APIError(400, f"invalid '{where}': {first_message(e)}", param=param)

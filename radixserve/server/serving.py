@@ -6,6 +6,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -13,8 +14,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from radixserve.engine.outputs import RequestOutput
 from radixserve.engine.params import SamplingParams
+from radixserve.engine.structured import StructuredOutput
 from radixserve.errors import ModelNotFoundError, PromptTooLongError
 from radixserve.server.bridge import EngineBridge, RequestStream, abort_on_disconnect
+from radixserve.server.chat import ChatResponder
+from radixserve.server.completion import CompletionResponder
+from radixserve.server.constraints import structured_output, tool_mode
 from radixserve.server.errors import APIError
 from radixserve.server.protocol import (
     MAX_BODY_BYTES,
@@ -22,9 +27,9 @@ from radixserve.server.protocol import (
     CompletionRequest,
     parse_body,
     read_json_body,
-    sse,
 )
 from radixserve.server.tiers import bearer_token, session_id
+from radixserve.server.usage import failure, usage
 
 if TYPE_CHECKING:
     from radixserve.engine.engine import LLMEngine
@@ -33,28 +38,13 @@ if TYPE_CHECKING:
 DEFAULT_MAX_TOKENS = 256
 # Texts longer than this are tokenized in a worker thread so the event loop stays responsive.
 _INLINE_TOKENIZE_CHARS = 8192
+# A grammar still compiling after this long is answered with a 400 (it keeps compiling in
+# its worker thread and is cached, so the same spec sent again may then be served).
+GRAMMAR_COMPILE_TIMEOUT_S = 10.0
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
-
-def usage(out: RequestOutput) -> dict[str, Any]:
-    """OpenAI's usage object, with the prompt tokens served from the prefix cache."""
-    prompt, completion = len(out.prompt_token_ids), len(out.token_ids)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens},
-    }
-
-
-def failure(out: RequestOutput) -> APIError | None:
-    """The error a finished output stands for, if it did not finish normally."""
-    if out.finish_reason in ("stop", "length"):
-        return None
-    if out.finish_reason == "abort":
-        return APIError(503, "the request was aborted (server shutting down?)", code="aborted")
-    return APIError(500, f"generation failed: {out.error or 'engine error'}", code="engine_error")
+__all__ = ["DEFAULT_MAX_TOKENS", "SSE_HEADERS", "OpenAIServing", "failure", "usage"]
 
 
 class OpenAIServing:
@@ -74,56 +64,61 @@ class OpenAIServing:
         self.default_max_tokens = default_max_tokens
         self.max_body_bytes = max_body_bytes
         self.api_key_tiers: dict[str, int] = {}  # api key -> cache-retention tier
+        # Grammars compile here, never on the event loop or the engine thread; two workers
+        # so one slow schema does not hold up every other new one.
+        self._compiler = ThreadPoolExecutor(2, thread_name_prefix="radixserve-grammar")
 
     async def completions(self, request: Request) -> Response:
         """POST /v1/completions."""
         body = await read_json_body(request, self.max_body_bytes)
         req: CompletionRequest = parse_body(CompletionRequest, body)
         self._check(req)
+        tok = self.engine.tokenizer
         if isinstance(req.prompt, str):
-            prompt_ids = await _maybe_in_thread(
-                self.engine.tokenizer.encode, req.prompt, len(req.prompt)
-            )
+            prompt_ids = await _maybe_in_thread(tok.encode, req.prompt, len(req.prompt))
+            echo_text = req.prompt
         else:
             prompt_ids = req.prompt  # the engine checks the ids against the vocabulary
+            echo_text = tok.decode(prompt_ids, skip_special_tokens=False) if req.echo else ""
+        logprobs = req.logprobs
+        scoring = {"logprobs": logprobs, "best_of": req.best_of}
+        if req.echo and logprobs is not None:
+            scoring["prompt_logprobs"] = logprobs
+        params = await self._params(req, prompt_ids, "prompt", **scoring)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        stream = await self._submit(request, req, prompt_ids, rid, "prompt")
+        stream = await self._submit(request, req, prompt_ids, rid, params)
         base = {"id": rid, "object": "text_completion", "created": created, "model": self.name}
+        responder = CompletionResponder(tok, base, echo_text if req.echo else None, logprobs)
         if req.stream:
-            return _sse_response(self._completion_events(stream, base, req.include_usage))
-        out = await _collect(request, stream)
-        choice = {
-            "index": 0,
-            "text": out.text,
-            "logprobs": None,
-            "finish_reason": out.finish_reason,
-        }
-        return JSONResponse({**base, "choices": [choice], "usage": usage(out)})
+            return _sse_response(responder.events(stream, req.include_usage))
+        outs = await _collect(request, stream)
+        choices = [responder.choice(o) for o in outs]
+        return JSONResponse({**base, "choices": choices, "usage": usage(outs)})
 
     async def chat(self, request: Request) -> Response:
         """POST /v1/chat/completions."""
         body = await read_json_body(request, self.max_body_bytes)
         req: ChatCompletionRequest = parse_body(ChatCompletionRequest, body)
         self._check(req)
-        messages = req.message_dicts()
+        messages, tools = req.message_dicts(), req.tool_dicts()
         size = sum(len(str(m.get("content", ""))) for m in messages)
         prompt_ids = await _maybe_in_thread(
-            self.engine.tokenizer.apply_chat_template, messages, size
+            lambda ms: self.engine.tokenizer.apply_chat_template(ms, tools=tools), messages, size
         )
+        top = (req.top_logprobs or 0) if req.logprobs else None
+        params = await self._params(req, prompt_ids, "messages", logprobs=top)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        stream = await self._submit(request, req, prompt_ids, rid, "messages")
+        stream = await self._submit(request, req, prompt_ids, rid, params)
         base = {"id": rid, "object": "chat.completion", "created": created, "model": self.name}
+        mode = tool_mode(req)
+        names = [t.function.name for t in req.tools or []] if mode != "none" else []
+        responder = ChatResponder(self.engine.tokenizer, base, names, top)
         if req.stream:
-            chunk_base = {**base, "object": "chat.completion.chunk"}
-            return _sse_response(self._chat_events(stream, chunk_base, req.include_usage))
-        out = await _collect(request, stream)
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": out.text},
-            "logprobs": None,
-            "finish_reason": out.finish_reason,
-        }
-        return JSONResponse({**base, "choices": [choice], "usage": usage(out)})
+            responder.base = {**base, "object": "chat.completion.chunk"}
+            return _sse_response(responder.events(stream, req.include_usage))
+        outs = await _collect(request, stream)
+        choices = [responder.choice(o) for o in outs]
+        return JSONResponse({**base, "choices": choices, "usage": usage(outs)})
 
     @property
     def name(self) -> str:
@@ -139,6 +134,58 @@ class OpenAIServing:
         err = req.unsupported()
         if err is not None:
             raise err
+        if req.best_of_value() > 1 and not getattr(self.bridge, "supports_choices", False):
+            param = "n" if req.n > 1 else "best_of"
+            raise APIError(400, f"{param} > 1 is not available on this deployment", param=param)
+
+    async def _params(
+        self,
+        req: ChatCompletionRequest | CompletionRequest,
+        prompt_ids: list[int],
+        prompt_param: str,
+        **scoring: Any,
+    ) -> SamplingParams:
+        """The engine's SamplingParams for `req`, its grammar compiled (or refused) first."""
+        spec = structured_output(req)
+        if spec is not None:
+            await self._compile(spec)
+        return SamplingParams(
+            max_tokens=self._max_tokens(req.requested_max_tokens(), len(prompt_ids), prompt_param),
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=-1 if req.top_k is None else req.top_k,
+            seed=req.seed,
+            stop=[req.stop] if isinstance(req.stop, str) else list(req.stop or []),
+            stop_token_ids=list(req.stop_token_ids or []),
+            ignore_eos=req.ignore_eos,
+            presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0,
+            repetition_penalty=req.repetition_penalty or 1.0,
+            logit_bias=req.bias(),
+            min_tokens=req.min_tokens,
+            n=req.n,
+            structured=spec,
+            **scoring,
+        )
+
+    async def _compile(self, spec: StructuredOutput) -> None:
+        """Compile `spec` in a worker thread (a cache hit returns at once); a 400 naming the
+        field when it does not compile, or not within GRAMMAR_COMPILE_TIMEOUT_S."""
+        grammars = getattr(self.engine, "grammars", None)
+        if grammars is None or grammars.cached(spec) is not None:
+            return  # an engine elsewhere (Ray) compiles it when the request arrives
+        loop = asyncio.get_running_loop()
+        task = loop.run_in_executor(self._compiler, grammars.compile, spec)
+        task.add_done_callback(lambda f: f.cancelled() or f.exception())  # seen if abandoned
+        try:
+            await asyncio.wait_for(asyncio.shield(task), GRAMMAR_COMPILE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise APIError(
+                400,
+                f"{spec.param}: the {spec.kind} grammar did not compile within "
+                f"{GRAMMAR_COMPILE_TIMEOUT_S:.0f} s; simplify it",
+                param=spec.param,
+            ) from None
 
     async def _submit(
         self,
@@ -146,25 +193,17 @@ class OpenAIServing:
         req: ChatCompletionRequest | CompletionRequest,
         prompt_ids: list[int],
         rid: str,
-        prompt_param: str,
+        params: SamplingParams,
     ) -> RequestStream:
-        params = SamplingParams(
-            max_tokens=self._max_tokens(req.requested_max_tokens(), len(prompt_ids), prompt_param),
-            temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p,
-            top_k=-1 if req.top_k is None else req.top_k,
-            seed=req.seed,
-            stop=[req.stop] if isinstance(req.stop, str) else list(req.stop or []),
-            ignore_eos=req.ignore_eos,
-        )
         tier = self.api_key_tiers.get(bearer_token(request) or "")
+        session_key = req.user or getattr(req, "prompt_cache_key", None)
         return await self.bridge.submit(
             prompt_ids,
             params,
             request_id=rid,
             namespace=req.cache_salt,
             priority=req.priority if tier is None else tier,
-            session_id=session_id(request, req.user),
+            session_id=session_id(request, session_key),
             stream=bool(req.stream),
         )
 
@@ -187,54 +226,6 @@ class OpenAIServing:
             )
         return requested
 
-    async def _completion_events(
-        self, stream: RequestStream, base: dict[str, Any], include_usage: bool
-    ) -> AsyncIterator[bytes]:
-        extra = {"usage": None} if include_usage else {}
-        try:
-            async for out in stream:
-                if out.finished and (err := failure(out)) is not None:
-                    yield sse(err.body())
-                    break
-                if out.new_text or out.finished:
-                    choice = {
-                        "index": 0,
-                        "text": out.new_text,
-                        "logprobs": None,
-                        "finish_reason": out.finish_reason if out.finished else None,
-                    }
-                    yield sse({**base, "choices": [choice], **extra})
-            if include_usage and stream.final is not None and failure(stream.final) is None:
-                yield sse({**base, "choices": [], "usage": usage(stream.final)})
-            yield b"data: [DONE]\n\n"
-        finally:
-            stream.close()
-
-    async def _chat_events(
-        self, stream: RequestStream, base: dict[str, Any], include_usage: bool
-    ) -> AsyncIterator[bytes]:
-        extra = {"usage": None} if include_usage else {}
-
-        def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-            return sse({**base, "choices": [choice], **extra})
-
-        try:
-            yield chunk({"role": "assistant", "content": ""})
-            async for out in stream:
-                if out.finished and (err := failure(out)) is not None:
-                    yield sse(err.body())
-                    break
-                if out.new_text:
-                    yield chunk({"content": out.new_text})
-                if out.finished:
-                    yield chunk({}, out.finish_reason)
-            if include_usage and stream.final is not None and failure(stream.final) is None:
-                yield sse({**base, "choices": [], "usage": usage(stream.final)})
-            yield b"data: [DONE]\n\n"
-        finally:
-            stream.close()
-
 
 async def _maybe_in_thread(fn: Callable[[Any], list[int]], arg: Any, size: int) -> list[int]:
     if size <= _INLINE_TOKENIZE_CHARS:
@@ -242,19 +233,24 @@ async def _maybe_in_thread(fn: Callable[[Any], list[int]], arg: Any, size: int) 
     return await asyncio.to_thread(fn, arg)
 
 
-async def _collect(request: Request, stream: RequestStream) -> RequestOutput:
-    """Wait for a non-streaming request's final output; a client that leaves aborts it."""
+async def _collect(request: Request, stream: RequestStream) -> list[RequestOutput]:
+    """Wait for a non-streaming request's final outputs (every choice, by index); a client
+    that leaves aborts it."""
     try:
         async with abort_on_disconnect(request, stream):
-            out = await stream.result()
+            if getattr(stream, "num_choices", 1) > 1:
+                outs = await stream.results()
+            else:
+                outs = [await stream.result()]
     finally:
         stream.close()
     if stream.client_gone:  # nobody reads this; 499 keeps it apart from real errors in metrics
         raise APIError(499, "the client closed the request", code="client_closed_request")
-    err = failure(out)
-    if err is not None:
-        raise err
-    return out
+    for out in outs:
+        err = failure(out)
+        if err is not None:
+            raise err
+    return outs
 
 
 def _sse_response(events: AsyncIterator[bytes]) -> StreamingResponse:

@@ -12,32 +12,7 @@ from radixserve.engine.llm import LLM
 from radixserve.engine.outputs import RequestOutput
 from radixserve.engine.params import SamplingParams
 from radixserve.errors import InvalidRequestError, PromptTooLongError, RequestTooLargeError
-from tests.support import wait_for
-
-
-class Collector:
-    """Records every output callback, by request id."""
-
-    def __init__(self) -> None:
-        self.outputs: dict[str, list[RequestOutput]] = {}
-
-    def __call__(self, out: RequestOutput) -> None:
-        self.outputs.setdefault(out.request_id, []).append(out)
-
-    def final(self, rid: str) -> RequestOutput:
-        outs = self.outputs[rid]
-        assert outs[-1].finished and sum(o.finished for o in outs) == 1
-        return outs[-1]
-
-
-def run_until_idle(engine, max_steps: int = 10_000, check: bool = True) -> None:
-    for _ in range(max_steps):
-        engine.step()
-        if check:
-            engine.kv.check_invariants()
-        if not engine.scheduler.has_work() and not engine._inbox and not engine._aborts:
-            return
-    raise AssertionError("engine did not become idle")
+from tests.support import Collector, run_until_idle, wait_for
 
 
 def greedy(n: int) -> SamplingParams:

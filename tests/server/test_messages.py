@@ -43,8 +43,8 @@ def test_null_content_is_accepted_for_an_assistant_message_with_tool_calls() -> 
         {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]},
         {"role": "tool", "content": "3", "tool_call_id": "call_1"},
     )
-    assert msgs[1] == {"role": "assistant", "content": ""}
-    assert msgs[2] == {"role": "tool", "content": "3"}
+    assert msgs[1] == {"role": "assistant", "content": "", "tool_calls": [TOOL_CALL]}
+    assert msgs[2] == {"role": "tool", "content": "3", "tool_call_id": "call_1"}
 
 
 @pytest.mark.parametrize(
@@ -96,6 +96,6 @@ def test_assistant_refusal_part_and_name_are_accepted() -> None:
         {"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't."}]},
     )
     assert msgs == [
-        {"role": "user", "content": "hi"},
+        {"role": "user", "content": "hi", "name": "ann"},
         {"role": "assistant", "content": "I can't."},
     ]

@@ -42,6 +42,9 @@ def test_each_error_type_maps_to_one_status(exc: Exception, status: int) -> None
     assert to_api_error(exc).status == status
 
 
+USER = {"role": "user", "content": "hi"}
+
+
 def test_queue_full_asks_to_retry_later() -> None:
     assert "Retry-After" in to_api_error(QueueFullError("full")).headers
 
@@ -107,10 +110,37 @@ def test_max_completion_tokens_wins_over_max_tokens() -> None:
     assert req.requested_max_tokens() == 7
 
 
-def test_unsupported_parameters_are_named() -> None:
-    req = parse_body(CompletionRequest, {"prompt": "hi", "n": 3})
-    err = req.unsupported()
-    assert err is not None and err.param == "n" and err.status == 400
+@pytest.mark.parametrize(
+    ("model", "field", "value"),
+    [
+        (CompletionRequest, "suffix", "tail"),
+        (ChatCompletionRequest, "store", True),
+        (ChatCompletionRequest, "audio", {"voice": "alloy", "format": "wav"}),
+        (ChatCompletionRequest, "modalities", ["text", "audio"]),
+        (ChatCompletionRequest, "reasoning_effort", "high"),
+        (ChatCompletionRequest, "prediction", {"type": "content", "content": "x"}),
+        (ChatCompletionRequest, "web_search_options", {}),
+        (ChatCompletionRequest, "functions", [{"name": "f"}]),
+        (ChatCompletionRequest, "function_call", "auto"),
+        (ChatCompletionRequest, "service_tier", "flex"),
+        (ChatCompletionRequest, "top_logprobs", 3),
+        (ChatCompletionRequest, "tool_choice", "required"),
+    ],
+)
+def test_fields_that_cannot_be_honoured_are_a_400_naming_them(
+    model: type, field: str, value: Any
+) -> None:
+    body = {"prompt": "hi"} if model is CompletionRequest else {"messages": [USER]}
+    err = parse_body(model, {**body, field: value}).unsupported()
+    assert err is not None and err.param == field and err.status == 400
+
+
+def test_best_of_cannot_be_streamed_or_below_n() -> None:
+    streamed = parse_body(CompletionRequest, {"prompt": "hi", "best_of": 3, "stream": True})
+    assert streamed.unsupported().param == "best_of"
+    below = parse_body(CompletionRequest, {"prompt": "hi", "n": 3, "best_of": 2})
+    assert below.unsupported().param == "best_of"
+    assert parse_body(CompletionRequest, {"prompt": "hi", "n": 3}).unsupported() is None
 
 
 def test_chat_requires_a_list_of_message_objects() -> None:
