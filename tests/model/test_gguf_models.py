@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from radixserve.engine.tokenizer import Tokenizer
 from radixserve.model.batch import SeqChunk
+from radixserve.model.config import ModelConfig
 from radixserve.model.files import resolve_model
 from radixserve.model.loader import load_model
 from radixserve.model.runner import ModelRunner
@@ -81,3 +83,22 @@ def test_gguf_logits_equal_transformers_loading_the_same_file(
     for row, logits in zip(range(len(ids) - 4, len(ids)), got, strict=True):
         scale = max(1.0, want[row].abs().max().item())
         assert (logits - want[row]).abs().max().item() <= 1e-4 * scale, row
+
+
+def test_a_gguf_chat_template_and_end_of_turn_token_carry_over(
+    tiny_pair_factory, tmp_path: Path
+) -> None:
+    """A chat model's file: its tokenizer.chat_template renders chats, and generation stops at
+    its <end_of_turn> control token as at its end-of-sequence token."""
+    hf, _ = tiny_pair_factory(arch="gemma3", **(SHAPES | EXTRA["gemma3"]))
+    template = "{% for m in messages %}<s>{{ m['content'] }}<end_of_turn>{% endfor %}"
+    path = write_tiny_gguf(
+        tmp_path / "chat.gguf", "gemma3", hf, TYPES["gemma3"], WINDOW, chat_template=template
+    )
+    files = resolve_model(str(path), cache_dir=tmp_path / "cache")
+    tok = Tokenizer.from_dir(files.path)
+    assert tok.has_chat_template
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    # <s>, the content (not in the tiny vocabulary: <unk>), <end_of_turn>; per message
+    assert tok.apply_chat_template(chat) == [1, 0, 3, 1, 0, 3]
+    assert set(ModelConfig.from_dir(files.path).eos_token_ids) == {2, 3}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -57,9 +58,12 @@ def test_memory_size_type_rejects_what_is_not_a_positive_size(text: str) -> None
 def test_kv_pool_larger_than_free_memory_fails_before_allocating() -> None:
     free = free_memory(torch.device("cpu"))
     assert free is not None and free > 0
+    # Twice the machine's memory, not just past what is free now: other processes freeing
+    # memory between the two readings must not let the pool allocate (and the OOM killer in).
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     per_block = 2 * TINY.num_layers * 16 * TINY.num_kv_heads * TINY.head_dim * 4
     with pytest.raises(KVPoolSizeError, match="memory is free; lower --kv-cache-memory to"):
-        KVPool(TINY, free // per_block + 1, 16, torch.float32)
+        KVPool(TINY, 2 * total // per_block + 1, 16, torch.float32)
 
 
 def test_pool_smaller_than_one_request_names_both_remedies() -> None:

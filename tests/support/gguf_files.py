@@ -80,11 +80,18 @@ def _blocks(w: np.ndarray, type_name: str, rng: np.random.Generator) -> np.ndarr
 
 
 def write_tiny_gguf(
-    path: Path, arch: str, hf: Any, types: dict[str, str], window: int | None = None
+    path: Path,
+    arch: str,
+    hf: Any,
+    types: dict[str, str],
+    window: int | None = None,
+    chat_template: str | None = None,
 ) -> Path:
     """Write transformers model `hf` of architecture `arch` as a GGUF at `path`: matrices whose
     GGUF base name (attn_q, ffn_down, token_embd, ...) is in `types` in that block type
-    (the rest float32), a SentencePiece-style vocabulary of the words w0, w1, ...."""
+    (the rest float32), a SentencePiece-style vocabulary of the words w0, w1, .... With
+    `chat_template`, the file carries it as tokenizer.chat_template and token 3 is Gemma's
+    `<end_of_turn>` control token, as a chat model's file has them."""
     import gguf
 
     name, permuted, shift = GGUF_LAYOUT[arch]
@@ -107,10 +114,14 @@ def write_tiny_gguf(
         writer.add_sliding_window(window)
     vocab = [f"w{i}" for i in range(c.vocab_size)]
     vocab[:3] = ["<unk>", "<s>", "</s>"]
+    kinds = [2, 3, 3] + [1] * (c.vocab_size - 3)  # unknown, control, control, normal ...
+    if chat_template is not None:
+        vocab[3], kinds[3] = "<end_of_turn>", 3
+        writer.add_chat_template(chat_template)
     writer.add_tokenizer_model("llama")
     writer.add_token_list(vocab)
     writer.add_token_scores([-float(i) for i in range(c.vocab_size)])
-    writer.add_token_types([2, 3, 3] + [1] * (c.vocab_size - 3))
+    writer.add_token_types(kinds)
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_unk_token_id(0)
