@@ -17,7 +17,8 @@ from radixserve.bench.corpus import TokenCounter
 from radixserve.bench.load import BenchPlan, LoadConfig
 from radixserve.bench.report import format_summary, summarize
 from radixserve.bench.spike import format_phases, phase_stats, to_json
-from radixserve.bench.workloads import Spike, build_sessions, make_workload, script
+from radixserve.bench.tools import agent_stats, format_agent
+from radixserve.bench.workloads import AgentLoop, Spike, build_sessions, make_workload, script
 from radixserve.engine.tokenizer import Tokenizer
 from radixserve.errors import RadixServeError
 from radixserve.model.files import resolve_model
@@ -140,6 +141,7 @@ def _run_bench(args: argparse.Namespace) -> int:
     title = f"{plan.workload.name} against {url} ({plan.load.describe()})"
     print(format_summary(summary, title))
     spike = _spike_report(plan, res.records, cache_stats)
+    agent = _agent_report(plan, res.records)
     if args.trace_out:
         _write_trace(args.trace_out, res.trace)
     if args.output_dir:
@@ -158,6 +160,8 @@ def _run_bench(args: argparse.Namespace) -> int:
         }
         if spike is not None:
             data["spike"] = spike
+        if agent is not None:
+            data["agent"] = agent
         (out / "results.json").write_text(json.dumps(data, indent=1))
         plot_ttft_cdf({plan.workload.name: res.records}, out / "ttft_cdf.png")
         plot_ttft_vs_prompt({plan.workload.name: res.records}, out / "ttft_vs_prompt.png")
@@ -194,6 +198,15 @@ def _spike_report(
     return out
 
 
+def _agent_report(plan: BenchPlan, records: list[Any], label: str = "") -> dict[str, Any] | None:
+    """Print and return the agent workload's constrained-vs-free report (None for others)."""
+    if not isinstance(plan.workload, AgentLoop) or plan.api_name != "chat":
+        return None
+    stats = agent_stats(records)
+    print("\n" + format_agent(stats, f"agent{f' [{label}]' if label else ''}"))
+    return stats
+
+
 def _run_compare(args: argparse.Namespace, plan: BenchPlan, progress: bool) -> int:
     from radixserve.bench.servers import ServerProcess
     from radixserve.bench.suite import compare, warmup, write_run_files
@@ -225,6 +238,8 @@ def _run_compare(args: argparse.Namespace, plan: BenchPlan, progress: bool) -> i
             s.stop()
     print(f"{plan.workload.name} ({plan.load.describe()}, {args.rounds} round(s))")
     print(res.table())
+    for label, records in zip(res.labels, res.records, strict=True):
+        _agent_report(plan, records, label)
     if args.trace_out:
         _write_trace(args.trace_out, res.trace)
     if args.output_dir:

@@ -60,14 +60,39 @@ async def fetch_model(client: httpx.AsyncClient, base_url: str) -> str:
     return str(data[0]["id"])
 
 
-def _chunk_text(chunk: dict[str, Any]) -> tuple[str, str | None]:
+def _chunk_text(chunk: dict[str, Any]) -> tuple[str, str | None, list[dict[str, Any]]]:
+    """A chunk's text, finish reason and tool-call deltas (of its first choice)."""
     choices = chunk.get("choices") or []
     if not choices:
-        return "", None
+        return "", None, []
     c = choices[0]
     delta = c.get("delta")
     text = (delta or {}).get("content") if delta is not None else c.get("text")
-    return text or "", c.get("finish_reason")
+    return text or "", c.get("finish_reason"), (delta or {}).get("tool_calls") or []
+
+
+def _merge_call_deltas(calls: dict[int, dict[str, Any]], deltas: list[dict[str, Any]]) -> str:
+    """Add streamed tool-call deltas to `calls` (by index) as an OpenAI client does; returns
+    the name and argument text they carried (it counts as output text for the timings)."""
+    added = ""
+    for d in deltas:
+        call = calls.setdefault(
+            int(d.get("index", 0)),
+            {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
+        )
+        call["id"] = d.get("id") or call["id"]
+        fn = d.get("function") or {}
+        call["function"]["name"] += fn.get("name") or ""
+        call["function"]["arguments"] += fn.get("arguments") or ""
+        added += (fn.get("name") or "") + (fn.get("arguments") or "")
+    return added
+
+
+def _tool_choice(body: dict[str, Any]) -> str | None:
+    choice = body.get("tool_choice")
+    if choice is None:
+        return "auto" if body.get("tools") else None
+    return choice if isinstance(choice, str) else "named"
 
 
 async def send_request(
@@ -77,13 +102,16 @@ async def send_request(
     body: dict[str, Any],
     t0: float,
 ) -> RequestRecord:
-    """Stream one request and time it: TTFT is the first chunk that carries text or a finish
-    reason (role-only chunks do not count); inter-token latencies are the gaps between text
-    chunks; token counts come from the usage chunk.
+    """Stream one request and time it: TTFT is the first chunk that carries text (content or a
+    tool call's name or arguments) or a finish reason (role-only chunks do not count);
+    inter-token latencies are the gaps between text chunks; token counts come from the usage
+    chunk; streamed tool calls are put together in record.tool_calls.
     `t0` (time.perf_counter()) is the start of the run; errors land in record.error."""
     start = time.perf_counter()
     rec = RequestRecord(spec.id, spec.session_id, spec.turn, start - t0)
+    rec.tool_choice = _tool_choice(body)
     parts: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
     last: float | None = None
     try:
         async with client.stream("POST", f"{base_url}{spec.path}", json=body) as resp:
@@ -103,15 +131,16 @@ async def send_request(
                 if "error" in chunk and not chunk.get("choices"):
                     rec.error = f"stream error: {json.dumps(chunk['error'])[:500]}"
                     break
-                text, finish = _chunk_text(chunk)
-                if rec.ttft is None and (text or finish):  # a lone finish: the first token was EOS
+                text, finish, call_deltas = _chunk_text(chunk)
+                call_text = _merge_call_deltas(calls, call_deltas)
+                if rec.ttft is None and (text or call_text or finish):  # lone finish: EOS first
                     rec.ttft = now - start
-                if text:
+                if text or call_text:
                     if last is not None:
                         rec.itl.append(now - last)
                     last = now
                     rec.chunks += 1
-                    parts.append(text)
+                    parts.append(text)  # content only; call text is in `calls`
                 if finish:
                     rec.finish_reason = finish
                 usage = chunk.get("usage")
@@ -124,6 +153,7 @@ async def send_request(
         rec.error = f"{type(e).__name__}: {e}"
     rec.e2e = time.perf_counter() - start
     rec.text = "".join(parts)
+    rec.tool_calls = [calls[i] for i in sorted(calls)]
     if rec.error is None and rec.completion_tokens is None:
         rec.completion_tokens = rec.chunks  # server sent no usage chunk: count text chunks
     return rec

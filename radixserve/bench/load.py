@@ -108,7 +108,7 @@ async def run_load(
         async with cond:
             state["in_flight"] -= 1
             if rec.ok:
-                s.record(rec.text)
+                s.record(rec.text, rec.tool_calls)
                 if not s.done:
                     ready.append(s)
             cond.notify_all()

@@ -36,6 +36,8 @@ class RequestRecord:
     finish_reason: str | None = None
     text: str = ""
     error: str | None = None
+    tool_choice: str | None = None  # what the request sent ("named" for a named function)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI shape, as streamed
 
     @property
     def ok(self) -> bool:

@@ -16,21 +16,24 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from radixserve.bench.corpus import Corpus, TokenCounter
+from radixserve.bench.tools import AGENT_TOOLS
 
 APIS = ("chat", "completion")
 
 
 @dataclass(frozen=True)
 class RequestSpec:
-    """One request to send: chat messages or a completion prompt, and its output budget."""
+    """One request to send: chat messages or a completion prompt, its output budget, and
+    fields of its own (`extra`: the agent workload's tools and tool_choice)."""
 
     id: str
     session_id: str
     turn: int
     api: str
     max_tokens: int
-    messages: list[dict[str, str]] | None = None
+    messages: list[dict[str, Any]] | None = None
     prompt: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def path(self) -> str:
@@ -50,33 +53,50 @@ class RequestSpec:
             stream=True,
             stream_options={"include_usage": True},
         )
+        body.update(self.extra)
         body.update(extra)
         return body
 
 
 @dataclass
 class Session:
-    """A conversation script; `answers` fills in as the server replies."""
+    """A conversation script; `answers` (and `calls`, the tool calls of each answer) fill in as
+    the server replies. A session with `tools` sends them with each chat turn, with
+    `tool_choices[k]` on turn k; an input that follows an answer with tool calls goes back as
+    the `tool` message answering its first call (the agent loop's tool output)."""
 
     id: str
     inputs: list[str]
     max_tokens: int
     system: str | None = None
     answers: list[str] = field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
+    tool_choices: list[str] | None = None
+    calls: list[list[dict[str, Any]]] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
         """Whether every turn has been answered."""
         return len(self.answers) >= len(self.inputs)
 
-    def messages(self) -> list[dict[str, str]]:
-        """Chat messages for the next turn: system, earlier turns with real answers, new input."""
+    def messages(self) -> list[dict[str, Any]]:
+        """Chat messages for the next turn: system, earlier turns with real answers (and their
+        tool calls, each answered by a `tool` message), new input."""
         k = len(self.answers)
-        msgs = [{"role": "system", "content": self.system}] if self.system else []
+        msgs: list[dict[str, Any]] = []
+        if self.system:
+            msgs.append({"role": "system", "content": self.system})
+        msgs.append({"role": "user", "content": self.inputs[0]})
         for i in range(k):
-            msgs.append({"role": "user", "content": self.inputs[i]})
-            msgs.append({"role": "assistant", "content": self.answers[i]})
-        msgs.append({"role": "user", "content": self.inputs[k]})
+            calls = self.calls[i] if i < len(self.calls) else []
+            if not calls:
+                msgs.append({"role": "assistant", "content": self.answers[i]})
+                msgs.append({"role": "user", "content": self.inputs[i + 1]})
+                continue
+            msgs.append({"role": "assistant", "content": self.answers[i], "tool_calls": calls})
+            for j, call in enumerate(calls):  # every call gets its answer; the first, the input
+                out = self.inputs[i + 1] if j == 0 else "(done)"
+                msgs.append({"role": "tool", "tool_call_id": call["id"], "content": out})
         return msgs
 
     def prompt(self) -> str:
@@ -91,16 +111,22 @@ class Session:
         return out
 
     def next_request(self, api: str) -> RequestSpec:
-        """The request for the next unanswered turn."""
+        """The request for the next unanswered turn (with the session's tools on chat)."""
         k = len(self.answers)
         rid = f"{self.id}-t{k}"
         if api == "chat":
-            return RequestSpec(rid, self.id, k, api, self.max_tokens, messages=self.messages())
+            extra: dict[str, Any] = {}
+            if self.tools:
+                choice = self.tool_choices[k] if self.tool_choices else "auto"
+                extra = {"tools": self.tools, "tool_choice": choice, "parallel_tool_calls": False}
+            msgs = self.messages()
+            return RequestSpec(rid, self.id, k, api, self.max_tokens, messages=msgs, extra=extra)
         return RequestSpec(rid, self.id, k, api, self.max_tokens, prompt=self.prompt())
 
-    def record(self, answer: str) -> None:
-        """Store the real answer of the current turn."""
+    def record(self, answer: str, calls: list[dict[str, Any]] | None = None) -> None:
+        """Store the real answer of the current turn and its tool calls."""
         self.answers.append(answer)
+        self.calls.append(list(calls or []))
 
 
 @dataclass
@@ -227,31 +253,39 @@ class FewShot(Workload):
 
 @dataclass
 class AgentLoop(Workload):
-    """Agents working a task: each step appends the model's answer and a tool output to a
-    growing history behind a shared tool-description system prompt."""
+    """Agents working a task with tools: a fixed system prompt and the same five tool schemas
+    (AGENT_TOOLS) every turn; each step appends the model's answer (its tool call) and the
+    tool's output to a growing history. Turn k sends tool_choice "required" (decoding
+    constrained to a valid call) when k % required_every == 0, else "auto" (free decoding)."""
 
     name: ClassVar[str] = "agent"
-    summary: ClassVar[str] = "growing history with tool outputs appended"
+    summary: ClassVar[str] = "system prompt + 5 tool schemas every turn, tool outputs appended"
     agents: int = 4
     steps: int = 6
     system_tokens: int = 384
     task_tokens: int = 64
     tool_tokens: int = 192
-    max_tokens: int = 32
+    max_tokens: int = 48
+    required_every: int = 2
 
     def sessions(self, corpus: Corpus) -> list[Session]:
         head = (
-            "You are a coding agent. Tools: read_file(path), grep(pattern, path), run(cmd). "
-            "Reply with one tool call per turn, then explain.\n\nProject notes:\n"
+            "You are a coding agent working in a Python project. Use the tools: call one "
+            "tool per turn, read its output, then decide the next step.\n\nProject notes:\n"
         )
         system = head + corpus.passage(self.system_tokens - corpus.counter.count(head))
+        choices = [
+            "required" if k % self.required_every == 0 else "auto" for k in range(self.steps)
+        ]
         out = []
         for a in range(self.agents):
             inputs = ["Task: " + corpus.passage(self.task_tokens)]
             for _ in range(self.steps - 1):
                 module, text = corpus.named_passage(self.tool_tokens)
-                inputs.append(f"Tool output of read_file('{module}.py'):\n{text}")
-            out.append(Session(f"agent{a}", inputs, self.max_tokens, system))
+                inputs.append(f"{module}.py:\n{text}")
+            session = Session(f"agent{a}", inputs, self.max_tokens, system)
+            session.tools, session.tool_choices = AGENT_TOOLS, choices
+            out.append(session)
         return out
 
     def num_requests(self) -> int:

@@ -215,10 +215,18 @@ def _call_from_value(value: Any, names: Sequence[str]) -> ParsedCall | None:
 
 @dataclass
 class StreamEvent:
-    """What a streamed delta turns into: content text, or one complete call."""
+    """What a streamed delta turns into: content text, one complete call, or (incremental
+    streams) the start of a call (`start`: its id and name, no arguments) or a piece of the
+    arguments of the call started last."""
 
     content: str = ""
     call: ParsedCall | None = None
+    start: ParsedCall | None = None
+    arguments: str = ""
+
+
+# How a constrained call block opens (call_grammar writes exactly this, json.dumps style).
+_HEAD = re.compile(r'\s*\{"name": "([A-Za-z0-9_.-]{1,64})", "arguments": ')
 
 
 class ToolCallStream:
@@ -227,14 +235,20 @@ class ToolCallStream:
     Content is passed through as it comes, except text that may be the start of a call
     (a partial `<tool_call>` tag, an open block, or an output that starts with a JSON
     object), which is held until it is known: a block that parses becomes one call, and
-    anything that does not parse is released as content when the output ends."""
+    anything that does not parse is released as content when the output ends.
 
-    def __init__(self, names: Sequence[str]) -> None:
+    `incremental` (for outputs constrained by `call_grammar`, which fixes the block's shape):
+    a call is streamed as OpenAI streams one, its id and name as soon as the name is
+    complete, then its arguments as they are decoded."""
+
+    def __init__(self, names: Sequence[str], incremental: bool = False) -> None:
         self.names = list(names)
+        self.incremental = incremental
         self.text = ""
         self._pos = 0  # everything before it has been handed out
         self.num_calls = 0
         self._after_call = False  # whitespace right after a call block is not content
+        self._args: _ArgumentScan | None = None  # the open block's arguments, once started
 
     def feed(self, delta: str) -> list[StreamEvent]:
         """The events `delta` completes."""
@@ -256,9 +270,17 @@ class ToolCallStream:
                 return events
             self._emit_content(events, start)
             end = self.text.find(CLOSE, start)
+            if self.incremental:
+                self._stream_arguments(events, start + len(OPEN), end)
             if end == -1:
                 return events  # an open block: wait for its end
             end += len(CLOSE)
+            if self._args is not None:  # streamed already: the block is done
+                self._args = None
+                self.num_calls += 1
+                self._pos = end
+                self._after_call = True
+                continue
             block = self.text[start + len(OPEN) : end - len(CLOSE)]
             call = _call_from_json(block.strip(), self.names)
             if call is None:
@@ -272,6 +294,10 @@ class ToolCallStream:
     def finish(self) -> list[StreamEvent]:
         """Events for whatever was held back when the output ended."""
         events: list[StreamEvent] = []
+        if self._args is not None:  # cut off inside a streamed call (max_tokens): it ends here
+            self._args, self._pos = None, len(self.text)
+            self.num_calls += 1
+            return events
         tail = self.text[self._pos :]
         if self._pos == 0 and not self.num_calls:
             calls = _bare_calls(tail, self.names)
@@ -284,6 +310,19 @@ class ToolCallStream:
         self._pos = len(self.text)
         return events
 
+    def _stream_arguments(self, events: list[StreamEvent], body: int, end: int) -> None:
+        """Incremental mode, in the block whose body starts at `body` (its close at `end`, or
+        -1 while open): the call's start once its name is known, then new argument text."""
+        if self._args is None:
+            m = _HEAD.match(self.text, body)
+            if m is None or m.group(1) not in self.names:
+                return  # not (yet) the shape the grammar writes: wait for the whole block
+            self._args = _ArgumentScan(m.end())
+            events.append(StreamEvent(start=ParsedCall(m.group(1), "")))
+        piece = self._args.advance(self.text, len(self.text) if end == -1 else end)
+        if piece:
+            events.append(StreamEvent(arguments=piece))
+
     def _bare_pending(self) -> bool:
         return self._pos == 0 and not self.num_calls and self.text.lstrip().startswith(("{", "["))
 
@@ -291,6 +330,38 @@ class ToolCallStream:
         if upto > self._pos:
             events.append(StreamEvent(content=self.text[self._pos : upto]))
             self._pos = upto
+
+
+class _ArgumentScan:
+    """Where a streamed call's arguments (one JSON value) start, how far they were handed
+    out, and whether they are complete: a string, bracket and escape scan of the text."""
+
+    def __init__(self, at: int) -> None:
+        self.pos = at
+        self.depth = 0
+        self.in_string = self.escaped = self.done = False
+
+    def advance(self, text: str, upto: int) -> str:
+        """The argument text in text[pos:upto] not handed out yet (stops after the value)."""
+        start = self.pos
+        while self.pos < upto and not self.done:
+            ch = text[self.pos]
+            self.pos += 1
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif ch == "\\":
+                    self.escaped = True
+                elif ch == '"':
+                    self.in_string = False
+            elif ch == '"':
+                self.in_string = True
+            elif ch in "{[":
+                self.depth += 1
+            elif ch in "}]":
+                self.depth -= 1
+                self.done = self.depth == 0
+        return text[start : self.pos]
 
 
 def _partial_tag(text: str, start: int) -> int:

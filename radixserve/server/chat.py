@@ -24,15 +24,22 @@ def shown_tokens(out: RequestOutput) -> int:
 class ChatResponder:
     """Shapes one chat request's outputs. `tool_names`: the functions whose calls are
     parsed out of the text (empty: the output is content); `top_logprobs`: None without
-    log-probs."""
+    log-probs; `constrained_calls`: the output is grammar-constrained to calls (tool_choice
+    required or named), so a streamed call's arguments go out as they are decoded."""
 
     def __init__(
-        self, tok: Tokenizer, base: dict[str, Any], tool_names: list[str], top_logprobs: int | None
+        self,
+        tok: Tokenizer,
+        base: dict[str, Any],
+        tool_names: list[str],
+        top_logprobs: int | None,
+        constrained_calls: bool = False,
     ) -> None:
         self.tok = tok
         self.base = base
         self.tool_names = tool_names
         self.top_logprobs = top_logprobs
+        self.constrained_calls = constrained_calls
 
     def choice(self, out: RequestOutput) -> dict[str, Any]:
         """One finished choice of a non-streamed response."""
@@ -62,7 +69,7 @@ class ChatResponder:
         a finish chunk per choice, the usage chunk if asked, then [DONE]."""
         extra = {"usage": None} if include_usage else {}
         n = getattr(stream, "num_choices", 1)
-        parsers = {i: ToolCallStream(self.tool_names) for i in range(n)}
+        parsers = {i: ToolCallStream(self.tool_names, self.constrained_calls) for i in range(n)}
         sent_tokens = dict.fromkeys(range(n), 0)
         calls_sent = dict.fromkeys(range(n), 0)
 
@@ -105,18 +112,23 @@ class ChatResponder:
             events += parser.finish()
         deltas: list[dict[str, Any]] = []
         for e in events:
-            if e.call is None:
+            if e.arguments:  # more of the arguments of the call started last
+                args = {"arguments": e.arguments}
+                deltas.append({"tool_calls": [{"index": calls_sent[i] - 1, "function": args}]})
+            started = e.call or e.start
+            if started is None:
                 if e.content:
                     deltas.append({"content": e.content})
                 continue
             k = calls_sent[i]
             calls_sent[i] += 1
             # As OpenAI streams a call: its id and name (empty arguments), then arguments.
-            name = {"name": e.call.name, "arguments": ""}
-            head = {"index": k, "id": e.call.id, "type": "function", "function": name}
+            name = {"name": started.name, "arguments": ""}
+            head = {"index": k, "id": started.id, "type": "function", "function": name}
             deltas.append({"tool_calls": [head]})
-            args = {"arguments": e.call.arguments}
-            deltas.append({"tool_calls": [{"index": k, "function": args}]})
+            if e.call is not None:
+                args = {"arguments": e.call.arguments}
+                deltas.append({"tool_calls": [{"index": k, "function": args}]})
         return deltas
 
 

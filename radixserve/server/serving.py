@@ -112,7 +112,8 @@ class OpenAIServing:
         base = {"id": rid, "object": "chat.completion", "created": created, "model": self.name}
         mode = tool_mode(req)
         names = [t.function.name for t in req.tools or []] if mode != "none" else []
-        responder = ChatResponder(self.engine.tokenizer, base, names, top)
+        constrained = mode in ("required", "named")
+        responder = ChatResponder(self.engine.tokenizer, base, names, top, constrained)
         if req.stream:
             responder.base = {**base, "object": "chat.completion.chunk"}
             return _sse_response(responder.events(stream, req.include_usage))

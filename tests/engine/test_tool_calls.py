@@ -73,6 +73,42 @@ def test_the_stream_parser_gives_the_same_calls_whatever_the_delta_sizes() -> No
         assert (content, calls) == ("Sure. ", ["Paris", "Oslo"])
 
 
+def streamed(stream: ToolCallStream, text: str, size: int) -> list:
+    events = []
+    for i in range(0, len(text), size):
+        events += stream.feed(text[i : i + size])
+    return events + stream.finish()
+
+
+def test_an_incremental_stream_sends_each_call_name_first_then_its_arguments_as_decoded() -> None:
+    args = '{"city": "Pa\\"ris}", "days": [1, {"x": 2}]}'  # brackets inside a string
+    second = CALL.replace('{"city": "Paris"}', args)
+    text = f"{CALL}{second}"
+    for size in (1, 3, len(text)):
+        events = streamed(ToolCallStream(NAMES, incremental=True), text, size)
+        assert [e.start.name for e in events if e.start] == ["get_weather", "get_weather"]
+        assert not any(e.call or e.content for e in events)
+        cut = [i for i, e in enumerate(events) if e.start][1]
+        pieces = ["".join(e.arguments for e in part) for part in (events[:cut], events[cut:])]
+        assert pieces == [ARGS, args]
+    one_token = ToolCallStream(NAMES, incremental=True)
+    first = one_token.feed('<tool_call>\n{"name": "get_weather", "arguments": {"ci')
+    assert first[0].start.name == "get_weather" and first[1].arguments == '{"ci'
+
+
+def test_an_incremental_stream_cut_off_in_a_call_ends_that_call() -> None:
+    stream = ToolCallStream(NAMES, incremental=True)
+    events = streamed(stream, CALL[: CALL.index("Paris") + 3], 4)
+    assert stream.num_calls == 1 and not any(e.content for e in events)
+    assert "".join(e.arguments for e in events) == '{"city": "Par'
+
+
+def test_an_incremental_stream_waits_for_a_block_of_another_shape() -> None:
+    text = '<tool_call>\n{"arguments": {"city": "Oslo"}, "name": "get_weather"}\n</tool_call>'
+    events = streamed(ToolCallStream(NAMES, incremental=True), text, 2)
+    assert [json.loads(e.call.arguments) for e in events] == [{"city": "Oslo"}]
+
+
 def test_the_stream_parser_releases_held_text_that_is_no_call() -> None:
     stream = ToolCallStream(NAMES)
     held = stream.feed("<tool_ca")
