@@ -14,6 +14,7 @@ from radixserve.model import kernels
 from radixserve.model.attention import AttendFn, AttentionBackend, SdpaBackend, planned
 from radixserve.model.batch import ForwardBatch, narrow_to_outputs
 from radixserve.model.config import ModelConfig
+from radixserve.model.kernels.matrix import PrefillPath
 from radixserve.model.kv_pool import KVPool
 from radixserve.model.layers import (
     Linear,
@@ -96,17 +97,20 @@ class DecoderLayer(nn.Module):
         k_blocks: torch.Tensor,
         v_blocks: torch.Tensor,
         out_rows: torch.Tensor | None = None,
+        decode_rows: int = 0,
     ) -> torch.Tensor:
         """h [T, hidden] -> [T, hidden]; writes the tokens' K/V at `slot_mapping` first. With
         `out_rows`, every row's K/V is written but only those rows go on through attention
-        (whose `attend` then describes just them) and the MLP: -> [len(out_rows), hidden]."""
+        (whose `attend` then describes just them) and the MLP: -> [len(out_rows), hidden].
+        The first `decode_rows` rows (kept first by `out_rows`) are decode rows: their
+        matmuls stay on the float32 kernels (quant.QuantLinear)."""
         if self.fused:
             return self._forward_fused(
-                h, cos, sin, slot_mapping, attend, k_blocks, v_blocks, out_rows
+                h, cos, sin, slot_mapping, attend, k_blocks, v_blocks, out_rows, decode_rows
             )
-        t = h.shape[0]
+        t, d = h.shape[0], decode_rows
         x = rms_norm(h, self.input_norm, self.eps)
-        qkv = self.qkv_lin(x)
+        qkv = self.qkv_lin(x, fp32_rows=d)
         nh, nkv = self.num_heads, self.num_kv
         # Rotate q and k in one pass: they are adjacent heads of the fused projection.
         qk = apply_rope(qkv[:, : (nh + nkv) * self.head_dim].view(t, nh + nkv, -1), cos, sin)
@@ -118,10 +122,10 @@ class DecoderLayer(nn.Module):
         v_slots.index_copy_(0, slot_mapping, v.to(v_slots.dtype))
         if out_rows is not None:
             q, h = q[out_rows], h[out_rows]
-        h = h + self.o_lin(attend(q, k_blocks, v_blocks))
+        h = h + self.o_lin(attend(q, k_blocks, v_blocks), fp32_rows=d)
         x = rms_norm(h, self.post_norm, self.eps)
-        gate, up = self.gate_up_lin(x).chunk(2, dim=-1)
-        return h + self.down_lin(F.silu(gate) * up)
+        gate, up = self.gate_up_lin(x, fp32_rows=d).chunk(2, dim=-1)
+        return h + self.down_lin(F.silu(gate) * up, fp32_rows=d)
 
     def _forward_fused(
         self,
@@ -133,6 +137,7 @@ class DecoderLayer(nn.Module):
         k_blocks: torch.Tensor,
         v_blocks: torch.Tensor,
         out_rows: torch.Tensor | None = None,
+        decode_rows: int = 0,
     ) -> torch.Tensor:
         """`forward` with the elementwise steps in radixserve's CPU kernels (float32 on CPU):
         a dozen op calls per layer instead of about fifty. Updates h in place (without
@@ -141,18 +146,19 @@ class DecoderLayer(nn.Module):
         nh = self.num_heads
         x = torch.empty_like(h)
         rms_norm_into(h, self.input_norm, self.eps, x)
-        qkv = self.qkv_lin(x).contiguous()
+        qkv = self.qkv_lin(x, fp32_rows=decode_rows).contiguous()
         kernels.op("rope_kv_write")(qkv, cos, sin, slot_mapping, k_blocks, v_blocks, nh)
         q = qkv[:, : nh * self.head_dim]
         if out_rows is not None:
             q, h, x = q[out_rows], h[out_rows], x[out_rows]
         t = h.shape[0]
-        h += self.o_lin(attend(q.view(t, nh, self.head_dim), k_blocks, v_blocks))
+        d = decode_rows
+        h += self.o_lin(attend(q.view(t, nh, self.head_dim), k_blocks, v_blocks), fp32_rows=d)
         rms_norm_into(h, self.post_norm, self.eps, x)
-        gate_up = self.gate_up_lin(x)
+        gate_up = self.gate_up_lin(x, fp32_rows=d)
         act = torch.empty(t, gate_up.shape[1] // 2, dtype=h.dtype)
         kernels.op("silu_mul")(gate_up, act)
-        h += self.down_lin(act)
+        h += self.down_lin(act, fp32_rows=d)
         return h
 
 
@@ -162,6 +168,7 @@ class LlamaModel(nn.Module):
     head_lin: Linear | QuantLinear
     layers: nn.ModuleList
     quantization = "none"  # the kind of codes the projections were given (weights.py)
+    prefill_path = PrefillPath.FP32  # where prefill chunks' matmuls run (use_prefill_path)
     _decode_weights: list[torch.Tensor] | None = None  # decode_layer_weights(), once built
     _decode_weights_possible = True
 
@@ -211,7 +218,10 @@ class LlamaModel(nn.Module):
         if narrowed is not None:
             rows, narrow = narrowed
             last, logits_rows = (rows, planned(backend, narrow)), narrow.logits_rows
-        h = self._layers(batch.input_ids, batch.positions, batch.slot_mapping, kv, attend, last)
+        decode_rows = batch.decode.num_seqs if batch.decode is not None else 0
+        h = self._layers(
+            batch.input_ids, batch.positions, batch.slot_mapping, kv, attend, last, decode_rows
+        )
         if logits_rows.numel() == 0:
             return torch.empty(0, self.config.vocab_size, device=h.device)
         return self._logits(h[logits_rows])
@@ -261,9 +271,10 @@ class LlamaModel(nn.Module):
         kv: KVPool,
         attend: AttendFn,
         last: tuple[torch.Tensor, AttendFn] | None = None,
+        decode_rows: int = 0,
     ) -> torch.Tensor:
         """Hidden states after every layer; with `last` = (rows, attend for them), the last
-        layer's output of those rows only."""
+        layer's output of those rows only. The first `decode_rows` rows are decode rows."""
         h = self.embed[input_ids]
         cos, sin = self.rotary(positions)
         layers = self.decoder_layers()
@@ -272,10 +283,10 @@ class LlamaModel(nn.Module):
             if last is not None and i == len(layers) - 1:
                 rows, attend_rows = last
                 out: torch.Tensor = layer(
-                    h, cos, sin, slot_mapping, attend_rows, k_blocks, v_blocks, rows
+                    h, cos, sin, slot_mapping, attend_rows, k_blocks, v_blocks, rows, decode_rows
                 )
                 return out
-            h = layer(h, cos, sin, slot_mapping, attend, k_blocks, v_blocks)
+            h = layer(h, cos, sin, slot_mapping, attend, k_blocks, v_blocks, None, decode_rows)
         return h
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -324,7 +335,7 @@ class LlamaModel(nn.Module):
         """Build the dense matmul wrappers; call after loading weights or moving the model
         (it drops quantized projections: quantize after it)."""
         self.weights_moved()
-        self.quantization = "none"
+        self.quantization, self.prefill_path = "none", PrefillPath.FP32
         self.head_lin = Linear(self.embed if self.lm_head is None else self.lm_head)
         self.fused_norm = fused_kernels_apply(self.norm)  # as each layer decides its own
         for layer in self.decoder_layers():
@@ -374,6 +385,16 @@ class LlamaModel(nn.Module):
         """Forget what was built over the weights' memory (`decode_layer_weights`); call
         after replacing or moving any of them."""
         self._decode_weights, self._decode_weights_possible = None, True
+
+    def use_prefill_path(self, path: PrefillPath) -> None:
+        """Run prefill chunks' layer matmuls on `path` (kernels/matrix.py) from now on: the
+        quantized projections take it, the LM head stays on the float32 kernels. Call after
+        quantizing; the attention backend reads `prefill_path` too (the runner passes it)."""
+        self.prefill_path = path
+        for layer in self.decoder_layers():
+            for _, lin, _ in layer.projections():
+                if isinstance(lin, QuantLinear):
+                    lin.use_prefill_path(path)
 
     def decoder_layers(self) -> list[DecoderLayer]:
         """The layers, typed."""

@@ -9,6 +9,10 @@
 //   attention.cpp  paged decode and prefill attention over the K/V block pool
 //   layers.cpp     a decoder layer's fused elementwise steps, and decode_layers: every layer
 //                  of a decode step in one call
+//   bf16.h         the bfloat16 matrix units (AMX tiles, AVX-512 BF16): detection, AMX's tile
+//                  permission, the pair-interleaved panel layout, rounding to bfloat16
+//   gemm_bf16.cpp  prefill GEMMs of quantized weights on those units
+//   attention_bf16.cpp  prefill attention on AMX tiles
 // and, as a second unit of the same extension, the table of the weights decode_layers takes:
 //   layer_weights.h    their order (an enum)
 //   layer_weights.cpp  their names and kinds, and decode_layer_weight_names() for Python
@@ -22,3 +26,6 @@
 #include "gemm.cpp"
 #include "attention.cpp"
 #include "layers.cpp"
+// The bfloat16 paths last: the files above compile to the machine code they did without them.
+#include "gemm_bf16.cpp"
+#include "attention_bf16.cpp"
