@@ -17,7 +17,7 @@ kernels, whose speed is radixserve's lead; so does the LM head. Only matrices wh
 the tiles (in_features a multiple of 32, out_features of 16) take the matrix path.
 
 RADIXSERVE_PREFILL_PATH=fp32|avx512-bf16|amx-bf16 picks a path for `--dtype auto` (tests and
-comparisons); a path this CPU cannot run falls back to the best one it can, with a warning.
+comparisons); a path this CPU cannot run falls back to the default, with a warning.
 """
 
 from __future__ import annotations
@@ -77,21 +77,24 @@ def available_paths() -> tuple[PrefillPath, ...]:
 
 def default_path() -> PrefillPath:
     """What `--dtype auto` runs on this CPU: AMX where the process may use it, else float32
-    (see the module docstring for avx512-bf16); $RADIXSERVE_PREFILL_PATH overrides."""
+    (see the module docstring for avx512-bf16); $RADIXSERVE_PREFILL_PATH picks another that
+    the CPU runs (one it cannot: the default, with a warning)."""
     paths = available_paths()
+    best = PrefillPath.AMX_BF16 if PrefillPath.AMX_BF16 in paths else PrefillPath.FP32
     wanted = os.environ.get(ENV, "").strip().lower()
-    if wanted:
-        names = [p.value for p in PrefillPath]
-        if wanted not in names:
-            log.warning("%s=%s is not one of %s; ignored", ENV, wanted, ", ".join(names))
-        elif PrefillPath(wanted) in paths:
-            return PrefillPath(wanted)
-        else:
-            log.warning(
-                "%s=%s: this CPU or build cannot run it (it runs %s); using %s",
-                ENV, wanted, ", ".join(p.value for p in paths), paths[0].value,
-            )  # fmt: skip
-    return PrefillPath.AMX_BF16 if PrefillPath.AMX_BF16 in paths else PrefillPath.FP32
+    if not wanted:
+        return best
+    names = [p.value for p in PrefillPath]
+    if wanted not in names:
+        log.warning("%s=%s is not one of %s; using %s", ENV, wanted, ", ".join(names), best.value)
+        return best
+    if PrefillPath(wanted) not in paths:
+        log.warning(
+            "%s=%s: this CPU or build cannot run it (it runs %s); using %s",
+            ENV, wanted, ", ".join(p.value for p in paths), best.value,
+        )  # fmt: skip
+        return best
+    return PrefillPath(wanted)
 
 
 def describe(path: PrefillPath) -> str:
