@@ -155,9 +155,13 @@ class DecoderLayer(nn.Module):
         d = decode_rows
         h += self.o_lin(attend(q.view(t, nh, self.head_dim), k_blocks, v_blocks), fp32_rows=d)
         rms_norm_into(h, self.post_norm, self.eps, x)
-        gate_up = self.gate_up_lin(x, fp32_rows=d)
-        act = torch.empty(t, gate_up.shape[1] // 2, dtype=h.dtype)
-        kernels.op("silu_mul")(gate_up, act)
+        act = None
+        if isinstance(self.gate_up_lin, QuantLinear):  # on the matrix units: fused
+            act = self.gate_up_lin.silu_gated(x, fp32_rows=d)
+        if act is None:
+            gate_up = self.gate_up_lin(x, fp32_rows=d)
+            act = torch.empty(t, gate_up.shape[1] // 2, dtype=h.dtype)
+            kernels.op("silu_mul")(gate_up, act)
         h += self.down_lin(act, fp32_rows=d)
         return h
 

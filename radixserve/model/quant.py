@@ -141,17 +141,54 @@ class QuantLinear:
                 self._kernel = lambda x, out: q8(x, qs, scale, out)
         return self._kernel
 
-    def _matrix_kernel(self) -> Callable[[torch.Tensor, torch.Tensor], None]:
-        """kernel(x, out) on the matrix units of `prefill_path`, bound once."""
+    def _matrix_kernel(self, silu: bool = False) -> Callable[[torch.Tensor, torch.Tensor], None]:
+        """kernel(x, out) on the matrix units of `prefill_path` (with `silu`: the gated
+        activation of a [gate; up] matrix), bound once."""
+        if silu:
+            return self._bind_matrix("_silu")
         if self._matrix is None:
-            w, unit = self.weight, self.prefill_path.unit
-            if w.kind == "int4":
-                q4, qs, scale, minv = kernels.op("q4_gemm_bf16"), w.qs, w.scale, w.minv
-                self._matrix = lambda x, out: q4(x, qs, scale, minv, out, unit)
-            else:
-                q8, qs, scale = kernels.op("q8_gemm_bf16"), w.qs, w.scale
-                self._matrix = lambda x, out: q8(x, qs, scale, out, unit)
+            self._matrix = self._bind_matrix("")
         return self._matrix
+
+    def _bind_matrix(self, suffix: str) -> Callable[[torch.Tensor, torch.Tensor], None]:
+        w, unit = self.weight, self.prefill_path.unit
+        if w.kind == "int4":
+            q4, qs, scale, minv = kernels.op("q4_gemm_bf16" + suffix), w.qs, w.scale, w.minv
+            return lambda x, out: q4(x, qs, scale, minv, out, unit)
+        q8, qs, scale = kernels.op("q8_gemm_bf16" + suffix), w.qs, w.scale
+        return lambda x, out: q8(x, qs, scale, out, unit)
+
+    def _on_matrix_units(self, x: torch.Tensor, fp32_rows: int) -> bool:
+        """Whether a call over x [M, in] runs its rows past `fp32_rows` on the matrix units."""
+        path = self.prefill_path
+        return (
+            path is not PrefillPath.FP32
+            and x.device.type == "cpu"
+            and x.shape[0] - min(fp32_rows, x.shape[0]) >= path.min_rows
+            and self._cpu_kernel() is not None
+        )
+
+    def silu_gated(self, x: torch.Tensor, fp32_rows: int = 0) -> torch.Tensor | None:
+        """For a gate_up matrix [gate; up] without bias: silu(x gate^T) * (x up^T), float32
+        [M, out/2], the prefill rows (past `fp32_rows`) computed and activated in one pass on
+        the matrix units, the decode rows by the float32 kernels and `silu_mul`. None where
+        this call would not use the matrix units (the caller multiplies, then activates)."""
+        if self.bias is not None or self.out_features % 32:
+            return None
+        x2 = x.reshape(-1, self.in_features)
+        if x2.dtype != torch.float32 or not self._on_matrix_units(x2, fp32_rows):
+            return None
+        x2 = x2.contiguous()
+        split = min(fp32_rows, x2.shape[0])
+        act = torch.empty(x2.shape[0], self.out_features // 2, dtype=torch.float32)
+        self._matrix_kernel(silu=True)(x2[split:], act[split:])
+        if split:
+            kernel = self._cpu_kernel()
+            assert kernel is not None
+            gate_up = torch.empty(split, self.out_features, dtype=torch.float32)
+            kernel(x2[:split], gate_up)
+            kernels.op("silu_mul")(gate_up, act[:split])
+        return act
 
     def __call__(
         self, x: torch.Tensor, out_dtype: torch.dtype | None = None, fp32_rows: int = 0
@@ -167,8 +204,7 @@ class QuantLinear:
             xf = x2 if x2.dtype == torch.float32 and x2.is_contiguous() else x2.float().contiguous()
             out = torch.empty(x2.shape[0], self.out_features, dtype=torch.float32)
             split = min(fp32_rows, xf.shape[0])
-            path = self.prefill_path
-            if path is not PrefillPath.FP32 and xf.shape[0] - split >= path.min_rows:
+            if self._on_matrix_units(xf, split):
                 self._matrix_kernel()(xf[split:], out[split:])
                 if split:
                     kernel(xf[:split], out[:split])

@@ -72,6 +72,61 @@ def test_bf16_gemm_is_float32_sums_of_bf16_rounded_operands(
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+@pytest.mark.parametrize("unit", UNITS, ids=lambda p: p.value)
+@pytest.mark.parametrize("rows", [1, 33, 100])
+def test_fused_silu_gemm_equals_the_gemm_then_silu_mul(
+    unit: PrefillPath, kind: str, rows: int
+) -> None:
+    """The *_silu ops on gate_up [gate; up] (2 x 48 rows: a gate tile and its up tile per
+    16 columns) give silu_mul of the plain bf16 GEMM's output: the same sums, activated."""
+    needs(unit)
+    torch.manual_seed(rows)
+    inter, k = 48, 192
+    w = quantize(torch.randn(2 * inter, k) * 0.1, kind)
+    x = torch.randn(rows, k)
+    gate_up, want, got = (
+        torch.empty(rows, 2 * inter),
+        torch.empty(rows, inter),
+        torch.empty(rows, inter),
+    )
+    if kind == "int4":
+        ops.q4_gemm_bf16(x, w.qs, w.scale, w.minv, gate_up, unit.unit)
+        ops.q4_gemm_bf16_silu(x, w.qs, w.scale, w.minv, got, unit.unit)
+    else:
+        ops.q8_gemm_bf16(x, w.qs, w.scale, gate_up, unit.unit)
+        ops.q8_gemm_bf16_silu(x, w.qs, w.scale, got, unit.unit)
+    ops.silu_mul(gate_up, want)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_silu_gated_keeps_decode_rows_on_the_float32_kernels() -> None:
+    """QuantLinear.silu_gated: the first fp32_rows rows are silu_mul of the float32 kernel's
+    gate_up bit for bit; the rest are the fused op's."""
+    needs(PrefillPath.AMX_BF16)
+    torch.manual_seed(2)
+    lin = _codes_linear(128, 128, PrefillPath.AMX_BF16)
+    ref = _codes_linear(128, 128, PrefillPath.FP32)
+    ref.use_weight(lin.weight)
+    x = torch.randn(3 + 40, 128)
+    act = lin.silu_gated(x, fp32_rows=3)
+    assert act is not None and act.shape == (43, 64)
+    want = torch.empty(3, 64)
+    ops.silu_mul(ref(x[:3]), want)
+    assert torch.equal(act[:3], want)
+    fused = torch.empty(40, 64)
+    w = lin.weight
+    ops.q4_gemm_bf16_silu(
+        x[3:].contiguous(), w.qs, w.scale, w.minv, fused, PrefillPath.AMX_BF16.unit
+    )
+    assert torch.equal(act[3:], fused)
+
+
+def test_silu_gated_declines_where_the_matrix_units_are_not_used() -> None:
+    lin = _codes_linear(128, 128, PrefillPath.FP32)
+    assert lin.silu_gated(torch.randn(40, 128)) is None
+
+
 @pytest.mark.parametrize("unit", UNITS, ids=lambda p: p.value)
 def test_bf16_gemm_rejects_shapes_the_tiles_do_not_fit(unit: PrefillPath) -> None:
     needs(unit)

@@ -74,11 +74,15 @@ void context_block(const T* kp, const T* vp, const int64_t* bid, int64_t BS, int
   }
 }
 
-// 2^x for the softmax, in log2 units (scores carry log2 e in their scale): x clamped at -150
-// (2^-150 scales to 0; masked -inf keys too), a degree-4 polynomial on [-0.5, 0.5] within
-// 4e-6 relative, far inside the bfloat16 rounding the probabilities get.
+// Masked keys' scores, and the running max before any key: finite, so that differences of
+// them stay finite (-inf - -inf would be NaN); 2^(kMasked - anything seen) is 0.
+constexpr float kMasked = -1e30f;
+
+// 2^x for x <= 0 (the softmax in log2 units: scores carry log2 e in their scale): 2^round(x)
+// times a degree-4 polynomial of the rest on [-0.5, 0.5] (within 4e-6 relative, far inside
+// the bfloat16 rounding the probabilities get). Very negative x (masked keys) gives
+// scalef(1, round(x)) = 0, with no clamp.
 inline __m512 exp2_softmax(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-150.f));
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(x, n);
   __m512 y = _mm512_set1_ps(1.3333558146e-3f);
@@ -214,7 +218,7 @@ void attend_unit(const Unit& u, int64_t D, float scale, const uint16_t* kc, cons
         score_tiles<2>(k + kt * D, D, b.qt.data(), s + kt * 16);
     }
   };
-  __m512 run_max = _mm512_set1_ps(-INFINITY), run_sum = _mm512_setzero_ps();
+  __m512 run_max = _mm512_set1_ps(kMasked), run_sum = _mm512_setzero_ps();
   auto softmax = [&](int64_t j) {
     float* s = b.s.data() + (j & 1) * kStepKeys * 16;
     uint32_t* pt = b.pt.data() + (j & 1) * kStepKeys / 2 * 16;
@@ -223,7 +227,7 @@ void attend_unit(const Unit& u, int64_t D, float scale, const uint16_t* kc, cons
       for (int64_t r = 0; r < nk32; ++r) {
         const __mmask16 late =
             _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(static_cast<int>(k0 + r)), pos);
-        _mm512_mask_storeu_ps(s + r * 16, late, _mm512_set1_ps(-INFINITY));
+        _mm512_mask_storeu_ps(s + r * 16, late, _mm512_set1_ps(kMasked));
       }
     __m512 m0 = run_max, m1 = run_max;
     for (int64_t r = 0; r < nk32; r += 2) {
@@ -330,7 +334,9 @@ void paged_prefill_attention_amx([[maybe_unused]] const at::Tensor& q,
     for (;;) {
       const int64_t w = next.fetch_add(1);
       if (w >= units) break;
-      const int64_t tile = tiles - 1 - w / H, hq = w % H, h = hq / GQ;  // heaviest first
+      // One KV head's units at a time (its K and V^T stay in the caches), heaviest first.
+      const int64_t h = w / (tiles * GQ), r = w % (tiles * GQ);
+      const int64_t tile = tiles - 1 - r / GQ, hq = h * GQ + r % GQ;
       const int64_t t0 = tile * 16;
       const Unit u{qp + t0 * q.stride(0) + hq * D, q.stride(0), op + t0 * out.stride(0) + hq * D,
                    out.stride(0), std::min<int64_t>(16, n - t0), start + t0};

@@ -8,6 +8,8 @@
 //                 of k products into 16 float32 lanes).
 // Each weight is dequantized exactly as in gemm.cpp (scale * q + min in float32) and then
 // rounded to bfloat16, so the result is x_bf16 @ bf16(dequantized W)^T summed in float32.
+// The *_silu ops take gate_up's [gate; up] and write silu(gate) * up (a SwiGLU MLP's
+// activation): half the output, and no second pass over it.
 // matrix_units() says which units this build and CPU run (asking Linux for AMX's tile state).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -78,6 +80,14 @@ inline void q8_tile(const int8_t* qp, const float* sp, int64_t N, int64_t K, int
   for (int p = 0; p < 16; ++p) _mm512_store_si512(dst + p * 16, r[p]);
 }
 
+// A grow-only buffer of n 32-bit words kept by the calling thread (64-byte aligned): x in
+// bfloat16 is megabytes, and allocating it afresh every call would fault its pages in.
+inline uint32_t* thread_words(int64_t n) {
+  thread_local std::vector<uint32_t> buf;
+  if (static_cast<int64_t>(buf.size()) < n + 16) buf.resize(n + 16);
+  return reinterpret_cast<uint32_t*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~63ull);
+}
+
 // x [M, K] float32 (row stride ldx) -> xb [Mp, K] bfloat16 pairs, rows M..Mp zero.
 void rows_to_bf16(const float* x, int64_t ldx, int64_t M, int64_t Mp, int64_t K, uint32_t* xb) {
   at::parallel_for(0, Mp, 16, [&](int64_t m0, int64_t m1) {
@@ -93,18 +103,50 @@ void rows_to_bf16(const float* x, int64_t ldx, int64_t M, int64_t Mp, int64_t K,
   });
 }
 
-// out[m0 + i, n0 : n0 + 16 * nt] for i < rows from a float32 block [16 or 32 rows, 32] at src.
-inline void copy_rows(const float* src, int64_t rows, int64_t nt, float* out, int64_t ldo) {
-  for (int64_t i = 0; i < rows; ++i) std::memcpy(out + i * ldo, src + i * 32, nt * 16 * 4);
+// silu(gate) * up for 16 lanes (silu_mul's formula: e^-|x| <= 1 keeps exp512 exact).
+inline __m512 silu_times(__m512 gate, __m512 up) {
+  const __m512 one = _mm512_set1_ps(1.f);
+  const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(gate)));  // e^-|x|
+  const __m512 r = _mm512_div_ps(one, _mm512_add_ps(one, e));
+  const __mmask16 neg = _mm512_cmp_ps_mask(gate, _mm512_setzero_ps(), _CMP_LT_OQ);
+  const __m512 sig = _mm512_mask_mul_ps(r, neg, e, r);  // x < 0: e / (1 + e)
+  return _mm512_mul_ps(_mm512_mul_ps(gate, sig), up);
 }
 
+// What a block of sums [rows, 16 nt] (row stride 32 floats, at src) becomes in out at row m0:
+// the columns n.. as they are, or (Gated) silu(columns 0-15) * columns 16-31 into the 16
+// columns n.. (gate_up's gate and up rows side by side in one panel).
+template <bool Gated>
+struct Emit {
+  float* out;
+  int64_t ldo;
+  inline void operator()(const float* src, int64_t rows, int64_t nt, int64_t m0,
+                         int64_t n) const {
+    float* o = out + m0 * ldo + n;
+    for (int64_t i = 0; i < rows; ++i, src += 32, o += ldo) {
+      if constexpr (Gated) {
+        _mm512_storeu_ps(o, silu_times(_mm512_loadu_ps(src), _mm512_loadu_ps(src + 16)));
+      } else {
+        for (int64_t t = 0; t < nt; ++t) _mm512_storeu_ps(o + 16 * t, _mm512_loadu_ps(src + 16 * t));
+      }
+    }
+  }
+};
+
 #ifdef RS_AMX
-// One 32-column panel (nt = 1 or 2 tiles wide) times every 32-row block of xb [Mp, K] on the
-// tiles: tmm0-3 the 2x2 accumulators, tmm4-5 x, tmm6-7 the panel.
-template <int NT>
+// One panel (nt = 1 or 2 tiles wide) times every 32-row block of xb [Mp, K] on the tiles:
+// tmm0-3 the 2x2 accumulators, tmm4-5 x, tmm6-7 the panel. Whole blocks of plain sums go
+// straight into out; the rest (the last rows, every gated block) through two scratch blocks
+// [32, 32], each emitted after the next block's products are under way: vector loads right
+// after tile stores to the same lines would wait for the stores to reach the cache.
+template <int NT, bool Gated>
 void panel_amx(const uint32_t* xb, int64_t M, int64_t Mp, int64_t K, const uint32_t* panel,
-               float* out, int64_t N, int64_t n, float* scratch) {
+               const Emit<Gated>& emit, int64_t n, float* scratch) {
   const int64_t G = K / 32, lda = K * 2;
+  int64_t pending = -1;  // the block waiting in scratch
+  auto finish = [&](int64_t m) {
+    emit(scratch + ((m / 32) & 1) * 1024, std::min<int64_t>(32, M - m), NT, m, n);
+  };
   for (int64_t m = 0; m < Mp; m += 32) {
     _tile_zero(0);
     _tile_zero(1);
@@ -123,24 +165,29 @@ void panel_amx(const uint32_t* xb, int64_t M, int64_t Mp, int64_t K, const uint3
         _tile_dpbf16ps(3, 5, 7);
       }
     }
-    if (m + 32 <= M) {  // straight into out
-      float* o = out + m * N + n;
-      _tile_stored(0, o, N * 4);
-      _tile_stored(2, o + 16 * N, N * 4);
+    const bool direct = !Gated && m + 32 <= M;
+    if (direct) {
+      float* o = emit.out + m * emit.ldo + n;
+      const int64_t ld = emit.ldo * 4;
+      _tile_stored(0, o, ld);
+      _tile_stored(2, o + 16 * emit.ldo, ld);
       if (NT == 2) {
-        _tile_stored(1, o + 16, N * 4);
-        _tile_stored(3, o + 16 * N + 16, N * 4);
+        _tile_stored(1, o + 16, ld);
+        _tile_stored(3, o + 16 * emit.ldo + 16, ld);
       }
-    } else {  // the last rows: through the scratch block [32, 32]
-      _tile_stored(0, scratch, 128);
-      _tile_stored(2, scratch + 16 * 32, 128);
+    } else {
+      float* buf = scratch + ((m / 32) & 1) * 1024;
+      _tile_stored(0, buf, 128);
+      _tile_stored(2, buf + 16 * 32, 128);
       if (NT == 2) {
-        _tile_stored(1, scratch + 16, 128);
-        _tile_stored(3, scratch + 16 * 32 + 16, 128);
+        _tile_stored(1, buf + 16, 128);
+        _tile_stored(3, buf + 16 * 32 + 16, 128);
       }
-      copy_rows(scratch, std::min<int64_t>(32, M - m), NT, out + m * N + n, N);
     }
+    if (pending >= 0) finish(pending);
+    pending = direct ? -1 : m;
   }
+  if (pending >= 0) finish(pending);
 }
 #endif
 
@@ -172,28 +219,32 @@ inline void tile_dp(const uint32_t* A, int64_t lda, const uint32_t* panel, int64
 
 constexpr int kDpRows = 12;  // vdpbf16ps tile: 12 x 2 accumulators + 2 panel vectors
 
-// One panel times every row of xb on AVX-512 BF16 (rows of out written straight).
-template <int NT>
-void panel_avx512(const uint32_t* xb, int64_t M, int64_t K, const uint32_t* panel, float* out,
-                  int64_t N, int64_t n) {
+// One panel times every row of xb on AVX-512 BF16 (plain sums straight into out, gated ones
+// through a scratch block).
+template <int NT, bool Gated>
+void panel_avx512(const uint32_t* xb, int64_t M, int64_t K, const uint32_t* panel,
+                  const Emit<Gated>& emit, int64_t n, float* scratch) {
   const int64_t G = K / 32;
   for (int64_t m = 0; m < M; m += kDpRows) {
     const int mr = static_cast<int>(std::min<int64_t>(kDpRows, M - m));
-    with_rows<kDpRows>(mr, [&](auto R) {
-      tile_dp<R, NT>(xb + m * (K / 2), K / 2, panel, G, out + m * N + n, N);
-    });
+    float* C = Gated ? scratch : emit.out + m * emit.ldo + n;
+    const int64_t ldc = Gated ? 32 : emit.ldo;
+    with_rows<kDpRows>(mr, [&](auto R) { tile_dp<R, NT>(xb + m * (K / 2), K / 2, panel, G, C, ldc); });
+    if (Gated) emit(scratch, mr, NT, m, n);
   }
 }
 
-// out [M, N] = x W^T on `unit`, W's panels filled by tile(n, g, dst).
-template <typename Tile>
+// y = x W^T on `unit` into out, W's panels filled by tile(row, g, dst): plain, out [M, N]
+// (N = W's rows); Gated, W = [gate; up] (N rows each of I = N / 2) and out [M, I] =
+// silu(x gate^T) * (x up^T).
+template <bool Gated, typename Tile>
 void gemm_bf16(const at::Tensor& x, int64_t N, const at::Tensor& out, int64_t unit, Tile tile) {
-  const int64_t M = x.size(0), K = x.size(1);
+  const int64_t M = x.size(0), K = x.size(1), width = Gated ? N / 2 : N;
   check(x.scalar_type() == at::kFloat && x.stride(1) == 1, "x must be float32 rows");
-  check(out.scalar_type() == at::kFloat && out.is_contiguous() && out.size(0) == M &&
-            out.size(1) == N,
-        "out must be contiguous float32 [M, N]");
-  check(K % 32 == 0 && N % 16 == 0, "K must be a multiple of 32 and N of 16");
+  check(out.scalar_type() == at::kFloat && out.stride(1) == 1 && out.size(0) == M &&
+            out.size(1) == width,
+        "out must be float32 rows [M, N] ([M, N/2] for silu(gate) * up)");
+  check(K % 32 == 0 && width % 16 == 0, "K must be a multiple of 32 and N of 16 (gated: 32)");
   const bool amx = unit == static_cast<int64_t>(MatrixUnit::kAmx);
 #ifdef RS_AMX
   check(!amx || amx_ready(), "AMX is unavailable: Linux refused the tile permission");
@@ -203,29 +254,33 @@ void gemm_bf16(const at::Tensor& x, int64_t N, const at::Tensor& out, int64_t un
   check(amx || unit == static_cast<int64_t>(MatrixUnit::kAvx512Bf16), "unknown matrix unit");
   if (M == 0) return;
   const int64_t Mp = amx ? (M + 31) / 32 * 32 : M;
-  WordBuffer xb(Mp * K / 2);
-  rows_to_bf16(x.data_ptr<float>(), x.stride(0), M, Mp, K, xb.data());
-  float* op = out.data_ptr<float>();
-  const int64_t G = K / 32, blocks = (N + kBlockCols - 1) / kBlockCols;
+  uint32_t* xb = thread_words(Mp * K / 2);
+  rows_to_bf16(x.data_ptr<float>(), x.stride(0), M, Mp, K, xb);
+  const Emit<Gated> emit{out.data_ptr<float>(), out.stride(0)};
+  // A block: 32 output columns (two tiles) or, gated, 16 (a gate tile and its up tile).
+  const int64_t G = K / 32, cols = Gated ? 16 : kBlockCols, blocks = (width + cols - 1) / cols;
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
     WordBuffer panel(G * 2 * kTileWords);
+    alignas(64) float scratch[2 * 32 * 32];
 #ifdef RS_AMX
-    alignas(64) float scratch[32 * 32];
     if (amx) amx_begin();
 #endif
     for (int64_t b = b0; b < b1; ++b) {
-      const int64_t n = b * kBlockCols, nt = std::min<int64_t>(2, (N - n) / 16);
+      const int64_t n = b * cols, nt = Gated ? 2 : std::min<int64_t>(2, (width - n) / 16);
       for (int64_t g = 0; g < G; ++g)
-        for (int64_t t = 0; t < nt; ++t) tile(n + 16 * t, g, panel.data() + (2 * g + t) * kTileWords);
+        for (int64_t t = 0; t < nt; ++t) {
+          const int64_t row = Gated ? n + t * width : n + 16 * t;  // gated: gate, then up
+          tile(row, g, panel.data() + (2 * g + t) * kTileWords);
+        }
 #ifdef RS_AMX
       if (amx) {
-        nt == 2 ? panel_amx<2>(xb.data(), M, Mp, K, panel.data(), op, N, n, scratch)
-                : panel_amx<1>(xb.data(), M, Mp, K, panel.data(), op, N, n, scratch);
+        nt == 2 ? panel_amx<2, Gated>(xb, M, Mp, K, panel.data(), emit, n, scratch)
+                : panel_amx<1, Gated>(xb, M, Mp, K, panel.data(), emit, n, scratch);
         continue;
       }
 #endif
-      nt == 2 ? panel_avx512<2>(xb.data(), M, K, panel.data(), op, N, n)
-              : panel_avx512<1>(xb.data(), M, K, panel.data(), op, N, n);
+      nt == 2 ? panel_avx512<2, Gated>(xb, M, K, panel.data(), emit, n, scratch)
+              : panel_avx512<1, Gated>(xb, M, K, panel.data(), emit, n, scratch);
     }
 #ifdef RS_AMX
     if (amx) amx_end();
@@ -247,10 +302,10 @@ std::vector<std::string> matrix_units() {
   return units;
 }
 
-// out = x W^T for int4 codes on a matrix unit (see the top of this file).
-void q4_gemm_bf16([[maybe_unused]] const at::Tensor& x, [[maybe_unused]] const at::Tensor& qs,
-                  [[maybe_unused]] const at::Tensor& scale, [[maybe_unused]] const at::Tensor& minv,
-                  [[maybe_unused]] const at::Tensor& out, [[maybe_unused]] int64_t unit) {
+// out = x W^T for int4 codes on a matrix unit (see the top of this file); with `silu`, W is
+// gate_up [2I, K] and out [M, I] = silu(x gate^T) * (x up^T).
+void q4_gemm_bf16_impl(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
+                       const at::Tensor& minv, const at::Tensor& out, int64_t unit, bool silu) {
 #ifdef RS_AVX512_BF16
   const int64_t N = qs.size(0), K = x.size(1);
   check(qs.size(1) == K / 2 && qs.is_contiguous() && scale.is_contiguous() &&
@@ -259,28 +314,43 @@ void q4_gemm_bf16([[maybe_unused]] const at::Tensor& x, [[maybe_unused]] const a
   const uint8_t* qp = qs.data_ptr<uint8_t>();
   const float* sp = scale.data_ptr<float>();
   const float* mp = minv.data_ptr<float>();
-  gemm_bf16(x, N, out, unit, [&](int64_t n, int64_t g, uint32_t* dst) {
-    q4_tile(qp, sp, mp, N, K, n, g, dst);
-  });
+  auto tile = [&](int64_t n, int64_t g, uint32_t* dst) { q4_tile(qp, sp, mp, N, K, n, g, dst); };
+  silu ? gemm_bf16<true>(x, N, out, unit, tile) : gemm_bf16<false>(x, N, out, unit, tile);
 #else
   check(false, "this build has no bfloat16 matrix code (no AVX-512 BF16)");
 #endif
 }
 
-void q8_gemm_bf16([[maybe_unused]] const at::Tensor& x, [[maybe_unused]] const at::Tensor& qs,
-                  [[maybe_unused]] const at::Tensor& scale,
-                  [[maybe_unused]] const at::Tensor& out, [[maybe_unused]] int64_t unit) {
+void q8_gemm_bf16_impl(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
+                       const at::Tensor& out, int64_t unit, bool silu) {
 #ifdef RS_AVX512_BF16
   const int64_t N = qs.size(0), K = x.size(1);
   check(qs.size(1) == K && qs.is_contiguous() && scale.is_contiguous(),
         "int8 codes and scale must be contiguous [N, K], [N, K/32]");
   const int8_t* qp = qs.data_ptr<int8_t>();
   const float* sp = scale.data_ptr<float>();
-  gemm_bf16(x, N, out, unit,
-            [&](int64_t n, int64_t g, uint32_t* dst) { q8_tile(qp, sp, N, K, n, g, dst); });
+  auto tile = [&](int64_t n, int64_t g, uint32_t* dst) { q8_tile(qp, sp, N, K, n, g, dst); };
+  silu ? gemm_bf16<true>(x, N, out, unit, tile) : gemm_bf16<false>(x, N, out, unit, tile);
 #else
   check(false, "this build has no bfloat16 matrix code (no AVX-512 BF16)");
 #endif
+}
+
+void q4_gemm_bf16(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
+                  const at::Tensor& minv, const at::Tensor& out, int64_t unit) {
+  q4_gemm_bf16_impl(x, qs, scale, minv, out, unit, false);
+}
+void q8_gemm_bf16(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
+                  const at::Tensor& out, int64_t unit) {
+  q8_gemm_bf16_impl(x, qs, scale, out, unit, false);
+}
+void q4_gemm_bf16_silu(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
+                       const at::Tensor& minv, const at::Tensor& out, int64_t unit) {
+  q4_gemm_bf16_impl(x, qs, scale, minv, out, unit, true);
+}
+void q8_gemm_bf16_silu(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
+                       const at::Tensor& out, int64_t unit) {
+  q8_gemm_bf16_impl(x, qs, scale, out, unit, true);
 }
 
 }  // namespace
@@ -292,9 +362,16 @@ TORCH_LIBRARY_FRAGMENT(radixserve, m) {
       "q4_gemm_bf16(Tensor x, Tensor qs, Tensor scale, Tensor minv, Tensor(a!) out, int unit) "
       "-> ()");
   m.def("q8_gemm_bf16(Tensor x, Tensor qs, Tensor scale, Tensor(a!) out, int unit) -> ()");
+  m.def(
+      "q4_gemm_bf16_silu(Tensor x, Tensor qs, Tensor scale, Tensor minv, Tensor(a!) out, "
+      "int unit) -> ()");
+  m.def(
+      "q8_gemm_bf16_silu(Tensor x, Tensor qs, Tensor scale, Tensor(a!) out, int unit) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
   m.impl("q4_gemm_bf16", &radixserve::q4_gemm_bf16);
   m.impl("q8_gemm_bf16", &radixserve::q8_gemm_bf16);
+  m.impl("q4_gemm_bf16_silu", &radixserve::q4_gemm_bf16_silu);
+  m.impl("q8_gemm_bf16_silu", &radixserve::q8_gemm_bf16_silu);
 }
