@@ -45,7 +45,7 @@ from radixserve.engine.outputs import RequestOutput  # noqa: E402
 from radixserve.engine.params import SamplingParams  # noqa: E402
 from radixserve.engine.tokenizer import Tokenizer  # noqa: E402
 from radixserve.model.config import ModelConfig  # noqa: E402
-from radixserve.model.llama import LlamaModel  # noqa: E402
+from radixserve.model.decoder import DecoderModel  # noqa: E402
 from radixserve.model.weights import load_hf_weights  # noqa: E402
 from radixserve.values import ATTENTION_BACKENDS  # noqa: E402
 
@@ -178,8 +178,8 @@ class Models:
         raised = f", positions raised to {extend:,} in both" if extend > 8192 else ""
         self.title = f"{files.name}{raised}"
 
-    def ours(self, dtype: torch.dtype) -> LlamaModel:
-        model = LlamaModel(self.config, dtype)
+    def ours(self, dtype: torch.dtype) -> DecoderModel:
+        model = DecoderModel(self.config, dtype)
         load_hf_weights(model, self.state)
         model = model.to(self.device).eval()
         model.prepare()
@@ -189,7 +189,7 @@ class Models:
         return copy.deepcopy(self.hf_fp32).to(self.device, dtype).eval()
 
 
-def engine(models: Models, model: LlamaModel, sizes: Sizes, **kw: Any) -> LLM:
+def engine(models: Models, model: DecoderModel, sizes: Sizes, **kw: Any) -> LLM:
     config = EngineConfig(
         kv_cache_memory=sizes.kv_cache_memory,
         max_model_len=sizes.max_len,

@@ -12,7 +12,9 @@ of it + 50 new tokens, decode tok/s of 1 stream, then 8 concurrent new 64-token 
 TTFT p50 and decode tok/s (128 tokens each, ignore_eos). With --rounds R the servers start R
 times in turn (A, B, A, B: each round's prompts the same for every server, new to each),
 --trials trials per start. Prints each server's load average (`uptime`) when its trials began
-and ended, then medians and each case's ratio to the first server.
+and ended, then medians and each case's ratio to the first server. `--tokenizer MODEL` counts
+tokens with another model's tokenizer (a directory or .gguf, e.g. the Gemma 3 GGUF the servers
+run).
 """
 
 from __future__ import annotations
@@ -94,8 +96,9 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=3, help="trials per server start")
     ap.add_argument("--rounds", type=int, default=1, help="times each server is started")
     ap.add_argument("--start-timeout", type=float, default=600.0)
+    ap.add_argument("--tokenizer", default=None, help="model whose tokenizer counts tokens")
     args = ap.parse_args()
-    counter = TokenCounter(load_tokenizer(None))
+    counter = TokenCounter(load_tokenizer(args.tokenizer))
     results: dict[str, list[dict[str, float]]] = {label: [] for label, _ in args.server}
     for rnd in range(args.rounds):
         for label, command in args.server:

@@ -43,5 +43,9 @@ class DeviceError(ConfigError):
     """The asked-for device does not exist here, or cannot compute in the asked-for dtype."""
 
 
+class ModelTooLargeError(ConfigError):
+    """The model's weights do not fit in the memory free on the device."""
+
+
 class KVPoolSizeError(ConfigError):
     """The KV pool does not fit in the free memory, or cannot hold one request."""

@@ -11,6 +11,7 @@ import errno
 import socket
 from urllib.parse import urlsplit
 
+from radixserve.engine.tokenizer import load_chat_template
 from radixserve.errors import ConfigError, DeviceError
 from radixserve.model.config import ModelConfig
 from radixserve.model.files import resolve_model
@@ -26,6 +27,8 @@ def check_engine_args(args: argparse.Namespace) -> None:
         raise ConfigError("--api-key must not be empty (leave it out to serve without a key)")
     files = resolve_model(args.model)
     config = ModelConfig.from_dir(files.path)
+    if getattr(args, "chat_template", None) is not None:
+        load_chat_template(args.chat_template)
     # The first check that needs torch (a missing model is reported without waiting for it).
     from radixserve.model.loader import (
         resolve_device,
@@ -65,10 +68,13 @@ def check_engine_args(args: argparse.Namespace) -> None:
     from radixserve.model.attention import kv_dtype_problem
     from radixserve.model.kv_pool import (
         bytes_per_token,
+        check_model_fits_memory,
         check_pool_fits_memory,
         check_pool_holds_request,
         parse_memory,
     )
+
+    check_model_fits_memory(config.num_parameters(), dtype, device)
 
     try:
         kv_dtype = resolve_kv_cache_dtype(getattr(args, "kv_cache_dtype", "auto"), dtype)

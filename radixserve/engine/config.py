@@ -40,12 +40,18 @@ class EngineConfig:
     enable_prefix_cache: bool = option(
         True, "disable the radix prefix cache", flag="--no-prefix-cache"
     )
+    chat_template: str | None = option(
+        None,
+        "Jinja chat template for /v1/chat/completions and `chat`: a file, or the template "
+        "itself (as vLLM's flag); replaces the tokenizer's own, needed where it has none",
+        default_text="the tokenizer's own (from its files or the GGUF metadata)",
+    )
     quantization: str | None = option(
         None,
         "weight-only quantization of the projections",
         choices=QUANTIZATIONS,
         short="-q",
-        default_text="a GGUF's own 4-bit weights on CPU, none elsewhere",
+        default_text="gguf for a GGUF on CPU (its own blocks), none elsewhere",
     )
     attention_backend: str = option(
         "auto",

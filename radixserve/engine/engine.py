@@ -21,7 +21,7 @@ from radixserve.engine.stats import EngineCounters, EngineStats, cache_stats, co
 from radixserve.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from radixserve.errors import EngineDeadError, InvalidRequestError, QueueFullError
 from radixserve.model import kernels
-from radixserve.model.llama import LlamaModel
+from radixserve.model.decoder import DecoderModel
 from radixserve.model.runner import StepResult
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class LLMEngine:
     def from_parts(
         cls,
         config: EngineConfig,
-        model: LlamaModel,
+        model: DecoderModel,
         tokenizer: Tokenizer,
         model_name: str = "model",
     ) -> LLMEngine:

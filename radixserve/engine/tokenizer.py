@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from radixserve.errors import InvalidRequestError, ModelNotFoundError
+from radixserve.errors import ConfigError, InvalidRequestError, ModelNotFoundError
 
 VALID_ROLES = ("system", "user", "assistant", "tool", "developer")
 
@@ -24,14 +24,24 @@ class Tokenizer:
         self.vocab_size: int = len(hf_tokenizer)
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> Tokenizer:
-        """Load tokenizer.json / tokenizer_config.json (and chat template) from a directory."""
+    def from_dir(cls, path: str | Path, chat_template: str | None = None) -> Tokenizer:
+        """Load tokenizer.json / tokenizer_config.json (and chat template) from a directory;
+        `chat_template` (a file or the template itself, `load_chat_template`) replaces the
+        directory's template."""
         from transformers import AutoTokenizer
 
         try:
-            return cls(AutoTokenizer.from_pretrained(str(path)))
+            hf = AutoTokenizer.from_pretrained(str(path))
         except (OSError, ValueError) as e:
             raise ModelNotFoundError(f"cannot load a tokenizer from {path}: {e}") from e
+        if chat_template is not None:
+            hf.chat_template = load_chat_template(chat_template)
+        return cls(hf)
+
+    @property
+    def has_chat_template(self) -> bool:
+        """Whether chats can be rendered (the tokenizer has a template, or one was given)."""
+        return bool(getattr(self.hf, "chat_template", None))
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`, without adding special tokens."""
@@ -53,6 +63,12 @@ class Tokenizer:
         """Token ids of a chat rendered through the model's template; validates messages."""
         if not isinstance(messages, (list, tuple)) or not messages:
             raise InvalidRequestError("messages must be a non-empty list", "messages")
+        if not self.has_chat_template:
+            raise InvalidRequestError(
+                "this model has no chat template, so it cannot render chat messages: send "
+                "a prompt to /v1/completions, or start radixserve with --chat-template FILE",
+                "messages",
+            )
         clean = []
         for i, m in enumerate(messages):
             if not isinstance(m, dict):
@@ -88,6 +104,21 @@ class Tokenizer:
         except Exception as e:  # a template may raise on unexpected role orders
             raise InvalidRequestError(f"chat template failed: {e}", "messages") from e
         return self.encode(str(text))
+
+
+def load_chat_template(value: str) -> str:
+    """The Jinja template `--chat-template` names: the contents of the file `value`, or
+    `value` itself when it is a template (it holds "{{" or "{%", as vLLM accepts). Raises
+    ConfigError for anything else."""
+    path = Path(value).expanduser()
+    if path.is_file():
+        try:
+            return path.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"--chat-template {value}: cannot read it ({e})") from None
+    if "{{" in value or "{%" in value:
+        return value
+    raise ConfigError(f"--chat-template {value}: no such file (nor a Jinja template)")
 
 
 class IncrementalDetokenizer:

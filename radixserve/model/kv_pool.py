@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from radixserve.errors import KVPoolSizeError
+from radixserve.errors import KVPoolSizeError, ModelTooLargeError
 from radixserve.model.config import ModelConfig
 from radixserve.model.hugepages import zeros_on_huge_pages
 from radixserve.values import format_size, parse_size
@@ -60,6 +60,23 @@ def check_pool_fits_memory(nbytes: int, device: torch.device, copies: int = 1) -
     raise KVPoolSizeError(
         f"the KV pool (--kv-cache-memory) needs {need} but only {format_size(free)} of "
         f"{device.type} memory is free; lower --kv-cache-memory to {fits} or less"
+    )
+
+
+def check_model_fits_memory(num_params: int, dtype: torch.dtype, device: torch.device) -> None:
+    """Raise ModelTooLargeError unless loading `num_params` weights in `dtype` fits the memory
+    free on `device`: the checkpoint's tensors and the model's parameters are both held while
+    it loads (quantized projections release their dense copies afterwards)."""
+    free = free_memory(device)
+    elem = torch.tensor([], dtype=dtype).element_size()
+    need = 2 * num_params * elem
+    if free is None or need <= free:
+        return
+    name = str(dtype).removeprefix("torch.")
+    raise ModelTooLargeError(
+        f"the model ({num_params / 1e9:.2f}B weights in {name}) needs about "
+        f"{format_size(need, up=True)} of {device.type} memory to load, but only "
+        f"{format_size(free)} is free"
     )
 
 

@@ -1,8 +1,11 @@
-"""The decoder's building blocks: RoPE tables, RMSNorm, and the dense matmul wrapper."""
+"""The decoder's building blocks: RoPE tables, RMSNorm, the MLP's gate activations, and the
+dense matmul wrapper."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -17,11 +20,13 @@ def frozen(t: torch.Tensor) -> nn.Parameter:
     return nn.Parameter(t, requires_grad=False)
 
 
-def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
-    """Inverse RoPE frequencies [head_dim/2] with the config's theta and scaling."""
-    d = config.head_dim
-    inv = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
-    s = config.rope_scaling
+def rope_inv_freq(
+    head_dim: int, theta: float, scaling: dict[str, Any] | None = None
+) -> torch.Tensor:
+    """Inverse RoPE frequencies [head_dim/2] of base `theta`, with `scaling` (linear, llama3)."""
+    d = head_dim
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    s = scaling
     if not s:
         return inv.float()
     kind = s.get("rope_type", s.get("type", "default"))
@@ -44,7 +49,8 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
 
 
 class Rotary(nn.Module):
-    """cos/sin tables for every position up to the model's maximum, built once."""
+    """cos/sin tables for every position up to the model's maximum, built once: table 0 for
+    full-attention layers, table 1 for sliding layers with their own base (Gemma 3)."""
 
     cos: torch.Tensor
     sin: torch.Tensor
@@ -52,14 +58,21 @@ class Rotary(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
         super().__init__()
         t = torch.arange(config.max_position_embeddings, dtype=torch.float32)
-        freqs = torch.outer(t, rope_inv_freq(config))
-        emb = torch.cat([freqs, freqs], dim=-1)
-        self.register_buffer("cos", emb.cos().to(dtype), persistent=False)
-        self.register_buffer("sin", emb.sin().to(dtype), persistent=False)
+        bases = [(config.rope_theta, config.rope_scaling)]
+        if config.local_rope_theta is not None:
+            bases.append((config.local_rope_theta, None))
+        cos, sin = [], []
+        for theta, scaling in bases:
+            freqs = torch.outer(t, rope_inv_freq(config.head_dim, theta, scaling))
+            emb = torch.cat([freqs, freqs], dim=-1)
+            cos.append(emb.cos().to(dtype))
+            sin.append(emb.sin().to(dtype))
+        self.register_buffer("cos", torch.stack(cos), persistent=False)
+        self.register_buffer("sin", torch.stack(sin), persistent=False)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin [T, head_dim] of each position [T]."""
-        return self.cos[positions], self.sin[positions]
+        """cos and sin [tables, T, head_dim] of each position [T]."""
+        return self.cos[:, positions], self.sin[:, positions]
 
 
 class Linear:
@@ -113,3 +126,13 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     x1, x2 = x[..., :half], x[..., half:]
     rotated = torch.cat([-x2, x1], dim=-1)
     return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+def gate_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The MLP's gate activation by ModelConfig.hidden_act: SiLU (SwiGLU) or tanh-approximated
+    GELU (GeGLU, as transformers' gelu_pytorch_tanh)."""
+    if name == "silu":
+        return F.silu
+    if name == "gelu_tanh":
+        return lambda x: F.gelu(x, approximate="tanh")
+    raise ValueError(f"unknown activation {name!r}")

@@ -12,10 +12,10 @@ from safetensors.torch import load_file
 from radixserve.errors import DeviceError, ModelNotFoundError
 from radixserve.model import kernels
 from radixserve.model.config import ModelConfig
+from radixserve.model.decoder import DecoderModel
 from radixserve.model.files import ModelFiles, quantized_copy_path
 from radixserve.model.kernels import matrix
 from radixserve.model.kernels.matrix import PrefillPath
-from radixserve.model.llama import LlamaModel
 from radixserve.model.weights import load_hf_weights, pack_model_weights, quantize_model
 from radixserve.values import QUANTIZATIONS, kv_cache_dtype_name
 
@@ -126,14 +126,24 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_quantization(quantization: str | None, files: ModelFiles, device: torch.device) -> str:
-    """none | int8 | int4; None (the default) keeps a GGUF's own 4-bit weights where our
-    kernels run them (CPU) and is "none" otherwise, as vLLM serves a checkpoint's own format."""
+    """none | int8 | int4 | gguf; None (the default) is "gguf" for a GGUF file where our
+    kernels run its blocks as stored (CPU), "none" otherwise, as vLLM serves a checkpoint's
+    own format. ValueError for "gguf" without a GGUF file or our CPU kernels."""
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {quantization!r}; use one of {QUANTIZATIONS}")
+    kernels_run = device.type == "cpu" and kernels.load()
+    if quantization == "gguf":
+        if files.gguf is None:
+            raise ValueError("--quantization gguf needs a .gguf model file")
+        if not kernels_run:
+            raise ValueError(
+                "--quantization gguf runs on the CPU with radixserve's kernels; "
+                "use --quantization none here"
+            )
     if quantization is not None:
         return quantization
-    if files.gguf is not None and device.type == "cpu" and kernels.load():
-        return "int4"
+    if files.gguf is not None and kernels_run:
+        return "gguf"
     return "none"
 
 
@@ -143,12 +153,12 @@ def load_model(
     device: torch.device,
     quantization: str | None = "none",
     prefill_path: PrefillPath = PrefillPath.FP32,
-) -> LlamaModel:
-    """Build the LlamaModel for `files` with its weights, on `device` in `dtype`, with its
+) -> DecoderModel:
+    """Build the DecoderModel for `files` with its weights, on `device` in `dtype`, with its
     projections quantized as `resolve_quantization` decides and prefill on `prefill_path`
     (`resolve_prefill_path`; logged)."""
     config = ModelConfig.from_dir(files.path)
-    model = LlamaModel(config, dtype)
+    model = DecoderModel(config, dtype)
     load_hf_weights(model, load_state_dict(files.path, dtype))
     model = model.to(device).eval()
     model.prepare()
@@ -160,13 +170,9 @@ def load_model(
             from radixserve.model.gguf_quant import load_quantized_cached  # needs gguf
 
             cache_file = quantized_copy_path(files.path)
-            stored = {
-                name: w
-                for name, w in load_quantized_cached(
-                    files.gguf, cache_file, config.num_heads, config.num_kv_heads
-                ).items()
-                if w.kind == kind or w.kind == "int8"  # Q8_0 is exact and at least as precise
-            }
+            stored = load_quantized_cached(
+                files.gguf, cache_file, config.num_heads, config.num_kv_heads
+            )
         quantize_model(model, kind, stored)
     pack_model_weights(model)
     model.use_prefill_path(prefill_path)

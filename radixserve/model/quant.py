@@ -1,7 +1,9 @@
-"""Weight-only quantized linears: int4 and int8 in groups of 32 (llama.cpp's Q4_1 and Q8_0).
+"""Weight-only quantized linears: int4 and int8 in groups of 32 (llama.cpp's Q4_1 and Q8_0,
+repacked), and GGUF blocks as the file stores them (kind "gguf": Q4_0 ... Q6_K, several kinds
+in one matrix where the file mixed them).
 
-A GGUF checkpoint's own Q4_1 / Q8_0 blocks load as they are, so `--quantization int4` on the
-default model computes with exactly the file's weights; other weights are quantized here.
+A GGUF checkpoint's own blocks load as they are (model/gguf_quant.py), so the default model
+computes with exactly the file's weights; `--quantization int4|int8` quantizes the others here.
 Inputs and outputs stay in the model dtype; accumulation is float32. On the CPU, a step's
 prefill rows may run on the matrix units in bfloat16 (kernels/matrix.py: `PrefillPath`).
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -23,25 +26,54 @@ GROUP = 32
 
 @dataclass
 class QuantizedWeight:
-    """W [out, in] as codes plus per-group float32 scale (and min for int4).
+    """W [out, in] as codes plus per-group float32 scale (and min for int4), or GGUF blocks.
 
     int4: qs [out, in/2] uint8, byte j of a group = element j | element j+16 << 4; w = s*q + m.
     int8: qs [out, in] int8; w = s*q.
+    gguf: qs uint8 [bytes]: the blocks of every row, as the file stores them; layout int64
+          [parts, 2]: consecutive runs of rows as (rows, GGML type number); `cols` = in.
+          `scale` is empty.
     """
 
     kind: str
     qs: torch.Tensor
     scale: torch.Tensor  # [out, in/32]
     minv: torch.Tensor | None  # [out, in/32], int4 only
+    layout: torch.Tensor | None = None  # gguf only
+    cols: int = 0  # gguf only
 
     @property
     def shape(self) -> tuple[int, int]:
         """(out_features, in_features)."""
+        if self.kind == "gguf":
+            assert self.layout is not None
+            return int(self.layout[:, 0].sum()), self.cols
         return self.scale.shape[0], self.scale.shape[1] * GROUP
+
+    def kernel_layout(self) -> torch.Tensor:
+        """The int64 [parts, 2] (rows, kind number) list our kernels read (decode_layers'
+        per-projection layout); kernels must be loaded."""
+        if self.layout is not None:
+            return self.layout
+        return torch.tensor([[self.shape[0], kernels.quant_kind_code(self.kind)]])
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The tensors holding the codes (what huge-page packing moves)."""
+        return [t for t in (self.qs, self.scale, self.minv) if t is not None and t.numel()]
+
+    def with_tensors(self, new: list[torch.Tensor]) -> QuantizedWeight:
+        """The same weight over `new`, copies of `tensors()` in their order."""
+        it = iter(new)
+        qs = next(it)
+        scale = next(it) if self.scale.numel() else self.scale
+        minv = next(it) if self.minv is not None and self.minv.numel() else self.minv
+        return QuantizedWeight(self.kind, qs, scale, minv, self.layout, self.cols)
 
     def dequantize(self) -> torch.Tensor:
         """The float32 weight these codes stand for."""
         out = torch.empty(self.shape, dtype=torch.float32, device=self.qs.device)
+        if self.kind == "gguf":
+            return self._dequantize_gguf(out)
         if self.qs.device.type == "cpu" and kernels.loaded():
             if self.kind == "int4":
                 kernels.op("q4_dequant")(self.qs, self.scale, self.minv, out)
@@ -58,8 +90,38 @@ class QuantizedWeight:
             w = self.qs.view(n, k // GROUP, GROUP).float() * self.scale[..., None]
         return out.copy_(w.view(n, k))
 
+    def _dequantize_gguf(self, out: torch.Tensor) -> torch.Tensor:
+        """gguf kind: by our kernel on the CPU, else by the gguf package's own code."""
+        assert self.layout is not None
+        if self.qs.device.type == "cpu" and kernels.loaded():
+            kernels.op("gguf_dequant")(self.qs, self.layout, out)
+            return out
+        import gguf
+
+        raw, row = self.qs.cpu().numpy(), 0
+        for rows, kind in self.layout.tolist():
+            qtype = gguf.GGMLQuantizationType(kind)
+            nbytes = rows * gguf.quants.quant_shape_to_byte_shape((self.cols,), qtype)[0]
+            part = raw[:nbytes].reshape(rows, -1)
+            w = gguf.quants.dequantize(part, qtype)
+            out[row : row + rows] = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
+            raw, row = raw[nbytes:], row + rows
+        return out
+
     def concat(self, other: QuantizedWeight) -> QuantizedWeight:
-        """Rows of self then rows of other (fusing q/k/v or gate/up)."""
+        """Rows of self then rows of other (fusing q/k/v or gate/up). GGUF blocks of different
+        kinds concatenate into parts; int4 / int8 only with their own kind."""
+        if self.kind == "gguf" and other.kind == "gguf":
+            assert self.layout is not None and other.layout is not None
+            assert self.cols == other.cols
+            return QuantizedWeight(
+                "gguf",
+                torch.cat([self.qs, other.qs]),
+                self.scale,
+                None,
+                _merged_layout(torch.cat([self.layout, other.layout])),
+                self.cols,
+            )
         assert self.kind == other.kind
         minv = None
         if self.minv is not None and other.minv is not None:
@@ -74,7 +136,47 @@ class QuantizedWeight:
     def to(self, device: torch.device) -> QuantizedWeight:
         """The same codes on `device`."""
         minv = self.minv.to(device) if self.minv is not None else None
-        return QuantizedWeight(self.kind, self.qs.to(device), self.scale.to(device), minv)
+        return QuantizedWeight(
+            self.kind, self.qs.to(device), self.scale.to(device), minv, self.layout, self.cols
+        )
+
+
+def _merged_layout(layout: torch.Tensor) -> torch.Tensor:
+    """`layout` with neighbouring parts of one kind joined."""
+    merged: list[list[int]] = []
+    for rows, kind in layout.tolist():
+        if merged and merged[-1][1] == kind:
+            merged[-1][0] += rows
+        else:
+            merged.append([rows, kind])
+    return torch.tensor(merged, dtype=torch.int64)
+
+
+# GGML's numbers of the two block types gemm.cpp's int4 / int8 kernels hold split apart.
+_GGML_Q4_1, _GGML_Q8_0 = 3, 8
+
+
+def repacked(w: QuantizedWeight) -> QuantizedWeight:
+    """A GGUF weight wholly of Q4_1 or Q8_0 blocks as int4 / int8: the same values, each
+    block's float16 scale (and min) widened to float32 beside its codes, for gemm.cpp's
+    kernels (tuned further than the block kernels); any other weight as it is."""
+    if w.kind != "gguf" or w.layout is None or w.layout.shape[0] != 1 or w.cols % GROUP:
+        return w
+    rows, kind = (int(v) for v in w.layout[0])
+    groups = w.cols // GROUP
+
+    def halves(b: torch.Tensor, at: int) -> torch.Tensor:
+        return b[..., at : at + 2].contiguous().view(torch.float16).float().view(rows, groups)
+
+    if kind == _GGML_Q4_1:
+        b = w.qs.view(rows, groups, 20)
+        qs = b[..., 4:].reshape(rows, groups * 16).contiguous()
+        return QuantizedWeight("int4", qs, halves(b, 0), halves(b, 2))
+    if kind == _GGML_Q8_0:
+        b = w.qs.view(rows, groups, 34)
+        qs = b[..., 2:].contiguous().view(torch.int8).reshape(rows, w.cols)
+        return QuantizedWeight("int8", qs, halves(b, 0), None)
+    return w
 
 
 def quantize(w: torch.Tensor, kind: str) -> QuantizedWeight:
@@ -123,8 +225,13 @@ class QuantLinear:
 
     def use_prefill_path(self, path: PrefillPath) -> None:
         """Run prefill rows on `path` from now on (fp32 where this matrix's sizes do not fit
-        the tiles: in_features a multiple of 32, out_features of 16)."""
-        fits = self.in_features % 32 == 0 and self.out_features % 16 == 0
+        the tiles, in_features a multiple of 32 and out_features of 16, and for GGUF blocks
+        other than int4 / int8: the bfloat16 kernels read only those codes)."""
+        fits = (
+            self.weight.kind in ("int4", "int8")
+            and self.in_features % 32 == 0
+            and self.out_features % 16 == 0
+        )
         self.prefill_path = path if fits else PrefillPath.FP32
         self._matrix = None
 
@@ -133,7 +240,10 @@ class QuantLinear:
         decode step makes ~120 of these calls)."""
         if self._kernel is None and kernels.loaded() and self.weight.qs.device.type == "cpu":
             w = self.weight
-            if w.kind == "int4":
+            if w.kind == "gguf":
+                gguf_gemm, blocks, layout = kernels.op("gguf_gemm"), w.qs, w.layout
+                self._kernel = lambda x, out: gguf_gemm(x, blocks, layout, out)
+            elif w.kind == "int4":
                 q4, qs, scale, minv = kernels.op("q4_gemm"), w.qs, w.scale, w.minv
                 self._kernel = lambda x, out: q4(x, qs, scale, minv, out)
             else:

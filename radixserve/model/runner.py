@@ -20,8 +20,8 @@ import torch
 
 from radixserve.model.attention import CpuPagedBackend, select_backend
 from radixserve.model.batch import ForwardBatch, SeqChunk, StepBuffers, build_batch
+from radixserve.model.decoder import DecoderModel
 from radixserve.model.kv_pool import KVPool
-from radixserve.model.llama import LlamaModel
 from radixserve.model.sampling import SamplingRow, sample_rows
 
 
@@ -54,7 +54,7 @@ class ModelRunner:
 
     def __init__(
         self,
-        model: LlamaModel,
+        model: DecoderModel,
         num_blocks: int,
         block_size: int,
         *,
@@ -71,7 +71,10 @@ class ModelRunner:
         self.kv_dtype = kv_cache_dtype or self.dtype
         self.block_size = block_size
         self.kv_pool = KVPool(model.config, num_blocks, block_size, self.kv_dtype, self.device)
-        self.attn = select_backend(attention_backend, self.device, self.dtype, self.kv_dtype)
+        windowed = model.config.sliding_window is not None
+        self.attn = select_backend(
+            attention_backend, self.device, self.dtype, self.kv_dtype, windowed
+        )
         if isinstance(self.attn, CpuPagedBackend):  # prefill attention on the model's path
             self.attn.prefill_path = model.prefill_path
         max_len = max_model_len or model.config.max_position_embeddings

@@ -1,7 +1,7 @@
-"""Checkpoint weights into a LlamaModel: the Hugging Face (transformers) tensor names behind
-each parameter, loading them (q/k/v and gate/up fused), quantizing the projections from the
-dense weights or from a checkpoint's own codes (a GGUF's Q4_1 / Q8_0 blocks), and packing
-what a step reads onto huge pages."""
+"""Checkpoint weights into a DecoderModel: the Hugging Face (transformers) tensor names behind
+each parameter for every architecture, loading them (q/k/v and gate/up fused where the
+checkpoint holds them apart), quantizing the projections from the dense weights or from a
+checkpoint's own codes (a GGUF's blocks), and packing what a step reads onto huge pages."""
 
 from __future__ import annotations
 
@@ -10,15 +10,16 @@ from collections.abc import Callable
 import torch
 
 from radixserve.model.config import ModelConfig
+from radixserve.model.decoder import DecoderModel, Projection
 from radixserve.model.hugepages import pack_on_huge_pages
 from radixserve.model.layers import Linear
-from radixserve.model.llama import LlamaModel, Projection
-from radixserve.model.quant import GROUP, QuantizedWeight, QuantLinear, quantize
+from radixserve.model.quant import GROUP, QuantizedWeight, QuantLinear, quantize, repacked
 
 
 def hf_names(config: ModelConfig) -> dict[str, list[str]]:
-    """For each LlamaModel parameter (its `state_dict()` name), the transformers tensors whose
-    rows it holds, in order: "layers.0.qkv" is q_proj, k_proj and v_proj of layer 0."""
+    """For each DecoderModel parameter (its `state_dict()` name), the transformers tensors whose
+    rows it holds, in order: "layers.0.qkv" is q_proj, k_proj and v_proj of layer 0 (Phi-3's
+    one qkv_proj)."""
     names = {"embed": ["model.embed_tokens.weight"], "norm": ["model.norm.weight"]}
     if not config.tie_word_embeddings:
         names["lm_head"] = ["lm_head.weight"]
@@ -26,20 +27,38 @@ def hf_names(config: ModelConfig) -> dict[str, list[str]]:
         p, a, m = f"model.layers.{i}.", f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
         ours = f"layers.{i}."
         names[ours + "input_norm"] = [p + "input_layernorm.weight"]
-        names[ours + "qkv"] = [a + f"{x}_proj.weight" for x in ("q", "k", "v")]
+        if config.fused_checkpoint:
+            names[ours + "qkv"] = [a + "qkv_proj.weight"]
+            names[ours + "gate_up"] = [m + "gate_up_proj.weight"]
+        else:
+            names[ours + "qkv"] = [a + f"{x}_proj.weight" for x in ("q", "k", "v")]
+            names[ours + "gate_up"] = [m + "gate_proj.weight", m + "up_proj.weight"]
         if config.attention_bias:
             names[ours + "qkv_bias"] = [a + f"{x}_proj.bias" for x in ("q", "k", "v")]
+        if config.qk_norm:
+            names[ours + "q_norm"] = [a + "q_norm.weight"]
+            names[ours + "k_norm"] = [a + "k_norm.weight"]
         names[ours + "o"] = [a + "o_proj.weight"]
-        names[ours + "post_norm"] = [p + "post_attention_layernorm.weight"]
-        names[ours + "gate_up"] = [m + "gate_proj.weight", m + "up_proj.weight"]
+        if config.sandwich_norms:  # Gemma 3 names the norm before the MLP "pre_feedforward"
+            names[ours + "attn_out_norm"] = [p + "post_attention_layernorm.weight"]
+            names[ours + "post_norm"] = [p + "pre_feedforward_layernorm.weight"]
+            names[ours + "mlp_out_norm"] = [p + "post_feedforward_layernorm.weight"]
+        else:
+            names[ours + "post_norm"] = [p + "post_attention_layernorm.weight"]
         names[ours + "down"] = [m + "down_proj.weight"]
     return names
 
 
-def load_hf_weights(model: LlamaModel, state_dict: dict[str, torch.Tensor]) -> None:
+def is_norm(name: str) -> bool:
+    """Whether the DecoderModel parameter `name` is an RMSNorm weight."""
+    return name == "norm" or name.endswith("_norm")
+
+
+def load_hf_weights(model: DecoderModel, state_dict: dict[str, torch.Tensor]) -> None:
     """Copy transformers-named weights into `model` (cast to its dtype), fusing q/k/v and
-    gate/up, then `model.prepare()`. A checkpoint without lm_head.weight for an untied head
-    uses the embedding table. Raises KeyError naming a missing weight."""
+    gate/up and adding the config's norm_weight_offset to every norm (Gemma's 1 + w), then
+    `model.prepare()`. A checkpoint without lm_head.weight for an untied head uses the
+    embedding table. Raises KeyError naming a missing weight."""
     dtype = model.embed.dtype
     names = hf_names(model.config)
     if "lm_head" in names and names["lm_head"][0] not in state_dict:
@@ -50,45 +69,61 @@ def load_hf_weights(model: LlamaModel, state_dict: dict[str, torch.Tensor]) -> N
             raise KeyError(f"weight {name} missing from the checkpoint")
         return state_dict[name].to(dtype)
 
+    offset = model.config.norm_weight_offset
     with torch.no_grad():
         for name, param in model.named_parameters():
             parts = [take(n) for n in names[name]]
-            param.copy_(parts[0] if len(parts) == 1 else torch.cat(parts))
+            w = parts[0] if len(parts) == 1 else torch.cat(parts)
+            if offset and is_norm(name):
+                # In float32, as transformers' Gemma computes (1 + w) before scaling by it.
+                w = (w.float() + offset).to(dtype)
+            param.copy_(w)
     model.prepare()
 
 
 def quantize_model(
-    model: LlamaModel, kind: str, stored: dict[str, QuantizedWeight] | None = None
+    model: DecoderModel, kind: str, stored: dict[str, QuantizedWeight] | None = None
 ) -> None:
-    """Run every projection (and the LM head) of `model` on `kind` codes ("int8" / "int4").
+    """Run the projections (and the LM head) of `model` on quantized codes; sets
+    `model.quantization` to `kind`.
 
-    A projection whose transformers tensors are all in `stored` (e.g. a GGUF's own Q4_1
-    blocks) uses those codes as they are, whatever their kind, if they share one; the others
-    are quantized from the current dense weights, except matrices that groups of 32 do not
-    tile, which stay dense. The decoder's dense copies are then released (the embedding
-    table stays dense for lookups). Sets `model.quantization` to `kind`.
+    "gguf": every projection whose transformers tensors are all in `stored` (a GGUF's own
+    blocks, model/gguf_quant.py) computes with those blocks as they are, several kinds in one
+    matrix where the file mixed them (wholly Q4_1 / Q8_0 ones as the int4 / int8 repacking of
+    the same values); the others keep their dense weights.
+    "int4" / "int8": stored codes are used where they are that kind (or int8, as precise),
+    the rest is quantized from the current dense weights, except matrices that groups of 32
+    do not tile, which stay dense.
+    The decoder's dense copies of quantized projections are then released (the embedding
+    table stays dense for lookups).
     """
     stored = stored or {}
     names = hf_names(model.config)
     device = model.embed.device
     for projection in model.projections():
         codes = _stored_codes(names[projection.weight_name], stored)
+        if codes is not None and kind != "gguf" and codes.kind not in (kind, "int8"):
+            codes = None
+        if kind == "gguf" and codes is None:
+            continue
         model.set_projection(projection.name, _quantized(projection, kind, codes, device))
     model.quantization = kind
 
 
 def _stored_codes(names: list[str], stored: dict[str, QuantizedWeight]) -> QuantizedWeight | None:
-    """The rows of `names` concatenated from `stored`, or None unless all are there in one
-    kind."""
+    """The rows of `names` concatenated from `stored` (GGUF blocks of any kinds, or int4 /
+    int8 codes of one kind), repacked where that is the same values; None unless all are
+    there."""
     if not all(n in stored for n in names):
         return None
     parts = [stored[n] for n in names]
-    if len({p.kind for p in parts}) != 1:
+    kinds = {p.kind for p in parts}
+    if len(kinds) != 1:
         return None
     codes = parts[0]
     for p in parts[1:]:
         codes = codes.concat(p)
-    return codes
+    return repacked(codes)
 
 
 def _quantized(
@@ -107,7 +142,7 @@ def _quantized(
     return QuantLinear(quantize(projection.weight, kind), current.bias)
 
 
-def pack_model_weights(model: LlamaModel) -> None:
+def pack_model_weights(model: DecoderModel) -> None:
     """On CPU, move the weights a forward step reads (`model.step_weights()`: norms,
     projections or their codes, the LM head) into one buffer on huge pages, in the order the
     step reads them: the step then streams one run of memory instead of ~250 scattered
@@ -122,13 +157,7 @@ def pack_model_weights(model: LlamaModel) -> None:
 
     def codes(lin: QuantLinear) -> None:
         w = lin.weight
-        parts = [w.qs, w.scale] + ([w.minv] if w.minv is not None else [])
-
-        def use(new: list[torch.Tensor]) -> None:
-            minv = new[2] if len(new) > 2 else None
-            lin.use_weight(QuantizedWeight(w.kind, new[0], new[1], minv))
-
-        moves.append((parts, use))
+        moves.append((w.tensors(), lambda new: lin.use_weight(w.with_tensors(new))))
 
     for read in model.step_weights():
         if isinstance(read, torch.Tensor):  # a norm

@@ -10,11 +10,11 @@ import pytest
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.engine import LLMEngine
 from radixserve.engine.tokenizer import Tokenizer
-from radixserve.model.llama import LlamaModel
+from radixserve.model.decoder import DecoderModel
 
 
 @pytest.fixture(scope="session")
-def tiny_llama(tiny_pair_factory: Callable[..., tuple]) -> LlamaModel:
+def tiny_llama(tiny_pair_factory: Callable[..., tuple]) -> DecoderModel:
     """A 2-layer random Llama with the default tokenizer's vocabulary, shared by the session
     (engines only read its weights)."""
     _, model = tiny_pair_factory(
@@ -29,7 +29,7 @@ def tiny_llama(tiny_pair_factory: Callable[..., tuple]) -> LlamaModel:
 
 @pytest.fixture
 def make_tiny_engine(
-    tiny_llama: LlamaModel, default_tokenizer: Tokenizer
+    tiny_llama: DecoderModel, default_tokenizer: Tokenizer
 ) -> Callable[..., LLMEngine]:
     """Build an unstarted engine over the tiny model; keyword args go to EngineConfig."""
 

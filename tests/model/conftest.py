@@ -9,5 +9,5 @@ import pytest
 
 @pytest.fixture(scope="module")
 def tiny_pair(tiny_pair_factory: Callable[..., tuple]) -> tuple:
-    """(transformers LlamaForCausalLM, radixserve LlamaModel) with the same random weights."""
+    """(transformers LlamaForCausalLM, radixserve DecoderModel) with the same random weights."""
     return tiny_pair_factory()

@@ -33,7 +33,7 @@ def test_every_backend_name_but_auto_has_a_class_of_that_name() -> None:
 def test_importing_the_model_and_choosing_a_cpu_backend_does_not_import_triton() -> None:
     code = (
         "import sys, torch\n"
-        "import radixserve.model.attention, radixserve.model.llama, radixserve.model.runner\n"
+        "import radixserve.model.attention, radixserve.model.decoder, radixserve.model.runner\n"
         "from radixserve.model.attention import select_backend\n"
         "select_backend('auto', torch.device('cpu'), torch.float32)\n"
         "select_backend('sdpa', torch.device('cpu'), torch.bfloat16)\n"

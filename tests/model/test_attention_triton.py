@@ -34,8 +34,8 @@ kernel_test = pytest.mark.skipif(
     reason="no GPU: runs under TRITON_INTERPRET=1 in test_kernel_tests_pass_in_the_interpreter",
 )
 # What the interpreter rerun must pass, exactly: every test of this file but itself and the
-# CUDA graph test (16 kernel tests, 4 others). Adding or removing a test changes it on purpose.
-INTERPRETER_PASSES = 20
+# CUDA graph test (18 kernel tests, 4 others). Adding or removing a test changes it on purpose.
+INTERPRETER_PASSES = 22
 BS = 4  # tokens per pool block
 H, KVH, D = 6, 2, 16  # GQA groups of 3 query heads (padded to 4 in the decode kernel)
 NB = 40
@@ -107,7 +107,7 @@ def tables(lengths: list[int], seed: int = 2) -> list[list[int]]:
     return out
 
 
-def reference(q, batch: ForwardBatch, k, v) -> torch.Tensor:
+def reference(q, batch: ForwardBatch, k, v, window=None, scale=None) -> torch.Tensor:
     """SdpaBackend computed in float64 on the CPU from the same values."""
     f = torch.float64
     cpu = ForwardBatch(
@@ -126,20 +126,28 @@ def reference(q, batch: ForwardBatch, k, v) -> torch.Tensor:
     for p in batch.prefills:
         cpu.prefills.append(type(p)(p.token_start, p.num_tokens, p.context_len, p.block_ids.cpu()))
     sdpa = SdpaBackend()
-    return sdpa.forward(q.cpu().to(f), cpu, sdpa.plan(cpu), k.cpu().to(f), v.cpu().to(f))
+    k, v = k.cpu().to(f), v.cpu().to(f)
+    return sdpa.forward(q.cpu().to(f), cpu, sdpa.plan(cpu), k, v, window, scale)
 
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 
 
-def check(tri: ModuleType, chunks: list[SeqChunk], dtype: torch.dtype, bufs=None) -> None:
+def check(
+    tri: ModuleType,
+    chunks: list[SeqChunk],
+    dtype: torch.dtype,
+    bufs=None,
+    window: int | None = None,
+    scale: float | None = None,
+) -> None:
     batch = build_batch(chunks, BS, DEVICE, bufs)
     k, v = pool(dtype)
     q = queries(batch.input_ids.shape[0], dtype)
     b = backend(tri)
-    got = b.forward(q, batch, b.plan(batch), k, v)
+    got = b.forward(q, batch, b.plan(batch), k, v, window, scale)
     assert got.dtype == dtype and got.shape == (q.shape[0], H * D)
-    want = reference(q, batch, k, v)
+    want = reference(q, batch, k, v, window, scale)
     err = (got.cpu().double() - want).abs().max().item()
     assert err <= TOL[dtype], f"max abs diff {err}"
 
@@ -247,6 +255,22 @@ def test_mixed_decode_and_prefill_batch_matches_sdpa(tri, dtype) -> None:
         SeqChunk([7], 39, t[2]),  # decode across 3 partitions
     ]
     check(tri, chunks, dtype)
+
+
+@kernel_test
+@pytest.mark.parametrize("window", [5, 13])
+def test_sliding_window_and_softmax_scale_match_sdpa(tri, window: int) -> None:
+    """Windows shorter than a key tile and longer, starting inside blocks and partitions:
+    decode rows and prefill chunks (fresh and over a cached prefix) see their last `window`
+    keys only."""
+    t = tables([11, 26, 40, 9])
+    chunks = [
+        SeqChunk([4] * 7, 19, t[1]),
+        SeqChunk([5], 10, t[0]),
+        SeqChunk([6] * 9, 0, t[3]),
+        SeqChunk([7], 39, t[2]),
+    ]
+    check(tri, chunks, torch.float32, window=window, scale=0.3)
 
 
 @kernel_test

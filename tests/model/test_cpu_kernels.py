@@ -14,8 +14,9 @@ import torch.nn.functional as F
 from radixserve.model import kernels
 from radixserve.model.attention import CpuPagedBackend, SdpaBackend
 from radixserve.model.batch import SeqChunk, build_batch
+from radixserve.model.decoder import DecoderModel
+from radixserve.model.decoder_layer import DecoderLayer
 from radixserve.model.layers import apply_rope, rms_norm
-from radixserve.model.llama import DecoderLayer, LlamaModel
 from radixserve.model.weights import quantize_model
 
 ops = torch.ops.radixserve
@@ -63,6 +64,29 @@ def test_rope_kv_write_rotates_q_and_k_and_writes_k_and_v(rows: int, kv_dtype: t
     assert not k_pool.view(-1, kv_heads, d)[untouched].any()
 
 
+def test_rope_kv_write_norms_each_q_and_k_head_before_rotating() -> None:
+    """Qwen3 / Gemma 3: RMSNorm over each head (q heads by q_norm, k heads by k_norm), then
+    RoPE; V is written as it is."""
+    torch.manual_seed(1)
+    rows, heads, kv_heads, d, block = 5, 4, 2, 32, 4
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * d) * 3
+    angles = torch.randn(rows, d // 2)
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    q_norm, k_norm = torch.randn(d), torch.randn(d)
+    slots = torch.arange(rows)
+    k_pool = torch.zeros(3, block, kv_heads, d)
+    v_pool = torch.zeros_like(k_pool)
+    ref = qkv.clone()
+    ops.rope_kv_write(qkv, cos, sin, slots, k_pool, v_pool, heads, q_norm, k_norm, 1e-6)
+    qk = ref[:, : (heads + kv_heads) * d].view(rows, -1, d)
+    weights = torch.cat([q_norm.expand(heads, d), k_norm.expand(kv_heads, d)])
+    qk = apply_rope(rms_norm(qk, weights, 1e-6), cos, sin)
+    torch.testing.assert_close(qkv[:, : heads * d], qk[:, :heads].reshape(rows, -1))
+    torch.testing.assert_close(k_pool.view(-1, kv_heads, d)[slots], qk[:, heads:])
+    v_want = ref[:, (heads + kv_heads) * d :].view(rows, kv_heads, d)
+    torch.testing.assert_close(v_pool.view(-1, kv_heads, d)[slots], v_want)
+
+
 def test_silu_mul_equals_torch() -> None:
     torch.manual_seed(0)
     gate_up = torch.randn(9, 2 * 70) * 4
@@ -73,15 +97,31 @@ def test_silu_mul_equals_torch() -> None:
     torch.testing.assert_close(out, F.silu(gate) * up, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("act,code", [("silu", 0), ("tanh", 1)])
+def test_gate_act_mul_equals_torch(act: str, code: int) -> None:
+    """SwiGLU's and GeGLU's (tanh GELU, transformers' gelu_pytorch_tanh) gate times up."""
+    torch.manual_seed(0)
+    gate_up = torch.randn(9, 2 * 70) * 4
+    gate_up[0, :6] = torch.tensor([-100.0, 100.0, 0.0, -0.0, -9.0, 9.0])  # saturated, zero
+    out = torch.empty(9, 70)
+    ops.gate_act_mul(gate_up, out, code)
+    gate, up = gate_up.chunk(2, dim=-1)
+    want = F.silu(gate) if act == "silu" else F.gelu(gate, approximate="tanh")
+    # torch's tanh GELU loses digits to 1 + tanh(u) for negative inputs (ours: x sigmoid(2u)).
+    torch.testing.assert_close(out, want * up, rtol=1e-5, atol=1e-6 if act == "silu" else 1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 7, 70])
 @pytest.mark.parametrize("kv_dtype", KV_DTYPES)
 @pytest.mark.parametrize("head_dim", [64, 12])  # 12: not a multiple of 8 (scalar path)
 @pytest.mark.parametrize("block_size", [16, 5])
 def test_paged_decode_attention_equals_sdpa_over_the_same_blocks(
-    head_dim: int, block_size: int, kv_dtype: torch.dtype
+    head_dim: int, block_size: int, kv_dtype: torch.dtype, window: int | None
 ) -> None:
     """Contexts from 1 token to several of the kernel's chunks, GQA, scattered blocks, and
     q rows that are the first columns of a wider (fused qkv) tensor; pools of each K/V dtype
-    (the reference attends over the same rounded values in float32)."""
+    (the reference attends over the same rounded values in float32); with sliding windows
+    shorter and longer than a chunk, starting inside a block."""
     torch.manual_seed(head_dim + block_size)
     heads, kv_heads = 9, 3
     lens = [1, 7, block_size, block_size + 1, 63, 64, 65, 300]
@@ -93,8 +133,10 @@ def test_paged_decode_attention_equals_sdpa_over_the_same_blocks(
     context_lens = torch.tensor(lens, dtype=torch.int32)
     wide = torch.randn(len(lens), heads * head_dim + 40)
     q = wide[:, : heads * head_dim].view(len(lens), heads, head_dim)
-    got = CpuPagedBackend().decode(q, k_blocks, v_blocks, table, context_lens)
-    want = SdpaBackend().decode(q, k_blocks.float(), v_blocks.float(), table, context_lens)
+    got = CpuPagedBackend().decode(q, k_blocks, v_blocks, table, context_lens, window, 0.3)
+    want = SdpaBackend().decode(
+        q, k_blocks.float(), v_blocks.float(), table, context_lens, window, 0.3
+    )
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     # Row 0 attends to one token: its output is that token's V, head group by head group.
     first = v_blocks[table[0, 0], 0].float().repeat_interleave(heads // kv_heads, dim=0)
@@ -102,16 +144,18 @@ def test_paged_decode_attention_equals_sdpa_over_the_same_blocks(
     assert math.isfinite(float(got.abs().sum()))
 
 
+@pytest.mark.parametrize("window", [None, 9, 100])
 @pytest.mark.parametrize("kv_dtype", KV_DTYPES)
 @pytest.mark.parametrize("heads,kv_heads", [(9, 3), (4, 4), (6, 1)])
 @pytest.mark.parametrize("block_size", [16, 5])
 def test_paged_prefill_attention_equals_sdpa_over_the_same_blocks(
-    heads: int, kv_heads: int, block_size: int, kv_dtype: torch.dtype
+    heads: int, kv_heads: int, block_size: int, kv_dtype: torch.dtype, window: int | None
 ) -> None:
     """Chunks that start their sequence and chunks over a cached prefix, short and long (up to
     64 new tokens in one query tile, 100 in 32-token tiles, 64-key tiles, a 2-token chunk over
     300 cached tokens whose keys are split across threads), scattered blocks, q rows inside a
-    wider (fused qkv) tensor, decode rows in the same step, and pools of each K/V dtype."""
+    wider (fused qkv) tensor, decode rows in the same step, and pools of each K/V dtype; with
+    sliding windows shorter than a key tile and longer than some chunks."""
     torch.manual_seed(heads * block_size)
     head_dim = 64
     # (new tokens, cached); 1: decode
@@ -130,9 +174,10 @@ def test_paged_prefill_attention_equals_sdpa_over_the_same_blocks(
     wide = torch.randn(tokens, heads * head_dim + 24)
     q = wide[:, : heads * head_dim].view(tokens, heads, head_dim)
     cpu, sdpa = CpuPagedBackend(), SdpaBackend()
-    got = cpu.forward(q, batch, cpu.plan(batch), k_blocks, v_blocks)
+    got = cpu.forward(q, batch, cpu.plan(batch), k_blocks, v_blocks, window, 0.2)
     f64 = torch.float64
-    want = sdpa.forward(q.to(f64), batch, sdpa.plan(batch), k_blocks.to(f64), v_blocks.to(f64))
+    k64, v64 = k_blocks.to(f64), v_blocks.to(f64)
+    want = sdpa.forward(q.to(f64), batch, sdpa.plan(batch), k64, v64, window, 0.2)
     torch.testing.assert_close(got, want.float(), rtol=1e-5, atol=1e-5)
 
 
@@ -148,27 +193,38 @@ def test_paged_prefill_attention_first_token_sees_only_itself() -> None:
     assert math.isfinite(float(got.abs().sum()))
 
 
-def _quantized_model(tiny_pair_factory, kind: str) -> LlamaModel:
-    _, model = tiny_pair_factory(intermediate_size=128)  # every projection quantizable
+def _quantized_model(tiny_pair_factory, kind: str, arch: str = "llama") -> DecoderModel:
+    _, model = tiny_pair_factory(arch=arch, intermediate_size=128)  # every projection quantizable
     quantize_model(model, kind)
     return model
 
 
+def _optional(t: torch.Tensor | None) -> torch.Tensor:
+    return t if t is not None else torch.empty(0)
+
+
 def _named_weights(layer: DecoderLayer) -> dict[str, torch.Tensor]:
-    """A layer's weights by the names of the kernels' table, written out here as the spec."""
+    """A layer's weights by the names of the kernels' table, written out here as the spec
+    (a part the architecture lacks: an empty tensor)."""
     named = {"input_norm": layer.input_norm, "post_norm": layer.post_norm}
+    for norm in ("q_norm", "k_norm", "attn_out_norm", "mlp_out_norm"):
+        named[norm] = _optional(getattr(layer, norm))
+    named["qkv.bias"] = _optional(layer.qkv_bias)
     for proj in ("qkv", "o", "gate_up", "down"):
         w = getattr(layer, f"{proj}_lin").weight
         named |= {f"{proj}.qs": w.qs, f"{proj}.scale": w.scale}
-        named[f"{proj}.minv"] = w.minv if w.minv is not None else torch.empty(0)
+        named[f"{proj}.minv"] = _optional(w.minv)
+        named[f"{proj}.kind"] = w.kernel_layout()
     return named
 
 
-def test_decode_layer_weight_names_name_each_norm_and_projection_part_once() -> None:
+def test_decode_layer_weight_names_name_each_norm_bias_and_projection_part_once() -> None:
     """The kernels' table (its order is the C++ enum's, written nowhere else)."""
     names = kernels.decode_layer_weight_names()
-    parts = [f"{p}.{f}" for p in ("qkv", "o", "gate_up", "down") for f in ("qs", "scale", "minv")]
-    assert len(names) == 14 and set(names) == {"input_norm", "post_norm", *parts}
+    fields = ("qs", "scale", "minv", "kind")
+    parts = [f"{p}.{f}" for p in ("qkv", "o", "gate_up", "down") for f in fields]
+    norms = {"input_norm", "post_norm", "q_norm", "k_norm", "attn_out_norm", "mlp_out_norm"}
+    assert len(names) == 23 and set(names) == {*norms, "qkv.bias", *parts}
 
 
 def _named_layers(tiny_pair_factory, kind: str) -> list[dict[str, torch.Tensor]]:
@@ -178,11 +234,15 @@ def _named_layers(tiny_pair_factory, kind: str) -> list[dict[str, torch.Tensor]]
     ]
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
 @pytest.mark.parametrize("kind", ["int4", "int8"])
-def test_decode_layer_weights_follow_the_kernels_named_table(tiny_pair_factory, kind: str) -> None:
+def test_decode_layer_weights_follow_the_kernels_named_table(
+    tiny_pair_factory, kind: str, arch: str
+) -> None:
     """The model's list for `decode_layers` holds, at each layer's slot of each name, the
-    layer's tensor of that name (int8: an empty tensor for the mins)."""
-    model = _quantized_model(tiny_pair_factory, kind)
+    layer's tensor of that name (int8: an empty tensor for the mins; a part the architecture
+    lacks: an empty tensor)."""
+    model = _quantized_model(tiny_pair_factory, kind, arch)
     weights = model.decode_layer_weights()
     names = kernels.decode_layer_weight_names()
     layers = model.decoder_layers()
@@ -190,7 +250,8 @@ def test_decode_layer_weights_follow_the_kernels_named_table(tiny_pair_factory, 
     for i, layer in enumerate(layers):
         for slot, name in enumerate(names):
             got, want = weights[i * len(names) + slot], _named_weights(layer)[name]
-            assert got is want or (got.numel() == 0 and want.numel() == 0), (i, name)
+            same = got is want or (got.numel() == 0 and want.numel() == 0)
+            assert same or (name.endswith(".kind") and torch.equal(got, want)), (i, name)
 
 
 def test_a_layer_missing_a_weight_fails_naming_it(tiny_pair_factory) -> None:
@@ -220,17 +281,19 @@ def test_decode_layers_names_the_slot_of_a_weight_of_the_wrong_kind(tiny_pair_fa
     c = model.config
     h = torch.zeros(1, c.hidden_size)
     pools = torch.zeros(c.num_layers, 2, 4, c.num_kv_heads, c.head_dim)
-    cos = sin = torch.zeros(1, c.head_dim)
+    cos = sin = torch.zeros(1, 1, c.head_dim)
     ints = torch.zeros(1, 1, dtype=torch.int32)
+    per_layer = torch.zeros(c.num_layers, dtype=torch.long)
 
     def step(ws: list[torch.Tensor]) -> None:
-        ops.decode_layers(h, ws, cos, sin, torch.zeros(1, dtype=torch.long), pools, pools.clone(),
-                          ints, ints[0], c.num_heads, 1e-5)  # fmt: skip
+        slots = torch.zeros(1, dtype=torch.long)
+        ops.decode_layers(h, ws, cos, sin, slots, pools, pools.clone(), ints, ints[0],
+                          per_layer, per_layer, c.num_heads, 1e-5, 0.25, 0)  # fmt: skip
 
     slot = names.index("qkv.qs")
     with pytest.raises(RuntimeError, match=rf"layer 1's weight {slot} \(qkv.qs\) is a Float"):
         step(weights)
-    with pytest.raises(RuntimeError, match="takes 14 weights per layer"):
+    with pytest.raises(RuntimeError, match="takes 23 weights per layer"):
         step(weights[:-1])
 
 

@@ -45,7 +45,7 @@ def test_greedy_chat_matches_transformers_for_32_tokens(
     engine = LLMEngine(
         EngineConfig(dtype="float32", kv_cache_memory="64MiB", quantization=quantization)
     )
-    assert engine.quantization == ("int4" if quantization is None else "none")
+    assert engine.quantization == ("gguf" if quantization is None else "none")
     llm = LLM.from_engine(engine)
     try:
         out = llm.generate([ids], SamplingParams(max_tokens=32, temperature=0.0))

@@ -1,4 +1,4 @@
-"""Which way a step runs (LlamaModel.forward_path), decided by the batch and the backend's
+"""Which way a step runs (DecoderModel.forward_path), decided by the batch and the backend's
 capabilities, and the narrowed last layer computing what the plain layers compute."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import torch
 
 from radixserve.model.attention import CpuPagedBackend, SdpaBackend, TritonPagedBackend
 from radixserve.model.batch import SeqChunk, build_batch
+from radixserve.model.decoder import ForwardPath
 from radixserve.model.kv_pool import KVPool
-from radixserve.model.llama import ForwardPath
 from radixserve.model.weights import quantize_model
 
 DECODE = [SeqChunk([3], 9, [0, 1, 2]), SeqChunk([4], 5, [3, 4])]

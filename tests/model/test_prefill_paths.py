@@ -29,6 +29,7 @@ from radixserve.model.kv_pool import KVPool
 from radixserve.model.loader import resolve_prefill_path
 from radixserve.model.quant import QuantLinear, quantize
 from radixserve.model.weights import quantize_model
+from tests.support.models import ARCHITECTURES
 
 ops = torch.ops.radixserve
 CPU = torch.device("cpu")
@@ -303,6 +304,31 @@ def test_a_decode_row_sharing_a_step_with_a_prefill_chunk_gets_its_decode_only_l
     assert (amx[0] - alone[0]).abs().max().item() <= 1e-5
     assert (fp32[0] - alone[0]).abs().max().item() <= 1e-5
     assert 1e-4 < (fp32[1] - amx[1]).abs().max().item() < 0.05
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_every_architectures_prefill_on_the_tiles_is_float32_to_bf16_rounding(
+    tiny_pair_factory, arch: str
+) -> None:
+    """Each architecture's decoder (q/k norms, biases, sliding windows, GeGLU, sandwich norms)
+    prefills a 40-token prompt on the tiles (int4 codes) to within bfloat16 rounding of its
+    float32 prefill, which equals transformers (test_decoder_vs_hf.py): the options the tiles
+    do not take (windowed attention, GeGLU's activation) stay float32 rather than go wrong."""
+    needs(PrefillPath.AMX_BF16)
+    _, model = tiny_pair_factory(arch=arch, head_dim=64)  # heads the tiles' attention takes
+    quantize_model(model, "int4")
+    torch.manual_seed(7)
+    prompt = torch.randint(0, 101, (40,)).tolist()
+    logits = {}
+    for path in (PrefillPath.FP32, PrefillPath.AMX_BF16):
+        model.use_prefill_path(path)
+        kv = KVPool(model.config, 8, 16, torch.float32, CPU)
+        backend = CpuPagedBackend()
+        backend.prefill_path = path
+        logits[path] = _step(model, kv, backend, [SeqChunk(prompt, 0, [0, 1, 2])])
+    fp32, amx = logits[PrefillPath.FP32], logits[PrefillPath.AMX_BF16]
+    diff = (fp32 - amx).abs().max().item()
+    assert 0 < diff <= 0.02 * fp32.abs().max().item()
 
 
 CHAT = [

@@ -8,11 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from radixserve.errors import ModelNotFoundError
 from radixserve.model import kernels
 from radixserve.model.attention import select_backend
 from radixserve.model.batch import SeqChunk, build_batch
 from radixserve.model.kv_pool import KVPool
-from radixserve.model.quant import QuantizedWeight, QuantLinear, quantize
+from radixserve.model.quant import QuantizedWeight, QuantLinear, quantize, repacked
 from radixserve.model.weights import quantize_model
 
 
@@ -122,7 +123,8 @@ def test_gguf_blocks_equal_the_converted_weights(default_model_files) -> None:
     assert default_model_files.gguf is not None
     stored = read_quantized(default_model_files.gguf, 9, 3)
     dense = load_state_dict(default_model_files.path, torch.float32)
-    assert stored["model.embed_tokens.weight"].kind == "int8"
+    assert stored["model.embed_tokens.weight"].kind == "gguf"  # Q8_0 blocks as stored
+    assert repacked(stored["model.embed_tokens.weight"]).kind == "int8"  # the same values
     for name in (
         "model.embed_tokens.weight",
         "model.layers.0.self_attn.q_proj.weight",  # rows permuted in the file
@@ -130,15 +132,21 @@ def test_gguf_blocks_equal_the_converted_weights(default_model_files) -> None:
         "model.layers.29.mlp.down_proj.weight",
     ):
         assert torch.equal(stored[name].dequantize(), dense[name]), name
+        assert torch.equal(repacked(stored[name]).dequantize(), dense[name]), name
 
 
 def test_quantized_weights_round_trip_through_their_safetensors_copy(tmp_path) -> None:
     from radixserve.model.gguf_quant import load_quantized, load_quantized_cached, save_quantized
 
     torch.manual_seed(3)
+    from radixserve.model.gguf_quant import gguf_weight
+
+    blocks = torch.randint(0, 256, (3 * 2 * 18,), dtype=torch.uint8)  # 3 rows of 2 Q4_0 blocks
+    blocks.view(3, 2, 18)[..., :2] = torch.tensor([0x00, 0x3C], dtype=torch.uint8)  # d = 1.0
     weights = {
         "a.weight": quantize(torch.randn(8, 64), "int4"),
         "b": quantize(torch.randn(4, 32), "int8"),
+        "c": gguf_weight(blocks, torch.tensor([[3, 2]]), 64),  # GGML type 2: Q4_0
     }
     path = tmp_path / "q.safetensors"
     save_quantized(weights, path)
@@ -151,7 +159,7 @@ def test_quantized_weights_round_trip_through_their_safetensors_copy(tmp_path) -
     cached = load_quantized_cached(tmp_path / "absent.gguf", path, 9, 3)
     assert torch.equal(cached["a.weight"].qs, weights["a.weight"].qs)
     path.write_bytes(b"damaged")  # a damaged copy falls back to the GGUF (absent here: raises)
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(ModelNotFoundError, match="absent.gguf is not a readable GGUF file"):
         load_quantized_cached(tmp_path / "absent.gguf", path, 9, 3)
 
 
@@ -171,7 +179,8 @@ def test_the_default_model_loads_its_4bit_weights_from_the_cached_copy_exactly(
     for name, w in direct.items():
         for got in (first[name], second[name]):
             assert got.kind == w.kind and torch.equal(got.qs, w.qs)
-            assert torch.equal(got.scale, w.scale)
+            assert got.layout is not None and w.layout is not None
+            assert torch.equal(got.layout, w.layout) and got.cols == w.cols
 
 
 def test_float32_output_of_a_bfloat16_input_is_not_rounded_to_bfloat16() -> None:
@@ -214,4 +223,4 @@ def test_the_converted_default_model_directory_holds_only_hf_weights_at_its_top(
     load_model(default_model_files, torch.float32, torch.device("cpu"), "int4")
     top = sorted(p.name for p in default_model_files.path.glob("*.safetensors"))
     assert top == ["model.safetensors"]
-    assert (default_model_files.path / "radixserve" / "gguf_quantized.safetensors").exists()
+    assert (default_model_files.path / "radixserve" / "gguf_blocks.safetensors").exists()

@@ -16,6 +16,7 @@ from radixserve.model.batch import SeqChunk, StepBuffers, build_batch
 from radixserve.model.runner import ModelRunner, bucket_for, graph_buckets
 from radixserve.model.sampling import SamplingRow
 from radixserve.model.weights import quantize_model
+from tests.support.models import ARCHITECTURES
 
 CPU = torch.device("cpu")
 
@@ -128,7 +129,7 @@ def _decode_inputs(runner: ModelRunner, chunks: list[SeqChunk]) -> tuple[torch.T
 
 @pytest.mark.parametrize("backend", ["sdpa", "cpu"])
 def test_decode_entry_equals_the_general_forward(tiny_pair, backend: str) -> None:
-    """`LlamaModel.decode` (tensors only, what a CUDA graph captures) gives the logits of the
+    """`DecoderModel.decode` (tensors only, what a CUDA graph captures) gives the logits of the
     general forward for the same decode step, with padding rows riding along harmlessly."""
     _, model = tiny_pair
     seqs = [[(5 * i + j) % 97 for j in range(n)] for i, n in enumerate((6, 17, 3))]
@@ -158,8 +159,11 @@ def test_decode_entry_equals_the_general_forward(tiny_pair, backend: str) -> Non
     torch.testing.assert_close(runs[0], runs[1], rtol=1e-5, atol=1e-5)
 
 
-def test_fused_cpu_layers_equal_the_torch_layers(tiny_pair) -> None:
-    _, model = tiny_pair
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_fused_cpu_layers_equal_the_torch_layers(tiny_pair_factory, arch: str) -> None:
+    """Every architecture's layers give the same logits through our fused elementwise kernels
+    as through torch's ops, for prefill chunks past the sliding window and a decode step."""
+    _, model = tiny_pair_factory(arch=arch)
     layers = model.decoder_layers()
     assert all(layer.fused for layer in layers)  # float32 on the CPU with kernels built
     chunks = [SeqChunk(list(range(3, 40)), 0, list(range(10))), SeqChunk([4, 5], 0, [12])]
@@ -203,17 +207,21 @@ def test_cuda_graph_decode_equals_eager_decode(tiny_pair_factory) -> None:
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("kind", ["int4", "int8"])
+@pytest.mark.parametrize(
+    "arch,kind,kv_dtype",
+    [("llama", k, d) for k in ("int4", "int8") for d in (torch.float32, torch.bfloat16)]
+    + [(a, "int4", torch.float32) for a in ARCHITECTURES if a != "llama"],
+)
 def test_a_decode_step_in_one_kernel_call_equals_the_layer_by_layer_step(
-    tiny_pair_factory, monkeypatch, kind: str, kv_dtype: torch.dtype
+    tiny_pair_factory, monkeypatch, arch: str, kind: str, kv_dtype: torch.dtype
 ) -> None:
-    """A quantized float32 model on the CPU runs a decode-only step's layers in one call of
-    our `decode_layers` kernel; its logits and the K/V it writes equal the layer-by-layer
-    path's (`LlamaModel.decode`) for the same step."""
-    _, dense = tiny_pair_factory()
+    """A quantized float32 model on the CPU, of every architecture, runs a decode-only step's
+    layers in one call of our `decode_layers` kernel; its logits and the K/V it writes equal
+    the layer-by-layer path's (`DecoderModel.decode`) for the same step (contexts past the
+    tiny configs' sliding window)."""
+    _, dense = tiny_pair_factory(arch=arch)
     assert dense.decode_layer_weights() is None  # dense projections: layer by layer
-    _, model = tiny_pair_factory(intermediate_size=128)
+    _, model = tiny_pair_factory(arch=arch, intermediate_size=128)
     quantize_model(model, kind)
     assert model.decode_layer_weights() is not None
     seqs = [[(5 * i + j) % 97 for j in range(n)] for i, n in enumerate((6, 17, 3))]

@@ -50,19 +50,25 @@ BACKENDS: dict[str, type[AttentionBackend]] = {
 }
 
 
-def _auto_candidates(device: torch.device, dtype: torch.dtype) -> list[str]:
-    """The backends `auto` may pick for a `dtype` model on `device`, those that read the pool
-    in place first (no per-layer copy of every context: at 2k-token contexts our CPU kernel
-    is 4x faster than gathering for SDPA, and needs no padding to a batch's longest)."""
-    serving = [n for n, cls in BACKENDS.items() if cls.capabilities.serves(device, dtype)]
+def _auto_candidates(device: torch.device, dtype: torch.dtype, windowed: bool = False) -> list[str]:
+    """The backends `auto` may pick for a `dtype` model on `device` (with sliding-window
+    layers: those that compute windows), those that read the pool in place first (no
+    per-layer copy of every context: at 2k-token contexts our CPU kernel is 4x faster than
+    gathering for SDPA, and needs no padding to a batch's longest)."""
+    serving = [
+        n
+        for n, cls in BACKENDS.items()
+        if cls.capabilities.serves(device, dtype)
+        and (cls.capabilities.sliding_window or not windowed)
+    ]
     return sorted(serving, key=lambda n: not BACKENDS[n].capabilities.reads_pool_in_place)
 
 
-def auto_backend(device: torch.device, dtype: torch.dtype) -> str:
+def auto_backend(device: torch.device, dtype: torch.dtype, windowed: bool = False) -> str:
     """The backend `auto` means for a `dtype` model on `device`: the first candidate that can
     run here (`triton` on CUDA where triton imports; `cpu` for float32 on the CPU where our
     kernels load, building them once), else `sdpa`."""
-    for name in _auto_candidates(device, dtype):
+    for name in _auto_candidates(device, dtype, windowed):
         if BACKENDS[name].unavailable_reason(device, dtype) is None:
             return name
     return "sdpa"
@@ -91,19 +97,29 @@ def kv_dtype_problem(
 
 
 def select_backend(
-    name: str, device: torch.device, dtype: torch.dtype, kv_dtype: torch.dtype | None = None
+    name: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    kv_dtype: torch.dtype | None = None,
+    windowed: bool = False,
 ) -> AttentionBackend:
     """The backend `name` asks for (`auto`: `auto_backend`), for a `dtype` model whose K/V
-    pool holds `kv_dtype` (default: `dtype`). Raises ValueError for an unknown name, a
-    backend this setup cannot run, or a pool it cannot read (auto's choice included)."""
+    pool holds `kv_dtype` (default: `dtype`), with sliding-window layers if `windowed`.
+    Raises ValueError for an unknown name, a backend this setup cannot run, or a pool or
+    windows it cannot attend over (auto's choice included)."""
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; use one of {ATTENTION_BACKENDS}")
-    chosen = auto_backend(device, dtype) if name == "auto" else name
+    chosen = auto_backend(device, dtype, windowed) if name == "auto" else name
     cls = BACKENDS[chosen]
     if name != "auto":
         why = cls.unavailable_reason(device, dtype)
         if why is not None:
             raise ValueError(f"--attention-backend {name} {why}")
+        if windowed and not cls.capabilities.sliding_window:
+            raise ValueError(
+                f"--attention-backend {name} has no sliding-window attention, which this "
+                "model's layers use; use --attention-backend sdpa (or auto)"
+            )
     problem = kv_dtype_problem(chosen, device, dtype, kv_dtype or dtype)
     if problem:
         raise ValueError(problem)

@@ -5,7 +5,7 @@ gather that several backends share."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -29,6 +29,7 @@ class BackendCapabilities:
     fused_decode_step: bool  # a decode-only step may run every layer in one `decode_layers` call
     narrows_last_layer: bool  # its plan depends only on the batch's description (see the model)
     graph_capturable: bool  # `decode` may be captured in a CUDA graph
+    sliding_window: bool = True  # attends within a layer's window (`window=`) exactly
 
     def serves(self, device: torch.device, dtype: torch.dtype) -> bool:
         """Whether `auto` may pick this backend for a `dtype` model on `device`."""
@@ -47,6 +48,9 @@ class AttentionPlan:
 
     decode_block_ids: torch.Tensor | None = None  # long [num_seqs, max_blocks]
     decode_mask: torch.Tensor | None = None  # bool [num_seqs, 1, 1, span] (batch > 1)
+    # decode_mask's keys limited to each sequence's last `window` tokens, by window (built on
+    # a windowed layer's first use in the step, then shared by the layers with that window).
+    window_masks: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 class AttentionBackend(Protocol):
@@ -72,8 +76,12 @@ class AttentionBackend(Protocol):
         plan: AttentionPlan,
         k_blocks: torch.Tensor,
         v_blocks: torch.Tensor,
+        window: int | None = None,
+        scale: float | None = None,
     ) -> torch.Tensor:
-        """q [T, H, D] -> [T, H * D]; k/v_blocks are one layer's pool [NB, BS, KVH, D]."""
+        """q [T, H, D] -> [T, H * D]; k/v_blocks are one layer's pool [NB, BS, KVH, D]. A
+        query at position p attends keys (p - window, p] (with `window`; else [0, p]), with
+        softmax scale `scale` (default 1/sqrt(D))."""
         ...
 
     def decode(
@@ -83,22 +91,36 @@ class AttentionBackend(Protocol):
         v_blocks: torch.Tensor,
         block_table: torch.Tensor,
         context_lens: torch.Tensor,
+        window: int | None = None,
+        scale: float | None = None,
     ) -> torch.Tensor:
         """One query token per sequence: q [B, H, D] -> [B, H * D], sequence b attending to
-        its first context_lens[b] tokens through block_table[b] (int32 [B, W], any width
-        covering the contexts). Tensors only, no host sync and no shape that depends on
-        their values, so compiled steps and captured graphs can call it."""
+        its first context_lens[b] tokens (the last `window` of them with a window) through
+        block_table[b] (int32 [B, W], any width covering the contexts). Tensors only, no host
+        sync and no shape that depends on their values, so compiled steps and captured graphs
+        can call it."""
         ...
 
 
-# A layer's attention: its queries [T, H, D] over its K/V blocks -> [T, H * D].
-AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# A layer's attention: its queries [T, H, D] over its K/V blocks, within its window (None:
+# the whole context), at its softmax scale -> [T, H * D].
+AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int | None, float], torch.Tensor]
 
 
 def planned(backend: AttentionBackend, batch: ForwardBatch) -> AttendFn:
     """`backend`'s attention over `batch`'s rows for every layer, the step planned once."""
     plan = backend.plan(batch)
-    return lambda q, k_blocks, v_blocks: backend.forward(q, batch, plan, k_blocks, v_blocks)
+
+    def attend(
+        q: torch.Tensor,
+        k_blocks: torch.Tensor,
+        v_blocks: torch.Tensor,
+        window: int | None,
+        scale: float,
+    ) -> torch.Tensor:
+        return backend.forward(q, batch, plan, k_blocks, v_blocks, window, scale)
+
+    return attend
 
 
 def gather_blocks(layer_blocks: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
@@ -122,9 +144,11 @@ def prefill_attention(
     k_blocks: torch.Tensor,
     v_blocks: torch.Tensor,
     out: torch.Tensor,
+    window: int | None = None,
+    scale: float | None = None,
 ) -> None:
-    """Each multi-token chunk's queries over its gathered context, causal (torch SDPA);
-    writes the chunks' rows of `out`."""
+    """Each multi-token chunk's queries over its gathered context, causal (within `window`
+    with one), by torch SDPA at softmax scale `scale`; writes the chunks' rows of `out`."""
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv = k_blocks.shape[2]
     for p in batch.prefills:
@@ -134,9 +158,13 @@ def prefill_attention(
         vp = gather_blocks(v_blocks, p.block_ids).view(-1, num_kv, head_dim)[: p.context_len]
         kp = kp.to(q.dtype).transpose(0, 1).unsqueeze(0)  # a --kv-cache-dtype pool: upcast
         vp = vp.to(q.dtype).transpose(0, 1).unsqueeze(0)
-        mask = p.causal_mask()
+        mask = p.causal_mask(window)
         if mask is None:
-            op = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, enable_gqa=True)
+            op = F.scaled_dot_product_attention(
+                qp, kp, vp, is_causal=True, enable_gqa=True, scale=scale
+            )
         else:
-            op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, enable_gqa=True)
+            op = F.scaled_dot_product_attention(
+                qp, kp, vp, attn_mask=mask, enable_gqa=True, scale=scale
+            )
         out[rows] = op.squeeze(0).transpose(0, 1).reshape(p.num_tokens, num_heads * head_dim)

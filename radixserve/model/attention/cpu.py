@@ -57,28 +57,38 @@ class CpuPagedBackend:
         plan: AttentionPlan,
         k_blocks: torch.Tensor,
         v_blocks: torch.Tensor,
+        window: int | None = None,
+        scale: float | None = None,
     ) -> torch.Tensor:
-        """q [T, H, D] -> [T, H * D]: decode rows, then each prefill chunk, by our kernels."""
+        """q [T, H, D] -> [T, H * D]: decode rows, then each prefill chunk, by our kernels
+        (which start each query's keys at its window's first, with a window)."""
         num_tokens, num_heads, head_dim = q.shape
         d = batch.decode
         if d is not None and not batch.prefills:  # a decode step: no copy into a wider out
-            return self.decode(q, k_blocks, v_blocks, d.block_table, d.context_lens)
+            return self.decode(q, k_blocks, v_blocks, d.block_table, d.context_lens, window, scale)
         out = torch.empty(num_tokens, num_heads * head_dim, dtype=q.dtype)
         if d is not None:
             b = d.num_seqs
-            out[:b] = self.decode(q[:b], k_blocks, v_blocks, d.block_table, d.context_lens)
+            out[:b] = self.decode(
+                q[:b], k_blocks, v_blocks, d.block_table, d.context_lens, window, scale
+            )
         if head_dim % 16:
-            prefill_attention(q, batch, k_blocks, v_blocks, out)
+            prefill_attention(q, batch, k_blocks, v_blocks, out, window, scale)
             return out
-        scale = 1.0 / math.sqrt(head_dim)
-        tiles = self.prefill_path.attention_on_tiles and head_dim % 64 == 0
+        sm_scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
+        # The tiles' kernel has no sliding window: windowed layers stay on the float32 one.
+        tiles = self.prefill_path.attention_on_tiles and head_dim % 64 == 0 and not window
         for p in batch.prefills:
             rows = slice(p.token_start, p.token_start + p.num_tokens)
-            on_tiles = tiles and p.num_tokens >= ATTENTION_MIN_TOKENS
-            name = "paged_prefill_attention_amx" if on_tiles else "paged_prefill_attention"
-            kernels.op(name)(
-                q[rows], k_blocks, v_blocks, p.block_ids, p.context_len, scale, out[rows]
-            )
+            if tiles and p.num_tokens >= ATTENTION_MIN_TOKENS:
+                kernels.op("paged_prefill_attention_amx")(
+                    q[rows], k_blocks, v_blocks, p.block_ids, p.context_len, sm_scale, out[rows]
+                )
+                continue
+            kernels.op("paged_prefill_attention")(
+                q[rows], k_blocks, v_blocks, p.block_ids, p.context_len, sm_scale, out[rows],
+                window or 0,
+            )  # fmt: skip
         return out
 
     def decode(
@@ -88,17 +98,14 @@ class CpuPagedBackend:
         v_blocks: torch.Tensor,
         block_table: torch.Tensor,
         context_lens: torch.Tensor,
+        window: int | None = None,
+        scale: float | None = None,
     ) -> torch.Tensor:
         """One query per sequence over its blocks in place (AttentionBackend.decode)."""
         b, num_heads, head_dim = q.shape
         out = torch.empty(b, num_heads, head_dim, dtype=q.dtype, device=q.device)
+        sm_scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
         kernels.op("paged_decode_attention")(
-            q,
-            k_blocks,
-            v_blocks,
-            block_table,
-            context_lens,
-            1.0 / math.sqrt(head_dim),
-            out,
+            q, k_blocks, v_blocks, block_table, context_lens, sm_scale, out, window or 0
         )
         return out.view(b, num_heads * head_dim)

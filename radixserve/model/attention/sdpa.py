@@ -53,18 +53,30 @@ class SdpaBackend:
         plan: AttentionPlan,
         k_blocks: torch.Tensor,
         v_blocks: torch.Tensor,
+        window: int | None = None,
+        scale: float | None = None,
     ) -> torch.Tensor:
-        """q [T, H, D] -> [T, H * D]: decode rows over their gathered blocks, then prefills."""
+        """q [T, H, D] -> [T, H * D]: decode rows over their gathered blocks, then prefills;
+        a window masks the keys it leaves out."""
         out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype, device=q.device)
         d = batch.decode
         if d is not None:
             assert plan.decode_block_ids is not None
             b = d.num_seqs
-            max_len = None if plan.decode_mask is not None else d.max_len
+            keys: tuple[int, int] | None = None
+            mask = plan.decode_mask
+            if mask is None:  # one sequence: its keys cut to the context (and window)
+                keys = (0 if window is None else max(0, d.max_len - window), d.max_len)
+            elif window is not None:
+                if window not in plan.window_masks:
+                    plan.window_masks[window] = _context_mask(
+                        plan.decode_block_ids, batch.block_size, d.context_lens, window
+                    )
+                mask = plan.window_masks[window]
             out[:b] = _sdpa_decode(
-                q[:b], k_blocks, v_blocks, plan.decode_block_ids, plan.decode_mask, max_len
+                q[:b], k_blocks, v_blocks, plan.decode_block_ids, mask, keys, scale
             )
-        prefill_attention(q, batch, k_blocks, v_blocks, out)
+        prefill_attention(q, batch, k_blocks, v_blocks, out, window, scale)
         return out
 
     def decode(
@@ -74,19 +86,29 @@ class SdpaBackend:
         v_blocks: torch.Tensor,
         block_table: torch.Tensor,
         context_lens: torch.Tensor,
+        window: int | None = None,
+        scale: float | None = None,
     ) -> torch.Tensor:
         """The tensors-only decode entry (AttentionBackend.decode): capturable."""
         block_ids = block_table.long()
-        mask = _context_mask(block_ids, k_blocks.shape[1], context_lens)
-        return _sdpa_decode(q, k_blocks, v_blocks, block_ids, mask, None)
+        mask = _context_mask(block_ids, k_blocks.shape[1], context_lens, window)
+        return _sdpa_decode(q, k_blocks, v_blocks, block_ids, mask, None, scale)
 
 
 def _context_mask(
-    block_ids: torch.Tensor, block_size: int, context_lens: torch.Tensor
+    block_ids: torch.Tensor,
+    block_size: int,
+    context_lens: torch.Tensor,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """bool [B, 1, 1, W * block_size]: which gathered key slots of each sequence are context."""
-    span = torch.arange(block_ids.shape[1] * block_size, device=block_ids.device)
-    return (span[None, :] < context_lens.long()[:, None])[:, None, None, :]
+    """bool [B, 1, 1, W * block_size]: which gathered key slots of each sequence its new
+    token attends to: its context, or the last `window` tokens of it."""
+    span = torch.arange(block_ids.shape[1] * block_size, device=block_ids.device)[None, :]
+    lens = context_lens.long()[:, None]
+    mask = span < lens
+    if window is not None:
+        mask &= span >= lens - window
+    return mask[:, None, None, :]
 
 
 def _sdpa_decode(
@@ -95,10 +117,11 @@ def _sdpa_decode(
     v_blocks: torch.Tensor,
     block_ids: torch.Tensor,
     mask: torch.Tensor | None,
-    max_len: int | None,
+    keys: tuple[int, int] | None,
+    scale: float | None,
 ) -> torch.Tensor:
     """q [B, H, D] over the gathered blocks `block_ids` [B, W], keys masked by `mask`
-    [B, 1, 1, W * BS] or cut to `max_len` -> [B, H * D]."""
+    [B, 1, 1, W * BS] or cut to the range `keys` -> [B, H * D]."""
     b, num_heads, head_dim = q.shape
     num_kv = k_blocks.shape[2]
     # One query token per sequence: fold the query heads sharing a KV head into the
@@ -106,8 +129,8 @@ def _sdpa_decode(
     qd = q.reshape(b, num_kv, num_heads // num_kv, head_dim)
     kd = gather_blocks(k_blocks, block_ids).view(b, -1, num_kv, head_dim)
     vd = gather_blocks(v_blocks, block_ids).view(b, -1, num_kv, head_dim)
-    if max_len is not None:
-        kd, vd = kd[:, :max_len], vd[:, :max_len]
+    if keys is not None:
+        kd, vd = kd[:, keys[0] : keys[1]], vd[:, keys[0] : keys[1]]
     kd, vd = kd.to(q.dtype).transpose(1, 2), vd.to(q.dtype).transpose(1, 2)
-    od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask)
+    od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, scale=scale)
     return od.reshape(b, num_heads * head_dim)

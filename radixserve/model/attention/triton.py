@@ -114,6 +114,8 @@ class TritonPagedBackend:
         plan: AttentionPlan,
         k_blocks: torch.Tensor,
         v_blocks: torch.Tensor,
+        window: int | None = None,
+        scale: float | None = None,
     ) -> torch.Tensor:
         """q [T, H, D] (a view is fine) -> [T, H * D] in q's dtype."""
         if q.stride(2) != 1:
@@ -121,12 +123,16 @@ class TritonPagedBackend:
         out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype, device=q.device)
         if batch.decode is not None:
             d = batch.decode
-            self.decode_into(q, k_blocks, v_blocks, d.block_table, d.context_lens, out)
+            self.decode_into(
+                q, k_blocks, v_blocks, d.block_table, d.context_lens, out, scale, window
+            )
         if batch.prefills:
             if not isinstance(plan, TritonPlan) or plan.prefill_tiles is None:
                 plan = self.plan(batch)
             assert plan.prefill_tiles is not None and plan.prefill_blocks is not None
-            self.prefill(q, plan.prefill_tiles, plan.prefill_blocks, k_blocks, v_blocks, out)
+            self.prefill(
+                q, plan.prefill_tiles, plan.prefill_blocks, k_blocks, v_blocks, out, scale, window
+            )
         return out
 
     def decode(
@@ -136,12 +142,14 @@ class TritonPagedBackend:
         v_blocks: torch.Tensor,
         block_table: torch.Tensor,
         context_lens: torch.Tensor,
+        window: int | None = None,
+        scale: float | None = None,
     ) -> torch.Tensor:
         """The tensors-only decode entry (AttentionBackend.decode): capturable."""
         if q.stride(2) != 1:
             q = q.contiguous()
         out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype, device=q.device)
-        self.decode_into(q, k_blocks, v_blocks, block_table, context_lens, out)
+        self.decode_into(q, k_blocks, v_blocks, block_table, context_lens, out, scale, window)
         return out
 
     def decode_into(
@@ -152,12 +160,14 @@ class TritonPagedBackend:
         block_table: torch.Tensor,
         context_lens: torch.Tensor,
         out: torch.Tensor,
+        scale: float | None = None,
+        window: int | None = None,
     ) -> None:
         """Writes out[:num_seqs] (one row per block-table row) from q[:num_seqs]; allocates
         only the partials, whose sizes follow the shapes."""
         self._kernels.decode_into(
             q, k_blocks, v_blocks, block_table, context_lens, out,
-            self.partition_size, self.decode_tile,
+            self.partition_size, self.decode_tile, scale, window,
         )  # fmt: skip
 
     def prefill(
@@ -168,8 +178,10 @@ class TritonPagedBackend:
         k_blocks: torch.Tensor,
         v_blocks: torch.Tensor,
         out: torch.Tensor,
+        scale: float | None = None,
+        window: int | None = None,
     ) -> None:
         """Writes the rows of every prefill chunk named in `tiles` (see `plan`)."""
         self._kernels.prefill_into(
-            q, tiles, blocks, k_blocks, v_blocks, out, self.block_m, self.block_n
+            q, tiles, blocks, k_blocks, v_blocks, out, self.block_m, self.block_n, scale, window
         )

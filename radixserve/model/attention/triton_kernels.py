@@ -60,6 +60,7 @@ def _decode_partition_kernel(
     max_ptr,
     sum_ptr,
     scale,
+    window,
     stride_qt,
     stride_qh,
     stride_kb,
@@ -80,15 +81,18 @@ def _decode_partition_kernel(
     TILE: tl.constexpr,
 ):
     """Softmax partials (running max, sum, weighted V) of one sequence's GQA group over one
-    partition of its context."""
+    partition of its context (its keys within the last `window` of the context, where
+    window > 0; a partition before the window stores -inf, never read by the reduce)."""
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
     part = tl.program_id(2)
     num_heads = GROUP * tl.num_programs(1)
     # A length beyond the table's columns (a garbage padding row) must not read past it.
     ctx = tl.minimum(tl.load(lens_ptr + seq), table_cols * BLOCK_SIZE)
+    lo = tl.where(window > 0, tl.maximum(ctx - window, 0), 0)  # the first key attended
     start = part * PART
     end = tl.minimum(start + PART, ctx)
+    first = tl.maximum(start, lo // TILE * TILE)
     g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, BLOCK_D)
     g_ok = g < GROUP
@@ -103,9 +107,9 @@ def _decode_partition_kernel(
     s_sum = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
     table_row = table_ptr + seq * stride_table
-    for t0 in range(start, end, TILE):
+    for t0 in range(first, end, TILE):
         pos = t0 + tl.arange(0, TILE)
-        p_ok = pos < end
+        p_ok = (pos < end) & (pos >= lo)
         k = _token_rows(
             k_ptr + kvh * stride_kh, table_row, pos, p_ok, d, d_ok, stride_kb, stride_ks, BLOCK_SIZE
         ).to(tl.float32)
@@ -137,6 +141,7 @@ def _decode_reduce_kernel(
     sum_ptr,
     lens_ptr,
     out_ptr,
+    window,
     stride_ot,
     table_cols,
     num_parts,
@@ -147,18 +152,19 @@ def _decode_reduce_kernel(
     CHUNK: tl.constexpr,
 ):
     """Merge one (sequence, head)'s partials into its output row, reading only the
-    partitions its length reaches (a sequence with no context gets zeros)."""
+    partitions its length (and window) reaches (a sequence with no context gets zeros)."""
     seq = tl.program_id(0)
     head = tl.program_id(1)
     base = (seq * tl.num_programs(1) + head) * num_parts
     ctx = tl.minimum(tl.load(lens_ptr + seq), table_cols * BLOCK_SIZE)
     used = tl.cdiv(ctx, PART)
+    first = tl.where(window > 0, tl.maximum(ctx - window, 0), 0) // PART  # the window's
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
     m_run = tl.max(tl.full([CHUNK], float("-inf"), tl.float32), axis=0)
     total = tl.sum(tl.zeros([CHUNK], tl.float32), axis=0)
     acc = tl.zeros([BLOCK_D], tl.float32)
-    for p0 in range(0, used, CHUNK):
+    for p0 in range(first, used, CHUNK):
         p = p0 + tl.arange(0, CHUNK)
         p_ok = p < used
         m = tl.load(max_ptr + base + p, mask=p_ok, other=float("-inf"))
@@ -187,6 +193,7 @@ def _prefill_kernel(
     tiles_ptr,
     blocks_ptr,
     scale,
+    window,
     stride_qt,
     stride_qh,
     stride_kb,
@@ -205,7 +212,8 @@ def _prefill_kernel(
     DOT_F32: tl.constexpr,
 ):
     """Causal attention of one tile of a chunk's query rows (one head) over the chunk's
-    context: the cached prefix and the chunk itself, read through its block ids."""
+    context: the cached prefix and the chunk itself, read through its block ids (with
+    window > 0, each row's last `window` keys)."""
     tile = tl.program_id(0)
     head = tl.program_id(1)
     kvh = head // GROUP
@@ -229,8 +237,9 @@ def _prefill_kernel(
     s_sum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     hi = pos0 + num_rows  # keys up to the tile's last query position (causal)
+    lo = tl.where(window > 0, tl.maximum(pos0 - window + 1, 0), 0) // BLOCK_N * BLOCK_N
     chunk_blocks = blocks_ptr + block_off
-    for n0 in range(0, hi, BLOCK_N):
+    for n0 in range(lo, hi, BLOCK_N):
         k_pos = n0 + tl.arange(0, BLOCK_N)
         k_ok = k_pos < hi
         k = _token_rows(
@@ -247,10 +256,14 @@ def _prefill_kernel(
             scores = tl.dot(q, tl.trans(k))
         scores = scores * scale
         causal = (k_pos[None, :] <= q_pos[:, None]) & k_ok[None, :]
+        in_window = (k_pos[None, :] > q_pos[:, None] - window) | (window <= 0)
+        causal = causal & in_window
         scores = tl.where(causal, scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(scores - m_new[:, None])
+        # A row with no key yet in its window (-inf max) weighs nothing, not NaN.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_safe)
+        p = tl.exp2(scores - m_safe[:, None])
         if DOT_F32:
             pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
         else:
@@ -258,7 +271,7 @@ def _prefill_kernel(
         acc = acc * alpha[:, None] + pv
         s_sum = s_sum * alpha + tl.sum(p, axis=1)
         m = m_new
-    o = acc / s_sum[:, None]
+    o = acc / tl.where(s_sum == 0.0, 1.0, s_sum)[:, None]  # padding rows: 0, not 0 / 0
     tl.store(
         out_ptr + (row0 + r)[:, None] * stride_ot + head * HEAD_DIM + d[None, :],
         o.to(out_ptr.dtype.element_ty),
@@ -275,6 +288,8 @@ def decode_into(
     out: torch.Tensor,
     partition_size: int,
     tile: int,
+    scale: float | None = None,
+    window: int | None = None,
 ) -> None:
     """Writes out[:num_seqs] (one row per block-table row) from q[:num_seqs], `partition_size`
     tokens of context per program, `tile` at a time; allocates only the partials, whose sizes
@@ -298,7 +313,8 @@ def decode_into(
         acc,
         m,
         s,
-        _LOG2E / math.sqrt(head_dim),
+        _LOG2E * (scale if scale is not None else 1 / math.sqrt(head_dim)),
+        window or 0,
         q.stride(0),
         q.stride(1),
         k_blocks.stride(0),
@@ -324,6 +340,7 @@ def decode_into(
         s,
         context_lens,
         out,
+        window or 0,
         out.stride(0),
         cols,
         num_parts,
@@ -344,6 +361,8 @@ def prefill_into(
     out: torch.Tensor,
     block_m: int,
     block_n: int,
+    scale: float | None = None,
+    window: int | None = None,
 ) -> None:
     """Writes the rows of every prefill chunk named in `tiles` (see the backend's `plan`),
     `block_m` query rows by `block_n` keys at a time."""
@@ -355,7 +374,8 @@ def prefill_into(
         out,
         tiles,
         blocks,
-        _LOG2E / math.sqrt(head_dim),
+        _LOG2E * (scale if scale is not None else 1 / math.sqrt(head_dim)),
+        window or 0,
         q.stride(0),
         q.stride(1),
         k_blocks.stride(0),

@@ -187,6 +187,21 @@ def order_layer_weights(layers: Iterable[Mapping[str, torch.Tensor]]) -> list[to
     return ordered
 
 
+@functools.cache
+def quant_kind_code(kind: str) -> int:
+    """The kernels' number for QuantizedWeight kind `kind` ("int4", "q4_k", ...; GGUF block
+    kinds by their GGML type number, quant_kinds.h); -1 for a kind they do not compute.
+    load() must have succeeded."""
+    code: int = op("quant_kind_code")(kind)
+    return code
+
+
+def decode_layers_computes(kind: str) -> bool:
+    """Whether `decode_layers` runs projections holding `kind` codes (False without the
+    kernels; "gguf" weights hold only kinds the kernels compute)."""
+    return loaded() and (kind == "gguf" or quant_kind_code(kind) >= 0)
+
+
 def loaded() -> bool:
     """Whether load() succeeded (without trying to build)."""
     return bool(_loaded)

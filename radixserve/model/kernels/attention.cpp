@@ -231,15 +231,17 @@ inline void merge_partials(const float* first, int64_t count, int64_t step, int6
 // Decode attention over the paged pool. q [B, H, D] (rows may be strided);
 // k_pool / v_pool [NB, BS, KVH, D] (float32, bfloat16 or float16);
 // block_table [B, >= max blocks] int32, rows may be strided (a view of a larger buffer);
-// context_lens [B] int32 (keys 0..len-1 are attended); out [B, H, D].
-// Work unit = (sequence, KV head, chunk of the context): the chunk's K rows are scored 8 at a
-// time against each query head of the group (the rows stay in L1 across heads), turned into
-// softmax terms, and its V rows weighted; chunks are merged by their log-sum-exp, so one long
-// sequence still spreads over every thread.
+// context_lens [B] int32 (keys 0..len-1 are attended; with window > 0, only the last
+// `window` of them: keys len-window..len-1); out [B, H, D].
+// Work unit = (sequence, KV head, chunk of the attended keys): the chunk's K rows are scored 8
+// at a time against each query head of the group (the rows stay in L1 across heads), turned
+// into softmax terms, and its V rows weighted; chunks are merged by their log-sum-exp, so one
+// long sequence still spreads over every thread. Chunks are whole blocks counted from the
+// block holding the window's first key, so a window costs only its own chunks.
 void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
                             const at::Tensor& v_pool, const at::Tensor& block_table,
                             const at::Tensor& context_lens, double sm_scale,
-                            const at::Tensor& out) {
+                            const at::Tensor& out, int64_t window) {
   check(q.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat, "float32 q and out");
   check(k_pool.scalar_type() == v_pool.scalar_type(), "K and V pools of one dtype");
   check(block_table.scalar_type() == at::kInt && context_lens.scalar_type() == at::kInt,
@@ -258,9 +260,14 @@ void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
   const int32_t* lens = context_lens.data_ptr<int32_t>();
   float* op = out.data_ptr<float>();
   const int64_t chunk = std::max<int64_t>(1, 64 / BS) * BS;  // whole blocks, ~64 tokens
+  // Sequence b's first attended key, and the first key of its first chunk (a block's first).
+  auto first_key = [&](int64_t b) -> int64_t {
+    return window > 0 ? std::max<int64_t>(0, lens[b] - window) : 0;
+  };
+  auto chunk_base = [&](int64_t b) -> int64_t { return first_key(b) / BS * BS; };
   int64_t max_chunks = 1;
   for (int64_t b = 0; b < B; ++b)
-    max_chunks = std::max<int64_t>(max_chunks, (lens[b] + chunk - 1) / chunk);
+    max_chunks = std::max<int64_t>(max_chunks, (lens[b] - chunk_base(b) + chunk - 1) / chunk);
   // Partial results per (b, kvh, chunk, head in group): max, sum, acc[D].
   const int64_t units = B * KVH * max_chunks, stride = D + 2;
   std::vector<float> part(units * GQ * stride);
@@ -275,11 +282,12 @@ void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
       // Unit u's K and V rows into k and v; returns their count.
       auto unit_rows = [&](int64_t u, const T** k, const T** v) -> int64_t {
         const int64_t h = u % KVH, c = (u / KVH) % max_chunks, b = u / (max_chunks * KVH);
-        const int64_t t0 = c * chunk, t1 = std::min<int64_t>(lens[b], t0 + chunk);
-        // Chunks are whole blocks: walk them block by block (no division per key).
-        for (int64_t t = t0, blk = t0 / BS; t < t1; ++blk) {
+        const int64_t c0 = chunk_base(b) + c * chunk, t1 = std::min<int64_t>(lens[b], c0 + chunk);
+        const int64_t t0 = std::max(c0, first_key(b));
+        // Walk the keys block by block (no division per key).
+        for (int64_t t = t0, blk = t0 / BS, off = t0 % BS; t < t1; ++blk, off = 0) {
           const int64_t base = static_cast<int64_t>(bt[b * MAXB + blk]) * BS;
-          for (int64_t off = 0; off < BS && t < t1; ++off, ++t) {
+          for (; off < BS && t < t1; ++off, ++t) {
             const int64_t row = (base + off) * KVH + h;
             k[t - t0] = kp + row * D;
             v[t - t0] = vp + row * D;
@@ -408,7 +416,7 @@ inline float softmax_visible(float* s, int64_t visible, int64_t n, float& run_ma
 // own K/V already written). q [n, H, D] (rows may be strided: a view of the fused qkv),
 // k_pool / v_pool [NB, BS, KVH, D], block_ids [>= ceil(context_len / BS)] int64, out [n, H * D]
 // (rows may be strided). Token i of the chunk sits at position context_len - n + i and
-// attends to keys 0..that position.
+// attends to keys 0..that position (with window > 0: the `window` keys ending there).
 // Flash-attention style: a work unit is (KV head, tile of query tokens, slice of the keys);
 // the tile's query rows (up to 64 new tokens, else 32 at a time, x the heads of the group)
 // meet 64 keys at a time: scores and probability-weighted V rows are both products by the
@@ -418,7 +426,8 @@ inline float softmax_visible(float* s, int64_t visible, int64_t n, float& run_ma
 // has work) are merged by log-sum-exp.
 void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
                              const at::Tensor& v_pool, const at::Tensor& block_ids,
-                             int64_t context_len, double sm_scale, const at::Tensor& out) {
+                             int64_t context_len, double sm_scale, const at::Tensor& out,
+                             int64_t window) {
   check(q.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat, "float32 q and out");
   check(k_pool.scalar_type() == v_pool.scalar_type(), "K and V pools of one dtype");
   check(block_ids.scalar_type() == at::kLong && block_ids.is_contiguous(), "int64 block ids");
@@ -479,8 +488,12 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
         const int64_t tile = tiles - 1 - u / (splits * KVH);
         const int64_t t0 = tile * TQ, nt = std::min(TQ, n - t0), rows = nt * GQ;
         const int64_t kend = start + t0 + nt;  // keys the tile's last token sees
-        const int64_t tile_keys = (kend + KT - 1) / KT, per = (tile_keys + splits - 1) / splits;
-        const int64_t k_begin = split * per * KT, k_end = std::min(kend, (split + 1) * per * KT);
+        // The first key the tile's first token sees, rounded down to a step of KT keys.
+        const int64_t kbase = window > 0 ? std::max<int64_t>(0, start + t0 - window + 1) / KT * KT : 0;
+        const int64_t tile_keys = (kend - kbase + KT - 1) / KT;
+        const int64_t per = (tile_keys + splits - 1) / splits;
+        const int64_t k_begin = kbase + split * per * KT;
+        const int64_t k_end = std::min(kend, kbase + (split + 1) * per * KT);
         for (int64_t t = 0; t < nt; ++t)
           for (int64_t g = 0; g < GQ; ++g) {
             const float* src = qp + (t0 + t) * q_row + (h * GQ + g) * D;
@@ -549,14 +562,18 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
               else
                 tile_rows(mr, a, D, kt.data() + s16 * D, 16, D, c, KT);
             }
-          // Mask keys past each row's position (and the padding), then the online softmax.
+          // Mask keys past each row's position (and the padding) and, with a window, keys
+          // before it; then the online softmax.
           for (int64_t r = 0; r < rows; ++r) {
             float* srow = sc.data() + r * KT;
-            const int64_t visible = std::min(nk, start + t0 + r / GQ + 1 - k0);
-            if (visible <= 0) {  // every key of this tile is after the row's token
+            const int64_t pos = start + t0 + r / GQ;
+            const int64_t visible = std::min(nk, pos + 1 - k0);
+            const int64_t hidden = window > 0 ? std::max<int64_t>(0, pos - window + 1 - k0) : 0;
+            if (visible <= 0 || hidden >= visible) {  // no key of this tile is in the row's view
               std::fill(srow, srow + nk16, 0.f);
               continue;
             }
+            std::fill(srow, srow + hidden, -INFINITY);
             const float alpha = softmax_visible(srow, visible, nk16, mx[r], sum[r]);
             if (alpha != 1.f) {
               float* a = acc.data() + r * D;
@@ -614,10 +631,10 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
 TORCH_LIBRARY_FRAGMENT(radixserve, m) {
   m.def(
       "paged_decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_table, "
-      "Tensor context_lens, float sm_scale, Tensor(a!) out) -> ()");
+      "Tensor context_lens, float sm_scale, Tensor(a!) out, int window=0) -> ()");
   m.def(
       "paged_prefill_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_ids, "
-      "int context_len, float sm_scale, Tensor(a!) out) -> ()");
+      "int context_len, float sm_scale, Tensor(a!) out, int window=0) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(radixserve, CPU, m) {

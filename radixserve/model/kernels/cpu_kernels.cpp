@@ -5,7 +5,10 @@
 //   kv.h           K/V pool elements (float32, bfloat16, float16) read and written as float32
 //   tile.h         the register-blocked GEMM tile over packed panels (GEMM and prefill)
 //   ops.h          the ops one file calls in another
+//   quant_kinds.h  the numbers of the kinds of quantized codes
 //   gemm.cpp       weight-only quantized GEMM / GEMV (int4, int8) and dequantization
+//   kquants.cpp    GEMM / GEMV over GGUF's blocks as stored (Q4_0 ... Q8_0, Q4_K, Q5_K, Q6_K),
+//                  reusing gemm.cpp's panel GEMM for many rows
 //   attention.cpp  paged decode and prefill attention over the K/V block pool
 //   layers.cpp     a decoder layer's fused elementwise steps, and decode_layers: every layer
 //                  of a decode step in one call
@@ -24,6 +27,7 @@
 // Compiled together, and with the headers' helpers of internal linkage as before, the kernels'
 // loops compile to the one-file build's machine code.
 #include "gemm.cpp"
+#include "kquants.cpp"
 #include "attention.cpp"
 #include "layers.cpp"
 // The bfloat16 paths last: the files above compile to the machine code they did without them.

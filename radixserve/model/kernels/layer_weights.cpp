@@ -13,10 +13,10 @@
 namespace radixserve {
 namespace {
 
-enum class WeightKind { kNorm, kCodes, kScales, kMins };
+enum class WeightKind { kNorm, kOptionalNorm, kCodes, kScales, kMins, kKind };
 
 struct WeightSlot {
-  const char* name;  // as DecoderLayer calls it (radixserve/model/llama.py)
+  const char* name;  // as DecoderModel.decode_layer_weights names it (radixserve/model/decoder.py)
   WeightKind kind;
 };
 
@@ -27,16 +27,25 @@ WeightSlot layer_weight(int64_t w) {
     case kQkvCodes: return {"qkv.qs", K::kCodes};
     case kQkvScales: return {"qkv.scale", K::kScales};
     case kQkvMins: return {"qkv.minv", K::kMins};
+    case kQkvKind: return {"qkv.kind", K::kKind};
+    case kQkvBias: return {"qkv.bias", K::kOptionalNorm};
+    case kQNorm: return {"q_norm", K::kOptionalNorm};
+    case kKNorm: return {"k_norm", K::kOptionalNorm};
     case kOCodes: return {"o.qs", K::kCodes};
     case kOScales: return {"o.scale", K::kScales};
     case kOMins: return {"o.minv", K::kMins};
+    case kOKind: return {"o.kind", K::kKind};
+    case kAttnOutNorm: return {"attn_out_norm", K::kOptionalNorm};
     case kPostNorm: return {"post_norm", K::kNorm};
     case kGateUpCodes: return {"gate_up.qs", K::kCodes};
     case kGateUpScales: return {"gate_up.scale", K::kScales};
     case kGateUpMins: return {"gate_up.minv", K::kMins};
+    case kGateUpKind: return {"gate_up.kind", K::kKind};
     case kDownCodes: return {"down.qs", K::kCodes};
     case kDownScales: return {"down.scale", K::kScales};
     case kDownMins: return {"down.minv", K::kMins};
+    case kDownKind: return {"down.kind", K::kKind};
+    case kMlpOutNorm: return {"mlp_out_norm", K::kOptionalNorm};
     case kLayerWeights: break;
   }
   TORCH_CHECK(false, "radixserve kernel: no layer weight ", w);
@@ -46,10 +55,14 @@ bool is_kind(const at::Tensor& t, WeightKind kind) {
   const bool f32 = t.scalar_type() == at::kFloat;
   switch (kind) {
     case WeightKind::kNorm: return f32 && t.dim() == 1;
-    case WeightKind::kCodes:
-      return (t.scalar_type() == at::kByte || t.scalar_type() == at::kChar) && t.dim() == 2;
-    case WeightKind::kScales: return f32 && t.dim() == 2;
+    case WeightKind::kOptionalNorm: return t.numel() == 0 || (f32 && t.dim() == 1);
+    case WeightKind::kCodes:  // int4 / int8: [out, in/2 | in]; GGUF blocks: one run of bytes
+      return (t.scalar_type() == at::kByte || t.scalar_type() == at::kChar) &&
+             (t.dim() == 2 || t.dim() == 1);
+    case WeightKind::kScales:
     case WeightKind::kMins: return t.numel() == 0 || (f32 && t.dim() == 2);
+    case WeightKind::kKind:  // the layout [parts, 2]: (rows, kind) per part
+      return t.scalar_type() == at::kLong && t.dim() == 2 && t.size(1) == 2 && t.size(0) > 0;
   }
   return false;
 }

@@ -1,6 +1,8 @@
-// A decoder layer's fused elementwise steps (RMSNorm, RoPE + K/V write, SiLU-and-multiply)
-// and decode_layers: every decoder layer of a decode step in one call, with no Python between
-// the kernels.
+// A decoder layer's fused elementwise steps (RMSNorm, q/k norms + RoPE + K/V write, the gate's
+// activation times up) and decode_layers: every decoder layer of a decode step in one call, with
+// no Python between the kernels. The architectures' differences (radixserve/model/config.py)
+// arrive as data: optional weights are empty tensors, per-layer windows and RoPE tables are
+// tensors, the activation a number.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -9,10 +11,12 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 
 #include "kv.h"
 #include "layer_weights.h"
 #include "ops.h"
+#include "quant_kinds.h"
 #include "simd.h"
 
 namespace radixserve {
@@ -41,12 +45,22 @@ void rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, const at::Te
   });
 }
 
-// In place on qkv [T, (H + 2 KVH) * Dh]: rotate the q and k heads by the tokens' cos/sin
-// [T, Dh] (rotate-half layout), then write each token's k and v heads into the pools'
-// slot slots[t] (pools [NB, BS, KVH, Dh], slot = block * BS + offset).
+// x[0:D] = x / sqrt(mean(x^2) + eps) * w, in place (one head's q or k).
+inline void rms_norm_head(float* x, const float* w, int64_t D, float eps) {
+  float ss = 0;
+  for (int64_t i = 0; i < D; ++i) ss += x[i] * x[i];
+  const float r = 1.f / std::sqrt(ss / static_cast<float>(D) + eps);
+  for (int64_t i = 0; i < D; ++i) x[i] = w[i] * (x[i] * r);
+}
+
+// In place on qkv [T, (H + 2 KVH) * Dh]: RMSNorm each q head by q_norm and each k head by
+// k_norm [Dh] (where they are not empty: Qwen3, Gemma 3), rotate the q and k heads by the
+// tokens' cos/sin [T, Dh] (rotate-half layout), then write each token's k and v heads into
+// the pools' slot slots[t] (pools [NB, BS, KVH, Dh], slot = block * BS + offset).
 void rope_kv_write(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
                    const at::Tensor& slots, const at::Tensor& k_pool, const at::Tensor& v_pool,
-                   int64_t num_heads) {
+                   int64_t num_heads, const std::optional<at::Tensor>& q_norm,
+                   const std::optional<at::Tensor>& k_norm, double eps) {
   check(qkv.scalar_type() == at::kFloat && qkv.is_contiguous() && cos.is_contiguous() &&
             sin.is_contiguous() && k_pool.is_contiguous() && v_pool.is_contiguous(),
         "rope_kv_write: contiguous float32 qkv");
@@ -60,6 +74,15 @@ void rope_kv_write(const at::Tensor& qkv, const at::Tensor& cos, const at::Tenso
   const float* sp = sin.data_ptr<float>();
   const int64_t* slot = slots.data_ptr<int64_t>();
   const int64_t slot_stride = slots.stride(0);
+  const bool norms = q_norm.has_value() && q_norm->numel() > 0;
+  if (norms)
+    check(k_norm.has_value() && q_norm->numel() == Dh && k_norm->numel() == Dh &&
+              q_norm->is_contiguous() && k_norm->is_contiguous() &&
+              q_norm->scalar_type() == at::kFloat && k_norm->scalar_type() == at::kFloat,
+          "rope_kv_write: q and k norms of head_dim float32");
+  const float* qn = norms ? q_norm->data_ptr<float>() : nullptr;
+  const float* kn = norms ? k_norm->data_ptr<float>() : nullptr;
+  const float feps = static_cast<float>(eps);
   with_kv_type(k_pool, [&](auto tag) {
     using E = decltype(tag);
     E* kp = static_cast<E*>(k_pool.data_ptr());
@@ -71,6 +94,7 @@ void rope_kv_write(const at::Tensor& qkv, const at::Tensor& cos, const at::Tenso
         const float* sn = sp + t * Dh;
         for (int64_t hd = 0; hd < num_heads + KVH; ++hd) {
           float* x = row + hd * Dh;
+          if (norms) rms_norm_head(x, hd < num_heads ? qn : kn, Dh, feps);
           for (int64_t i = 0; i < half; ++i) {
             const float a = x[i], b = x[i + half];
             x[i] = a * c[i] - b * sn[i];
@@ -85,10 +109,46 @@ void rope_kv_write(const at::Tensor& qkv, const at::Tensor& cos, const at::Tenso
   });
 }
 
-// out [T, I] = silu(gate) * up for gate_up [T, 2I] = [gate | up].
-void silu_mul(const at::Tensor& gate_up, const at::Tensor& out) {
+#ifdef RS_AVX2
+// silu(x) = x / (1 + e^-x): e^-|x| <= 1 keeps exp256 exact.
+inline __m256 silu8(__m256 x) {
+  const __m256 one = _mm256_set1_ps(1.f);
+  const __m256 abs = _mm256_andnot_ps(_mm256_set1_ps(-0.f), x);
+  const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), abs));  // e^-|x|
+  // sigmoid(x) = 1 / (1 + e^-x) = x >= 0 ? 1 / (1 + e) : e / (1 + e)
+  const __m256 r = _mm256_div_ps(one, _mm256_add_ps(one, e));
+  return _mm256_mul_ps(x, _mm256_blendv_ps(r, _mm256_mul_ps(e, r), x));
+}
+
+// GELU, tanh approximation (transformers' gelu_pytorch_tanh): 0.5 x (1 + tanh(u)) with
+// u = sqrt(2/pi) (x + 0.044715 x^3), computed as x * sigmoid(2u) (the same function, without
+// the cancellation of 1 + tanh(u) for negative u), the sigmoid as silu8's.
+inline __m256 gelu_tanh8(__m256 x) {
+  const __m256 one = _mm256_set1_ps(1.f);
+  const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+  const __m256 y = _mm256_mul_ps(_mm256_set1_ps(2.f * 0.7978845608028654f),
+                                 _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), x3, x));  // 2u
+  const __m256 abs = _mm256_andnot_ps(_mm256_set1_ps(-0.f), y);
+  const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), abs));  // e^-|2u|
+  const __m256 r = _mm256_div_ps(one, _mm256_add_ps(one, e));
+  return _mm256_mul_ps(x, _mm256_blendv_ps(r, _mm256_mul_ps(e, r), y));
+}
+#endif
+
+inline float silu1(float g) { return g / (1.f + std::exp(-g)); }
+inline float gelu_tanh1(float g) {
+  const float y = 2.f * 0.7978845608028654f * (g + 0.044715f * g * g * g);
+  return g / (1.f + std::exp(-y));
+}
+
+// The MLP's gate activations, by ModelConfig.hidden_act (decoder.py's ACT_CODES).
+enum GateAct : int64_t { kSilu = 0, kGeluTanh = 1 };
+
+// out [T, I] = act(gate) * up for gate_up [T, 2I] = [gate | up]; act: a GateAct.
+void gate_act_mul(const at::Tensor& gate_up, const at::Tensor& out, int64_t act) {
   check(gate_up.scalar_type() == at::kFloat && gate_up.is_contiguous() && out.is_contiguous(),
-        "silu_mul: contiguous float32");
+        "gate_act_mul: contiguous float32");
+  check(act == kSilu || act == kGeluTanh, "gate_act_mul: unknown activation");
   const int64_t T = out.size(0), I = out.size(1);
   const float* gp = gate_up.data_ptr<float>();
   float* op = out.data_ptr<float>();
@@ -99,29 +159,40 @@ void silu_mul(const at::Tensor& gate_up, const at::Tensor& out) {
       float* o = op + t * I;
       int64_t i = 0;
 #ifdef RS_AVX2
-      const __m256 one = _mm256_set1_ps(1.f);
-      for (; i + 8 <= I; i += 8) {  // silu(x) = x / (1 + e^-x): e^-|x| <= 1 keeps exp256 exact
+      for (; i + 8 <= I; i += 8) {
         const __m256 x = _mm256_loadu_ps(g + i);
-        const __m256 abs = _mm256_andnot_ps(_mm256_set1_ps(-0.f), x);
-        const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), abs));  // e^-|x|
-        // sigmoid(x) = 1 / (1 + e^-x) = x >= 0 ? 1 / (1 + e) : e / (1 + e)
-        const __m256 r = _mm256_div_ps(one, _mm256_add_ps(one, e));
-        const __m256 sig = _mm256_blendv_ps(r, _mm256_mul_ps(e, r), x);
-        _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_mul_ps(x, sig), _mm256_loadu_ps(u + i)));
+        const __m256 a = act == kSilu ? silu8(x) : gelu_tanh8(x);
+        _mm256_storeu_ps(o + i, _mm256_mul_ps(a, _mm256_loadu_ps(u + i)));
       }
 #endif
-      for (; i < I; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+      for (; i < I; ++i) o[i] = (act == kSilu ? silu1(g[i]) : gelu_tanh1(g[i])) * u[i];
     }
   });
 }
 
+// out [T, I] = silu(gate) * up (gate_act_mul with SiLU).
+void silu_mul(const at::Tensor& gate_up, const at::Tensor& out) {
+  gate_act_mul(gate_up, out, kSilu);
+}
+
 // ---- A whole decode step's decoder layers in one call ----
 
-// y = x W^T for quantized codes: int4 when `minv` has elements, int8 otherwise.
+// y = x W^T for quantized codes as `layout` [parts, 2] of (rows, kind) describes them
+// (quant_kinds.h): one part of int4 or int8 codes, or GGUF blocks of one or several kinds.
 void quant_linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
-                  const at::Tensor& minv, const at::Tensor& out) {
-  if (minv.numel() > 0) return q4_gemm(x, qs, scale, minv, out);
-  q8_gemm(x, qs, scale, out);
+                  const at::Tensor& minv, const at::Tensor& layout, const at::Tensor& out) {
+  const int64_t k = layout.data_ptr<int64_t>()[1];
+  if (k == kInt4) return q4_gemm(x, qs, scale, minv, out);
+  if (k == kInt8) return q8_gemm(x, qs, scale, out);
+  gguf_gemm(x, qs, layout, out);
+}
+
+// The rows (out features) of a projection whose layout is `layout` [parts, 2].
+int64_t layout_rows(const at::Tensor& layout) {
+  const int64_t* lp = layout.data_ptr<int64_t>();
+  int64_t rows = 0;
+  for (int64_t p = 0; p < layout.size(0); ++p) rows += lp[2 * p];
+  return rows;
 }
 
 // In place: h += d (same shape, contiguous float32).
@@ -131,45 +202,70 @@ void add_into(const at::Tensor& h, const at::Tensor& d) {
   for (int64_t i = 0, n = h.numel(); i < n; ++i) hp[i] += dp[i];
 }
 
+// In place: each row of x [B, N] += bias [N].
+void add_bias(const at::Tensor& x, const at::Tensor& bias) {
+  float* xp = x.data_ptr<float>();
+  const float* bp = bias.data_ptr<float>();
+  const int64_t B = x.size(0), N = x.size(1);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < N; ++i) xp[b * N + i] += bp[i];
+}
+
 // Every decoder layer of a decode step (one new token per sequence), as DecoderLayer's fused
 // path runs them, with no Python between the kernels. h [B, hidden] float32 (the embedded
 // tokens; the last layer's output on return). weights: kLayerWeights per layer, in
-// LayerWeight's order (layer_weights.h). cos/sin [B, Dh], slots [B] int64; k_pools / v_pools
-// [layers, NB, BS, KVH, Dh]; block_table / context_lens as paged_decode_attention's.
+// LayerWeight's order (layer_weights.h). cos/sin [R, B, Dh]: R RoPE tables (full-attention
+// layers' and sliding layers' own), layer_ropes [L] int64 picks each layer's; layer_windows
+// [L] int64: each layer's sliding window (0: none). slots [B] int64; k_pools / v_pools
+// [layers, NB, BS, KVH, Dh]; block_table / context_lens as paged_decode_attention's. act: the
+// gate's activation (gate_act_mul's).
 void decode_layers(const at::Tensor& h, at::TensorList weights, const at::Tensor& cos,
                    const at::Tensor& sin, const at::Tensor& slots, const at::Tensor& k_pools,
                    const at::Tensor& v_pools, const at::Tensor& block_table,
-                   const at::Tensor& context_lens, int64_t num_heads, double eps) {
+                   const at::Tensor& context_lens, const at::Tensor& layer_windows,
+                   const at::Tensor& layer_ropes, int64_t num_heads, double eps,
+                   double sm_scale, int64_t act) {
   const int64_t L = k_pools.size(0), KVH = k_pools.size(3), Dh = k_pools.size(4);
   check(h.scalar_type() == at::kFloat && h.is_contiguous() && h.dim() == 2, "h");
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == L * kLayerWeights,
               "radixserve kernel: decode_layers takes ", kLayerWeights, " weights per layer (",
               L, " layers), got ", weights.size(), "; see decode_layer_weight_names()");
   check(k_pools.is_contiguous() && v_pools.is_contiguous(), "pools must be contiguous");
+  check(cos.dim() == 3 && cos.is_contiguous() && sin.is_contiguous(), "cos/sin [R, B, Dh]");
+  check(layer_windows.scalar_type() == at::kLong && layer_windows.numel() == L &&
+            layer_ropes.scalar_type() == at::kLong && layer_ropes.numel() == L,
+        "layer_windows and layer_ropes: one int64 per layer");
   for (int64_t i = 0; i < L; ++i) check_layer_weights(weights.data() + i * kLayerWeights, i);
+  const int64_t* windows = layer_windows.data_ptr<int64_t>();
+  const int64_t* ropes = layer_ropes.data_ptr<int64_t>();
+  for (int64_t i = 0; i < L; ++i) check(ropes[i] >= 0 && ropes[i] < cos.size(0), "rope table");
   const int64_t B = h.size(0), hidden = h.size(1), H = num_heads;
-  const int64_t qkv_width = (H + 2 * KVH) * Dh, gu_width = weights[kGateUpCodes].size(0);
+  const int64_t qkv_width = (H + 2 * KVH) * Dh, gu_width = layout_rows(weights[kGateUpKind]);
   const auto f32 = h.options();
   const at::Tensor x = at::empty({B, hidden}, f32), delta = at::empty({B, hidden}, f32);
   const at::Tensor qkv = at::empty({B, qkv_width}, f32);
   const at::Tensor q = qkv.narrow(1, 0, H * Dh).view({B, H, Dh});
   const at::Tensor att = at::empty({B, H, Dh}, f32), att_rows = att.view({B, H * Dh});
   const at::Tensor gate_up = at::empty({B, gu_width}, f32);
-  const at::Tensor act = at::empty({B, gu_width / 2}, f32);
-  const double sm_scale = 1.0 / std::sqrt(static_cast<double>(Dh));
+  const at::Tensor act_out = at::empty({B, gu_width / 2}, f32);
   for (int64_t i = 0; i < L; ++i) {
     const at::Tensor* w = weights.data() + i * kLayerWeights;
     const at::Tensor kp = k_pools.select(0, i), vp = v_pools.select(0, i);
     rms_norm(h, w[kInputNorm], eps, x);
-    quant_linear(x, w[kQkvCodes], w[kQkvScales], w[kQkvMins], qkv);
-    rope_kv_write(qkv, cos, sin, slots, kp, vp, H);
-    paged_decode_attention(q, kp, vp, block_table, context_lens, sm_scale, att);
-    quant_linear(att_rows, w[kOCodes], w[kOScales], w[kOMins], delta);
+    quant_linear(x, w[kQkvCodes], w[kQkvScales], w[kQkvMins], w[kQkvKind], qkv);
+    if (w[kQkvBias].numel() > 0) add_bias(qkv, w[kQkvBias]);
+    rope_kv_write(qkv, cos.select(0, ropes[i]), sin.select(0, ropes[i]), slots, kp, vp, H,
+                  w[kQNorm], w[kKNorm], eps);
+    paged_decode_attention(q, kp, vp, block_table, context_lens, sm_scale, att, windows[i]);
+    quant_linear(att_rows, w[kOCodes], w[kOScales], w[kOMins], w[kOKind], delta);
+    if (w[kAttnOutNorm].numel() > 0) rms_norm(delta, w[kAttnOutNorm], eps, delta);
     add_into(h, delta);
     rms_norm(h, w[kPostNorm], eps, x);
-    quant_linear(x, w[kGateUpCodes], w[kGateUpScales], w[kGateUpMins], gate_up);
-    silu_mul(gate_up, act);
-    quant_linear(act, w[kDownCodes], w[kDownScales], w[kDownMins], delta);
+    quant_linear(x, w[kGateUpCodes], w[kGateUpScales], w[kGateUpMins], w[kGateUpKind],
+                 gate_up);
+    gate_act_mul(gate_up, act_out, act);
+    quant_linear(act_out, w[kDownCodes], w[kDownScales], w[kDownMins], w[kDownKind], delta);
+    if (w[kMlpOutNorm].numel() > 0) rms_norm(delta, w[kMlpOutNorm], eps, delta);
     add_into(h, delta);
   }
 }
@@ -189,18 +285,22 @@ TORCH_LIBRARY_FRAGMENT(radixserve, m) {
   m.def("rms_norm(Tensor x, Tensor w, float eps, Tensor(a!) out) -> ()");
   m.def(
       "rope_kv_write(Tensor(a!) qkv, Tensor cos, Tensor sin, Tensor slots, Tensor(b!) k_pool, "
-      "Tensor(c!) v_pool, int num_heads) -> ()");
+      "Tensor(c!) v_pool, int num_heads, Tensor? q_norm=None, Tensor? k_norm=None, "
+      "float eps=1e-6) -> ()");
   m.def("silu_mul(Tensor gate_up, Tensor(a!) out) -> ()");
+  m.def("gate_act_mul(Tensor gate_up, Tensor(a!) out, int act) -> ()");
   m.def("release_omp_threads() -> ()", &radixserve::release_omp_threads);  // no tensors: no key
   m.def(
       "decode_layers(Tensor(a!) h, Tensor[] weights, Tensor cos, Tensor sin, Tensor slots, "
       "Tensor(b!) k_pools, Tensor(c!) v_pools, Tensor block_table, Tensor context_lens, "
-      "int num_heads, float eps) -> ()");
+      "Tensor layer_windows, Tensor layer_ropes, int num_heads, float eps, float sm_scale, "
+      "int act) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
   m.impl("rms_norm", &radixserve::rms_norm);
   m.impl("rope_kv_write", &radixserve::rope_kv_write);
   m.impl("silu_mul", &radixserve::silu_mul);
+  m.impl("gate_act_mul", &radixserve::gate_act_mul);
   m.impl("decode_layers", &radixserve::decode_layers);
 }

@@ -20,11 +20,17 @@ void q4_gemm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
 void q8_gemm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
              const at::Tensor& out);
 
-// One query row per sequence over its context in the paged pool (see attention.cpp).
+// out = x W^T for GGUF blocks: x [M, K] float32, blocks uint8 (every part's rows in turn),
+// layout [parts, 2] int64 of (rows, GGML type) (see kquants.cpp).
+void gguf_gemm(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& layout,
+               const at::Tensor& out);
+
+// One query row per sequence over its context (its last `window` tokens, where window > 0)
+// in the paged pool (see attention.cpp).
 void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
                             const at::Tensor& v_pool, const at::Tensor& block_table,
                             const at::Tensor& context_lens, double sm_scale,
-                            const at::Tensor& out);
+                            const at::Tensor& out, int64_t window);
 
 #pragma GCC visibility pop
 

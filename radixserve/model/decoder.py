@@ -1,35 +1,34 @@
-"""Llama-family decoder whose attention reads and writes the paged KV pool: its parameters
-and forward paths (checkpoint names and quantization: weights.py; huge pages: hugepages.py)."""
+"""The decoder every architecture shares, over the paged KV pool: the stack of DecoderLayers
+(decoder_layer.py), its forward paths and the one-call decode step's weights. What differs
+between Llama, Mistral, Qwen2/3, Phi-3 and Gemma 3 is data in ModelConfig (optional q/k norms,
+sandwich norms, activation, windows, RoPE bases); checkpoint names and quantization live in
+weights.py, huge pages in hugepages.py."""
 
 from __future__ import annotations
 
+import logging
 from enum import Enum
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from radixserve.model import kernels
 from radixserve.model.attention import AttendFn, AttentionBackend, SdpaBackend, planned
 from radixserve.model.batch import ForwardBatch, narrow_to_outputs
 from radixserve.model.config import ModelConfig
+from radixserve.model.decoder_layer import ACT_CODES, DecoderLayer, optional_tensor
 from radixserve.model.kernels.matrix import PrefillPath
 from radixserve.model.kv_pool import KVPool
-from radixserve.model.layers import (
-    Linear,
-    Rotary,
-    apply_rope,
-    frozen,
-    fused_kernels_apply,
-    rms_norm,
-)
+from radixserve.model.layers import Linear, Rotary, frozen, fused_kernels_apply, rms_norm
 from radixserve.model.quant import QuantizedWeight, QuantLinear
+
+log = logging.getLogger(__name__)
 
 
 class ForwardPath(Enum):
-    """The ways an eager step runs the decoder (`LlamaModel.forward_path` picks one; the
-    runner's CUDA-graph decode steps replay `LlamaModel.decode` instead)."""
+    """The ways an eager step runs the decoder (`DecoderModel.forward_path` picks one; the
+    runner's CUDA-graph decode steps replay `DecoderModel.decode` instead)."""
 
     FUSED_DECODE = "fused-decode"  # every layer in one call of our `decode_layers` kernel
     NARROWED = "narrowed"  # layer by layer; the last one's attention and MLP for output rows only
@@ -45,128 +44,7 @@ class Projection(NamedTuple):
     weight: nn.Parameter
 
 
-class DecoderLayer(nn.Module):
-    """One pre-norm block: attention then SwiGLU MLP, with fused QKV and gate/up weights."""
-
-    qkv_lin: Linear | QuantLinear
-    o_lin: Linear | QuantLinear
-    gate_up_lin: Linear | QuantLinear
-    down_lin: Linear | QuantLinear
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.num_heads = config.num_heads
-        self.num_kv = config.num_kv_heads
-        self.head_dim = config.head_dim
-        self.eps = config.rms_norm_eps
-        hidden, inter = config.hidden_size, config.intermediate_size
-        qkv_rows = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
-        self.input_norm = frozen(torch.ones(hidden))
-        self.qkv = frozen(torch.empty(qkv_rows, hidden))
-        self.qkv_bias = frozen(torch.zeros(qkv_rows)) if config.attention_bias else None
-        self.o = frozen(torch.empty(hidden, config.num_heads * config.head_dim))
-        self.post_norm = frozen(torch.ones(hidden))
-        self.gate_up = frozen(torch.empty(2 * inter, hidden))
-        self.down = frozen(torch.empty(hidden, inter))
-
-    def prepare(self) -> None:
-        """(Re)build the matmul wrappers from the current weights."""
-        self.fused = fused_kernels_apply(self.input_norm)
-        self.qkv_lin = Linear(self.qkv, self.qkv_bias)
-        self.o_lin = Linear(self.o)
-        self.gate_up_lin = Linear(self.gate_up)
-        self.down_lin = Linear(self.down)
-
-    def projections(self) -> list[tuple[str, Linear | QuantLinear, nn.Parameter]]:
-        """(attribute, matmul wrapper, dense weight) of the four projections, in the order a
-        step runs them."""
-        return [
-            ("qkv_lin", self.qkv_lin, self.qkv),
-            ("o_lin", self.o_lin, self.o),
-            ("gate_up_lin", self.gate_up_lin, self.gate_up),
-            ("down_lin", self.down_lin, self.down),
-        ]
-
-    def forward(
-        self,
-        h: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        slot_mapping: torch.Tensor,
-        attend: AttendFn,
-        k_blocks: torch.Tensor,
-        v_blocks: torch.Tensor,
-        out_rows: torch.Tensor | None = None,
-        decode_rows: int = 0,
-    ) -> torch.Tensor:
-        """h [T, hidden] -> [T, hidden]; writes the tokens' K/V at `slot_mapping` first. With
-        `out_rows`, every row's K/V is written but only those rows go on through attention
-        (whose `attend` then describes just them) and the MLP: -> [len(out_rows), hidden].
-        The first `decode_rows` rows (kept first by `out_rows`) are decode rows: their
-        matmuls stay on the float32 kernels (quant.QuantLinear)."""
-        if self.fused:
-            return self._forward_fused(
-                h, cos, sin, slot_mapping, attend, k_blocks, v_blocks, out_rows, decode_rows
-            )
-        t, d = h.shape[0], decode_rows
-        x = rms_norm(h, self.input_norm, self.eps)
-        qkv = self.qkv_lin(x, fp32_rows=d)
-        nh, nkv = self.num_heads, self.num_kv
-        # Rotate q and k in one pass: they are adjacent heads of the fused projection.
-        qk = apply_rope(qkv[:, : (nh + nkv) * self.head_dim].view(t, nh + nkv, -1), cos, sin)
-        q, k = qk[:, :nh], qk[:, nh:]
-        v = qkv[:, (nh + nkv) * self.head_dim :].view(t, nkv, self.head_dim)
-        k_slots = k_blocks.view(-1, self.num_kv, self.head_dim)
-        v_slots = v_blocks.view(-1, self.num_kv, self.head_dim)
-        k_slots.index_copy_(0, slot_mapping, k.to(k_slots.dtype))  # --kv-cache-dtype
-        v_slots.index_copy_(0, slot_mapping, v.to(v_slots.dtype))
-        if out_rows is not None:
-            q, h = q[out_rows], h[out_rows]
-        h = h + self.o_lin(attend(q, k_blocks, v_blocks), fp32_rows=d)
-        x = rms_norm(h, self.post_norm, self.eps)
-        gate, up = self.gate_up_lin(x, fp32_rows=d).chunk(2, dim=-1)
-        return h + self.down_lin(F.silu(gate) * up, fp32_rows=d)
-
-    def _forward_fused(
-        self,
-        h: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        slot_mapping: torch.Tensor,
-        attend: AttendFn,
-        k_blocks: torch.Tensor,
-        v_blocks: torch.Tensor,
-        out_rows: torch.Tensor | None = None,
-        decode_rows: int = 0,
-    ) -> torch.Tensor:
-        """`forward` with the elementwise steps in radixserve's CPU kernels (float32 on CPU):
-        a dozen op calls per layer instead of about fifty. Updates h in place (without
-        `out_rows`)."""
-        rms_norm_into = kernels.op("rms_norm")
-        nh = self.num_heads
-        x = torch.empty_like(h)
-        rms_norm_into(h, self.input_norm, self.eps, x)
-        qkv = self.qkv_lin(x, fp32_rows=decode_rows).contiguous()
-        kernels.op("rope_kv_write")(qkv, cos, sin, slot_mapping, k_blocks, v_blocks, nh)
-        q = qkv[:, : nh * self.head_dim]
-        if out_rows is not None:
-            q, h, x = q[out_rows], h[out_rows], x[out_rows]
-        t = h.shape[0]
-        d = decode_rows
-        h += self.o_lin(attend(q.view(t, nh, self.head_dim), k_blocks, v_blocks), fp32_rows=d)
-        rms_norm_into(h, self.post_norm, self.eps, x)
-        act = None
-        if isinstance(self.gate_up_lin, QuantLinear):  # on the matrix units: fused
-            act = self.gate_up_lin.silu_gated(x, fp32_rows=d)
-        if act is None:
-            gate_up = self.gate_up_lin(x, fp32_rows=d)
-            act = torch.empty(t, gate_up.shape[1] // 2, dtype=h.dtype)
-            kernels.op("silu_mul")(gate_up, act)
-        h += self.down_lin(act, fp32_rows=d)
-        return h
-
-
-class LlamaModel(nn.Module):
+class DecoderModel(nn.Module):
     """The decoder stack; forward returns float32 logits of the rows the batch asks for."""
 
     head_lin: Linear | QuantLinear
@@ -175,12 +53,13 @@ class LlamaModel(nn.Module):
     prefill_path = PrefillPath.FP32  # where prefill chunks' matmuls run (use_prefill_path)
     _decode_weights: list[torch.Tensor] | None = None  # decode_layer_weights(), once built
     _decode_weights_possible = True
+    _fallback_logged = False
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.config = config
         self.embed = frozen(torch.empty(config.vocab_size, config.hidden_size))
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = frozen(torch.ones(config.hidden_size))
         self.lm_head = (
             None
@@ -235,12 +114,13 @@ class LlamaModel(nn.Module):
         d = batch.decode
         weights = self.decode_layer_weights()
         assert d is not None and weights is not None
-        h = self.embed[batch.input_ids]
+        h = self._embed(batch.input_ids)
         cos, sin = self.rotary(batch.positions)
         c = self.config
         kernels.op("decode_layers")(
             h, weights, cos, sin, batch.slot_mapping, kv.k, kv.v,
-            d.block_table, d.context_lens, c.num_heads, c.rms_norm_eps,
+            d.block_table, d.context_lens, self._layer_windows, self._layer_ropes,
+            c.num_heads, c.rms_norm_eps, c.softmax_scale, ACT_CODES[c.hidden_act],
         )  # fmt: skip
         return self._logits(h[batch.logits_rows])
 
@@ -262,8 +142,14 @@ class LlamaModel(nn.Module):
         the new token.
         """
 
-        def attend(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor) -> torch.Tensor:
-            return attn.decode(q, k_blocks, v_blocks, block_table, context_lens)
+        def attend(
+            q: torch.Tensor,
+            k_blocks: torch.Tensor,
+            v_blocks: torch.Tensor,
+            window: int | None,
+            scale: float,
+        ) -> torch.Tensor:
+            return attn.decode(q, k_blocks, v_blocks, block_table, context_lens, window, scale)
 
         return self._logits(self._layers(input_ids, positions, slot_mapping, kv, attend))
 
@@ -279,18 +165,27 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:
         """Hidden states after every layer; with `last` = (rows, attend for them), the last
         layer's output of those rows only. The first `decode_rows` rows are decode rows."""
-        h = self.embed[input_ids]
+        h = self._embed(input_ids)
         cos, sin = self.rotary(positions)
         layers = self.decoder_layers()
         for i, layer in enumerate(layers):
             k_blocks, v_blocks = kv.blocks(i)
+            lc, ls = cos[layer.rope_table], sin[layer.rope_table]
             if last is not None and i == len(layers) - 1:
                 rows, attend_rows = last
                 out: torch.Tensor = layer(
-                    h, cos, sin, slot_mapping, attend_rows, k_blocks, v_blocks, rows, decode_rows
+                    h, lc, ls, slot_mapping, attend_rows, k_blocks, v_blocks, rows, decode_rows
                 )
                 return out
-            h = layer(h, cos, sin, slot_mapping, attend, k_blocks, v_blocks, None, decode_rows)
+            h = layer(h, lc, ls, slot_mapping, attend, k_blocks, v_blocks, None, decode_rows)
+        return h
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The rows of the embedding table (a new tensor), scaled where the config says so."""
+        h = self.embed[input_ids]
+        if self.config.embed_scale is not None:
+            # As transformers' Gemma: the scale rounded to the model dtype first.
+            h *= torch.tensor(self.config.embed_scale).to(h.dtype)
         return h
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -309,31 +204,59 @@ class LlamaModel(nn.Module):
 
     def decode_layer_weights(self) -> list[torch.Tensor] | None:
         """Every layer's weights in the order our `decode_layers` kernel takes them (built
-        once), or None where a decode step cannot run there: it needs the fused float32 CPU
-        layers with quantized, bias-free projections."""
+        once), or None where a decode step cannot run there (`fused_decode_unavailable` says
+        why; logged once)."""
         if self._decode_weights is not None or not self._decode_weights_possible:
             return self._decode_weights
+        why = self.fused_decode_unavailable()
+        if why is not None:
+            self._decode_weights_possible = False
+            if not self._fallback_logged:
+                self._fallback_logged = True
+                log.info("decode steps run layer by layer, not in one kernel call: %s", why)
+            return None
         named_layers: list[dict[str, torch.Tensor]] = []
         for layer in self.decoder_layers():
-            lins = [lin for _, lin, _ in layer.projections()]
-            if not layer.fused or not all(
-                isinstance(q, QuantLinear) and q.bias is None and q.weight.qs.is_cpu for q in lins
-            ):
-                self._decode_weights_possible = False
-                return None
             # By the names of the kernels' table (kernels/layer_weights.cpp); int8 has no mins.
             named: dict[str, torch.Tensor] = {
                 "input_norm": layer.input_norm,
+                "qkv.bias": optional_tensor(layer.qkv_lin.bias),
+                "q_norm": optional_tensor(layer.q_norm),
+                "k_norm": optional_tensor(layer.k_norm),
+                "attn_out_norm": optional_tensor(layer.attn_out_norm),
                 "post_norm": layer.post_norm,
+                "mlp_out_norm": optional_tensor(layer.mlp_out_norm),
             }
             for attr, lin, _ in layer.projections():
                 assert isinstance(lin, QuantLinear)
                 w, proj = lin.weight, attr.removesuffix("_lin")  # "qkv_lin": "qkv.qs", ...
                 named[f"{proj}.qs"], named[f"{proj}.scale"] = w.qs, w.scale
-                named[f"{proj}.minv"] = w.minv if w.minv is not None else torch.empty(0)
+                named[f"{proj}.minv"] = optional_tensor(w.minv)
+                named[f"{proj}.kind"] = w.kernel_layout()
             named_layers.append(named)
         self._decode_weights = kernels.order_layer_weights(named_layers)
+        layers = self.decoder_layers()
+        self._layer_windows = torch.tensor([layer.window or 0 for layer in layers])
+        self._layer_ropes = torch.tensor([layer.rope_table for layer in layers])
         return self._decode_weights
+
+    def fused_decode_unavailable(self) -> str | None:
+        """Why a decode step cannot run every layer in one `decode_layers` call (None when it
+        can): it takes float32 CPU layers whose projections are quantized in kinds it
+        computes, with no bias but the q/k/v one."""
+        for i, layer in enumerate(self.decoder_layers()):
+            if not layer.fused:
+                return "the layers do not run our fused CPU kernels (float32 on the CPU only)"
+            for attr, lin, _ in layer.projections():
+                if not isinstance(lin, QuantLinear):
+                    return f"layer {i}'s {attr} has dense weights (the kernel takes codes)"
+                if not lin.weight.qs.is_cpu:
+                    return f"layer {i}'s {attr} is not on the CPU"
+                if lin.bias is not None and attr != "qkv_lin":
+                    return f"layer {i}'s {attr} has a bias"
+                if not kernels.decode_layers_computes(lin.weight.kind):
+                    return f"layer {i}'s {attr} holds {lin.weight.kind} codes"
+        return None
 
     def prepare(self) -> None:
         """Build the dense matmul wrappers; call after loading weights or moving the model
@@ -376,13 +299,18 @@ class LlamaModel(nn.Module):
         ]
 
     def step_weights(self) -> list[nn.Parameter | Linear | QuantLinear]:
-        """What a step reads, in the order it reads it: each layer's input norm, qkv and o
-        projections, post norm, gate/up and down projections; then the final norm and the LM
-        head (norms as parameters, projections as their matmuls)."""
+        """What a step reads, in the order it reads it: each layer's input norm (and q/k
+        norms), qkv and o projections (and the attention output's norm), post norm, gate/up
+        and down projections (and the MLP output's norm); then the final norm and the LM head
+        (norms as parameters, projections as their matmuls)."""
         out: list[nn.Parameter | Linear | QuantLinear] = []
         for layer in self.decoder_layers():
             qkv, o, gate_up, down = (lin for _, lin, _ in layer.projections())
-            out += [layer.input_norm, qkv, o, layer.post_norm, gate_up, down]
+            pre: list[nn.Parameter] = [layer.input_norm]
+            pre += [n for n in (layer.q_norm, layer.k_norm) if n is not None]
+            mid = [n for n in (layer.attn_out_norm,) if n is not None] + [layer.post_norm]
+            post = [n for n in (layer.mlp_out_norm,) if n is not None]
+            out += [*pre, qkv, o, *mid, gate_up, down, *post]
         return [*out, self.norm, self.head_lin]
 
     def weights_moved(self) -> None:
@@ -395,10 +323,28 @@ class LlamaModel(nn.Module):
         quantized projections take it, the LM head stays on the float32 kernels. Call after
         quantizing; the attention backend reads `prefill_path` too (the runner passes it)."""
         self.prefill_path = path
-        for layer in self.decoder_layers():
-            for _, lin, _ in layer.projections():
+        fp32: list[str] = []  # projections that stay on the float32 kernels
+        for i, layer in enumerate(self.decoder_layers()):
+            for attr, lin, _ in layer.projections():
                 if isinstance(lin, QuantLinear):
                     lin.use_prefill_path(path)
+                if path is not PrefillPath.FP32 and (
+                    not isinstance(lin, QuantLinear) or lin.prefill_path is PrefillPath.FP32
+                ):
+                    fp32.append(f"layers.{i}.{attr}")
+        if fp32:
+            log.info(
+                "prefill on %s: %d of %d layer projections stay float32 (dense, or codes or "
+                "sizes the bfloat16 kernels do not take), e.g. %s",
+                path.value, len(fp32), 4 * len(self.decoder_layers()), ", ".join(fp32[:3]),
+            )  # fmt: skip
+        windowed = [i for i, layer in enumerate(self.decoder_layers()) if layer.window]
+        if path.attention_on_tiles and windowed:
+            log.info(
+                "prefill attention of %d sliding-window layers stays float32 (the tiles' "
+                "kernel has no window)",
+                len(windowed),
+            )
 
     def decoder_layers(self) -> list[DecoderLayer]:
         """The layers, typed."""

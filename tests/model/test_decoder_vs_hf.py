@@ -1,4 +1,6 @@
-"""The paged forward pass computes what transformers' LlamaForCausalLM computes."""
+"""The paged forward pass computes what transformers computes, for every architecture: tiny
+random configs of each (windows, q/k norms, sandwich norms, biases, fused checkpoints, two RoPE
+bases), prompts longer than their windows, on both CPU attention backends."""
 
 from __future__ import annotations
 
@@ -10,9 +12,16 @@ import torch
 from radixserve.model.attention import AttentionBackend, select_backend
 from radixserve.model.batch import SeqChunk, build_batch
 from radixserve.model.kv_pool import KVPool
+from tests.support.models import ARCHITECTURES
 
 BS = 4
 TOL = 1e-4
+
+
+@pytest.fixture(scope="module", params=ARCHITECTURES)
+def tiny_pair(request: pytest.FixtureRequest, tiny_pair_factory) -> tuple:
+    """(transformers model, radixserve DecoderModel) of each architecture, same weights."""
+    return tiny_pair_factory(arch=request.param)
 
 
 @pytest.fixture(params=["sdpa", "cpu"])

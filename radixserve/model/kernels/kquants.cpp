@@ -1,0 +1,583 @@
+// llama.cpp's GGUF block formats computed as the file stores them: y = x W^T for float32 x and
+// W in Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (blocks of 32 weights) or Q4_K, Q5_K, Q6_K (super-blocks
+// of 256), byte for byte as in the GGUF (no repacking, no dequantize-requantize round trip).
+//
+// Every format is read 32 weights at a time ("a sub-block"): its codes become float32 weights
+// in registers (scale * code + offset, as gguf's dequantization computes them), then meet the
+// input rows. 1-16 input rows (decode steps) use the weights straight from registers; more
+// rows (prefill) dequantize 16 weight rows at a time into a packed panel for gemm.cpp's
+// register-tiled GEMM (quant_gemm_panels: with AVX-512, its 8x32 tile).
+//
+// A projection may hold rows of several formats (a Q4_K_M file stores q/k in one and v in
+// another, and the model fuses them): `layout` [P, 2] int64 lists its parts in row order as
+// (rows, GGML type number); their blocks follow each other in one uint8 buffer.
+//
+// Block layouts (d, m: float16; little-endian):
+//   Q4_0 (18 B): d, qs[16]          w = d (q - 8)        q: byte j low nibble = weight j,
+//   Q4_1 (20 B): d, m, qs[16]       w = d q + m             high nibble = weight j + 16
+//   Q5_0 (22 B): d, qh[4], qs[16]   w = d (q - 16)       q's bit 4 of weight j: bit j of qh
+//   Q5_1 (24 B): d, m, qh[4], qs[16]  w = d q + m
+//   Q8_0 (34 B): d, qs[32] int8     w = d q
+//   Q4_K (144 B): d, dmin, scales[12], qs[128]: 8 sub-blocks j of 32 with 6-bit scale sc_j and
+//        min m_j; w = (d sc_j) q - (dmin m_j); sub-block 2p / 2p + 1: low / high nibbles of
+//        bytes 32p .. 32p + 31
+//   Q5_K (176 B): d, dmin, scales[12], qh[32], qs[128]: as Q4_K, q's bit 4 in sub-block j is
+//        bit j of qh[e] (e: the weight's index in its sub-block)
+//   Q6_K (210 B): ql[128], qh[64], scales[16] int8, d: 16 groups of 16 weights with scale sc;
+//        w = (d sc) (q - 32); sub-block s = 4h + t: low (t < 2) or high nibbles of
+//        ql[64h + 32 (t & 1) + e], bits 2t, 2t + 1 of qh[32h + e] as q's bits 4 and 5
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "ops.h"
+#include "quant_kinds.h"
+#include "simd.h"
+#include "tile.h"
+
+namespace radixserve {
+namespace {
+
+inline float f16_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+#ifdef RS_AVX2
+  return _cvtsh_ss(h);  // F16C: one instruction
+#else
+  return c10::detail::fp16_ieee_to_fp32_value(h);
+#endif
+}
+
+inline uint32_t u32_at(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// Q4_K / Q5_K: sub-block j's 6-bit scale and min from the 12 packed bytes.
+inline void k_scale_min(const uint8_t* s, int64_t j, int& sc, int& m) {
+  if (j < 4) {
+    sc = s[j] & 63;
+    m = s[j + 4] & 63;
+  } else {
+    sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+    m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+#ifdef RS_AVX2
+// One sub-block of 32 weights as the vector code reads it: weight e = scale(e) * codes[e] + off,
+// codes as 32 signed bytes (the format's fixed offset, such as Q4_0's -8, already applied),
+// scale(e) = s0 for e < 16 and s1 for the rest (they differ in Q6_K only).
+struct Sub {
+  __m256i codes;
+  float s0, s1, off;
+};
+
+// 16 bytes of nibbles as 32 codes: byte j's low nibble is code j, its high nibble code j + 16.
+inline __m256i nibbles32(const uint8_t* q) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+  const __m128i m = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+}
+
+// Bit e of `bits` as byte e: `value` where set, 0 where not.
+inline __m256i bits_to_bytes(uint32_t bits, char value) {
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(bits)),
+      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,  //
+                       2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i mask = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, mask), mask);
+  return _mm256_and_si256(set, _mm256_set1_epi8(value));
+}
+
+// (v >> shift) & mask in every byte of 32 (shift < 8; the 16-bit shift's spill is masked off).
+inline __m256i byte_field(__m256i v, int shift, char mask) {
+  return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(shift)), _mm256_set1_epi8(mask));
+}
+
+inline __m256i load32(const uint8_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+// The 32 codes as floats, 8 a vector (elements 0-7, ..., 24-31).
+inline void widen(__m256i codes, __m256* f) {
+  const __m128i lo = _mm256_castsi256_si128(codes), hi = _mm256_extracti128_si256(codes, 1);
+  f[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+  f[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+  f[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+  f[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+}
+
+// The sub-block's 32 weights, 8 a vector.
+inline void weights(const Sub& u, __m256* w) {
+  widen(u.codes, w);
+  const __m256 s0 = _mm256_set1_ps(u.s0), s1 = _mm256_set1_ps(u.s1), off = _mm256_set1_ps(u.off);
+  w[0] = _mm256_fmadd_ps(w[0], s0, off);
+  w[1] = _mm256_fmadd_ps(w[1], s0, off);
+  w[2] = _mm256_fmadd_ps(w[2], s1, off);
+  w[3] = _mm256_fmadd_ps(w[3], s1, off);
+}
+#endif
+
+// Each format: kWeights per block, kBytes per block, kOffset (whether weights have a per-block
+// offset beyond the codes' own, i.e. a min), and sub-block s (32 weights) of a row: `scalar`
+// into w[32]; `sub` (AVX2) as its codes, scales and offset.
+
+// Q4_0 and Q4_1: nibbles, with a fixed offset (-8) or the block's min.
+template <bool kMin>
+struct Q4Block {
+  static constexpr int64_t kWeights = 32, kBytes = kMin ? 20 : 18;
+  static constexpr bool kOffset = kMin;
+  static void scalar(const uint8_t* row, int64_t s, float* w) {
+    const uint8_t* b = row + s * kBytes;
+    const float d = f16_at(b), off = kMin ? f16_at(b + 2) : -8.f * d;
+    const uint8_t* q = b + (kMin ? 4 : 2);
+    for (int j = 0; j < 16; ++j) {
+      w[j] = d * static_cast<float>(q[j] & 0x0F) + off;
+      w[j + 16] = d * static_cast<float>(q[j] >> 4) + off;
+    }
+  }
+#ifdef RS_AVX2
+  static Sub sub(const uint8_t* row, int64_t s) {
+    const uint8_t* b = row + s * kBytes;
+    const float d = f16_at(b);
+    __m256i codes = nibbles32(b + (kMin ? 4 : 2));
+    if (!kMin) codes = _mm256_sub_epi8(codes, _mm256_set1_epi8(8));
+    return {codes, d, d, kMin ? f16_at(b + 2) : 0.f};
+  }
+#endif
+};
+
+// Q5_0 and Q5_1: Q4's nibbles plus a fifth bit from qh.
+template <bool kMin>
+struct Q5Block {
+  static constexpr int64_t kWeights = 32, kBytes = kMin ? 24 : 22;
+  static constexpr bool kOffset = kMin;
+  static void scalar(const uint8_t* row, int64_t s, float* w) {
+    const uint8_t* b = row + s * kBytes;
+    const float d = f16_at(b), off = kMin ? f16_at(b + 2) : -16.f * d;
+    const uint32_t qh = u32_at(b + (kMin ? 4 : 2));
+    const uint8_t* q = b + (kMin ? 8 : 6);
+    for (int j = 0; j < 16; ++j) {
+      const int lo = (q[j] & 0x0F) | (((qh >> j) & 1) << 4);
+      const int hi = (q[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+      w[j] = d * static_cast<float>(lo) + off;
+      w[j + 16] = d * static_cast<float>(hi) + off;
+    }
+  }
+#ifdef RS_AVX2
+  static Sub sub(const uint8_t* row, int64_t s) {
+    const uint8_t* b = row + s * kBytes;
+    const float d = f16_at(b);
+    __m256i codes = _mm256_or_si256(nibbles32(b + (kMin ? 8 : 6)),
+                                    bits_to_bytes(u32_at(b + (kMin ? 4 : 2)), 0x10));
+    if (!kMin) codes = _mm256_sub_epi8(codes, _mm256_set1_epi8(16));
+    return {codes, d, d, kMin ? f16_at(b + 2) : 0.f};
+  }
+#endif
+};
+
+struct Q8Block {
+  static constexpr int64_t kWeights = 32, kBytes = 34;
+  static constexpr bool kOffset = false;
+  static void scalar(const uint8_t* row, int64_t s, float* w) {
+    const uint8_t* b = row + s * kBytes;
+    const float d = f16_at(b);
+    const int8_t* q = reinterpret_cast<const int8_t*>(b + 2);
+    for (int j = 0; j < 32; ++j) w[j] = d * static_cast<float>(q[j]);
+  }
+#ifdef RS_AVX2
+  static Sub sub(const uint8_t* row, int64_t s) {
+    const uint8_t* b = row + s * kBytes;
+    const float d = f16_at(b);
+    return {load32(b + 2), d, d, 0.f};
+  }
+#endif
+};
+
+// Q4_K (kHigh false) and Q5_K (kHigh true).
+template <bool kHigh>
+struct QKBlock {
+  static constexpr int64_t kWeights = 256, kBytes = kHigh ? 176 : 144;
+  static constexpr bool kOffset = true;
+  // Sub-block s's block, scale and offset; its 32 code bytes and (Q5_K) high-bit bytes.
+  static const uint8_t* parts(const uint8_t* row, int64_t s, float& scale, float& offset,
+                              const uint8_t*& qh) {
+    const uint8_t* b = row + (s / 8) * kBytes;
+    const int64_t j = s % 8;
+    int sc, m;
+    k_scale_min(b + 4, j, sc, m);
+    scale = f16_at(b) * static_cast<float>(sc);
+    offset = -(f16_at(b + 2) * static_cast<float>(m));
+    qh = b + 16;
+    return b + (kHigh ? 48 : 16) + 32 * (j / 2);
+  }
+  static void scalar(const uint8_t* row, int64_t s, float* w) {
+    float scale, offset;
+    const uint8_t* qh;
+    const uint8_t* q = parts(row, s, scale, offset, qh);
+    const int shift = (s % 2) * 4, j = static_cast<int>(s % 8);
+    for (int e = 0; e < 32; ++e) {
+      int code = (q[e] >> shift) & 0x0F;
+      if (kHigh) code |= ((qh[e] >> j) & 1) << 4;
+      w[e] = scale * static_cast<float>(code) + offset;
+    }
+  }
+#ifdef RS_AVX2
+  static Sub sub(const uint8_t* row, int64_t s) {
+    float scale, offset;
+    const uint8_t* qh;
+    const uint8_t* q = parts(row, s, scale, offset, qh);
+    __m256i codes = byte_field(load32(q), static_cast<int>((s % 2) * 4), 0x0F);
+    if (kHigh)
+      codes = _mm256_or_si256(
+          codes, _mm256_slli_epi16(byte_field(load32(qh), static_cast<int>(s % 8), 0x01), 4));
+    return {codes, scale, scale, offset};
+  }
+  // f(first + j, sub-block j) for the 8 sub-blocks of the block at b.
+  template <typename F>
+  static void visit_block(const uint8_t* b, F& f, int64_t first) {
+    const float d = f16_at(b), dmin = f16_at(b + 2);
+    const uint8_t* qs = b + (kHigh ? 48 : 16);
+    const __m256i qh = kHigh ? load32(b + 16) : _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+      int sc, m;
+      k_scale_min(b + 4, j, sc, m);
+      __m256i codes = byte_field(load32(qs + 32 * (j / 2)), (j % 2) * 4, 0x0F);
+      if (kHigh) codes = _mm256_or_si256(codes, _mm256_slli_epi16(byte_field(qh, j, 0x01), 4));
+      const float scale = d * static_cast<float>(sc);
+      f(first + j, Sub{codes, scale, scale, -(dmin * static_cast<float>(m))});
+    }
+  }
+#endif
+};
+
+struct Q6KBlock {
+  static constexpr int64_t kWeights = 256, kBytes = 210;
+  static constexpr bool kOffset = false;
+  // Sub-block s: its low-bit bytes, high-bit bytes, nibble and high-bit shifts, and the two
+  // scales (d sc) of its halves.
+  static const uint8_t* parts(const uint8_t* row, int64_t s, const uint8_t*& qh, int& nshift,
+                              int& hshift, float& s0, float& s1) {
+    const uint8_t* b = row + (s / 8) * kBytes;
+    const int64_t h = (s % 8) / 4, t = s % 4;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192) + 8 * h + 2 * t;
+    const float d = f16_at(b + 208);
+    s0 = d * static_cast<float>(sc[0]);
+    s1 = d * static_cast<float>(sc[1]);
+    nshift = t >= 2 ? 4 : 0;
+    hshift = static_cast<int>(2 * t);
+    qh = b + 128 + 32 * h;
+    return b + 64 * h + 32 * (t & 1);
+  }
+  static void scalar(const uint8_t* row, int64_t s, float* w) {
+    const uint8_t* qh;
+    int nshift, hshift;
+    float s0, s1;
+    const uint8_t* ql = parts(row, s, qh, nshift, hshift, s0, s1);
+    for (int e = 0; e < 32; ++e) {
+      const int code = ((ql[e] >> nshift) & 0x0F) | (((qh[e] >> hshift) & 3) << 4);
+      w[e] = (e < 16 ? s0 : s1) * static_cast<float>(code - 32);
+    }
+  }
+#ifdef RS_AVX2
+  static Sub sub(const uint8_t* row, int64_t s) {
+    const uint8_t* qh;
+    int nshift, hshift;
+    float s0, s1;
+    const uint8_t* ql = parts(row, s, qh, nshift, hshift, s0, s1);
+    const __m256i hi = _mm256_slli_epi16(byte_field(load32(qh), hshift, 0x03), 4);
+    const __m256i codes = _mm256_or_si256(byte_field(load32(ql), nshift, 0x0F), hi);
+    return {_mm256_sub_epi8(codes, _mm256_set1_epi8(32)), s0, s1, 0.f};
+  }
+  // f(first + s, sub-block s) for the 8 sub-blocks of the block at b.
+  template <typename F>
+  static void visit_block(const uint8_t* b, F& f, int64_t first) {
+    const float d = f16_at(b + 208);
+    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i qh = load32(b + 128 + 32 * h);
+      for (int t = 0; t < 4; ++t) {
+        const __m256i lo = byte_field(load32(b + 64 * h + 32 * (t & 1)), t >= 2 ? 4 : 0, 0x0F);
+        const __m256i hi = _mm256_slli_epi16(byte_field(qh, 2 * t, 0x03), 4);
+        const __m256i codes = _mm256_sub_epi8(_mm256_or_si256(lo, hi), _mm256_set1_epi8(32));
+        const int8_t* s2 = sc + 8 * h + 2 * t;
+        f(first + 4 * h + t, Sub{codes, d * static_cast<float>(s2[0]),
+                                 d * static_cast<float>(s2[1]), 0.f});
+      }
+    }
+  }
+#endif
+};
+
+#ifdef RS_AVX2
+// f(s, sub-block s) for every sub-block of a row of K weights, in order. Formats of 256-weight
+// super-blocks read each block's header (its float16 scales) once rather than per sub-block.
+template <typename B, typename F>
+inline void visit_subs(const uint8_t* row, int64_t K, F&& f) {
+  if constexpr (requires { B::visit_block(row, f, 0); }) {
+    for (int64_t b = 0; b < K / B::kWeights; ++b) B::visit_block(row + b * B::kBytes, f, 8 * b);
+  } else {
+    for (int64_t s = 0; s < K / 32; ++s) f(s, B::sub(row, s));
+  }
+}
+#endif
+
+// f(Block{}) for the block format of GGML type `kind`; false where it is none of ours.
+template <typename F>
+bool with_block(int64_t kind, F&& f) {
+  switch (kind) {
+    case kQ4_0: f(Q4Block<false>{}); return true;
+    case kQ4_1: f(Q4Block<true>{}); return true;
+    case kQ5_0: f(Q5Block<false>{}); return true;
+    case kQ5_1: f(Q5Block<true>{}); return true;
+    case kQ8_0: f(Q8Block{}); return true;
+    case kQ4_K: f(QKBlock<false>{}); return true;
+    case kQ5_K: f(QKBlock<true>{}); return true;
+    case kQ6_K: f(Q6KBlock{}); return true;
+    default: return false;
+  }
+}
+
+// Rows [n, n + nr) of a part (rows of `row_bytes` from `blocks`) dequantized into buf [nr, K].
+template <typename B>
+void dequant_block_rows(const uint8_t* blocks, int64_t row_bytes, int64_t n, int64_t nr,
+                        int64_t K, float* buf) {
+  for (int64_t r = 0; r < nr; ++r) {
+    const uint8_t* row = blocks + (n + r) * row_bytes;
+    float* o = buf + r * K;
+#ifdef RS_AVX2
+    visit_subs<B>(row, K, [&](int64_t s, const Sub& u) {
+      __m256 w[4];
+      weights(u, w);
+      for (int j = 0; j < 4; ++j) _mm256_storeu_ps(o + 32 * s + 8 * j, w[j]);
+    });
+#else
+    for (int64_t s = 0; s < K / 32; ++s) B::scalar(row, s, o + 32 * s);
+#endif
+  }
+}
+
+#ifdef RS_AVX2
+// out[r * ldo] = x[r] . row for 2 <= MR input rows (x rows K apart), the row's weights made in
+// registers one sub-block at a time and used by every input row.
+template <typename B, int MR>
+inline void row_dot(const float* x, int64_t K, const uint8_t* row, float* out, int64_t ldo) {
+  __m256 acc[MR][2];
+  RS_UNROLL for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  visit_subs<B>(row, K, [&](int64_t s, const Sub& u) {
+    __m256 w[4];
+    weights(u, w);
+    RS_UNROLL for (int r = 0; r < MR; ++r) {
+      const float* xs = x + r * K + 32 * s;
+      acc[r][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xs), acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xs + 8), acc[r][1]);
+      acc[r][0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xs + 16), acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xs + 24), acc[r][1]);
+    }
+  });
+  RS_UNROLL for (int r = 0; r < MR; ++r) out[r * ldo] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
+}
+
+// x . row for one input row (a decode step of one sequence), bound by turning codes into
+// floats: the factored form sum_s scale_s (codes_s . x_s) + off_s sum(x_s), with each
+// sub-block's code products summed before its scale (`xsum`: sum(x_s), for formats with mins).
+template <typename B>
+inline float row_dot1(const float* x, const float* xsum, int64_t K, const uint8_t* row) {
+  float offsets = 0.f;
+#ifdef RS_AVX512
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
+  visit_subs<B>(row, K, [&](int64_t s, const Sub& u) {
+    const __m512 c0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(u.codes)));
+    const __m512 c1 =
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(u.codes, 1)));
+    const __m512 t0 = _mm512_mul_ps(c0, _mm512_loadu_ps(x + 32 * s));
+    const __m512 t1 = _mm512_mul_ps(c1, _mm512_loadu_ps(x + 32 * s + 16));
+    if (u.s0 == u.s1) {  // one scale (all formats but Q6_K): one broadcast
+      acc0 = _mm512_fmadd_ps(_mm512_set1_ps(u.s0), _mm512_add_ps(t0, t1), acc0);
+    } else {
+      acc0 = _mm512_fmadd_ps(_mm512_set1_ps(u.s0), t0, acc0);
+      acc1 = _mm512_fmadd_ps(_mm512_set1_ps(u.s1), t1, acc1);
+    }
+    if (B::kOffset) offsets += u.off * xsum[s];
+  });
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + offsets;
+#else
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+  visit_subs<B>(row, K, [&](int64_t s, const Sub& u) {
+    __m256 c[4];
+    widen(u.codes, c);
+    const float* xs = x + 32 * s;
+    const __m256 t0 = _mm256_fmadd_ps(c[1], _mm256_loadu_ps(xs + 8),
+                                      _mm256_mul_ps(c[0], _mm256_loadu_ps(xs)));
+    const __m256 t1 = _mm256_fmadd_ps(c[3], _mm256_loadu_ps(xs + 24),
+                                      _mm256_mul_ps(c[2], _mm256_loadu_ps(xs + 16)));
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(u.s0), t0, acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(u.s1), t1, acc1);
+    if (B::kOffset) offsets += u.off * xsum[s];
+  });
+  return hsum(_mm256_add_ps(acc0, acc1)) + offsets;
+#endif
+}
+
+// out [M, N] = x [M, K] W^T for M <= 16 input rows (decode steps): weight rows spread over the
+// threads; one input row by row_dot1, more with each row's weights made once per 8 of them.
+template <typename B>
+void gemm_block_rows_small(const float* x, int64_t M, const uint8_t* blocks, int64_t row_bytes,
+                           int64_t N, int64_t K, float* out) {
+  std::vector<float> xsum(M == 1 ? K / 32 : 0, 0.f);
+  for (size_t s = 0; s < xsum.size(); ++s)
+    for (int j = 0; j < 32; ++j) xsum[s] += x[32 * s + j];
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const uint8_t* row = blocks + n * row_bytes;
+      // Ask for the row 4 ahead: DRAM latency hides behind this row's FMAs.
+      const char* ahead = reinterpret_cast<const char*>(blocks + std::min(n + 4, N - 1) * row_bytes);
+      for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
+      if (M == 1) {
+        out[n] = row_dot1<B>(x, xsum.data(), K, row);
+        continue;
+      }
+      for (int64_t m = 0; m < M; m += 8) {
+        with_rows<8>(static_cast<int>(std::min<int64_t>(8, M - m)), [&](auto R) {
+          row_dot<B, R>(x + m * K, K, row, out + m * N + n, N);
+        });
+      }
+    }
+  });
+}
+#endif
+
+constexpr int64_t kSmallM = 16;  // up to this many input rows: weights straight from registers
+
+// out [M, N] = x W^T for one part of `N` rows of format B (out contiguous).
+template <typename B>
+void gemm_part(const at::Tensor& x, const uint8_t* blocks, int64_t N, const at::Tensor& out) {
+  const int64_t M = x.size(0), K = x.size(1), row_bytes = K / B::kWeights * B::kBytes;
+#ifdef RS_AVX2
+  if (M <= kSmallM)
+    return gemm_block_rows_small<B>(x.data_ptr<float>(), M, blocks, row_bytes, N, K,
+                                    out.data_ptr<float>());
+#endif
+  auto dequant = [&](int64_t n, int64_t nr, float* buf) {
+    dequant_block_rows<B>(blocks, row_bytes, n, nr, K, buf);
+  };
+  if (M >= kPanelMinRows) {
+    auto no_panel = [](int64_t, float*) { return false; };
+    return quant_gemm_panels(x, N, out, dequant, no_panel);
+  }
+  quant_gemm(x, N, out, dequant);
+}
+
+// Checks `layout` [P, 2] int64 (rows, GGML type) against K and the buffer's size; returns
+// the total rows.
+int64_t check_layout(const at::Tensor& blocks, const at::Tensor& layout, int64_t K) {
+  check(layout.scalar_type() == at::kLong && layout.dim() == 2 && layout.size(1) == 2 &&
+            layout.is_contiguous(),
+        "gguf layout: int64 [parts, 2] (rows, GGML type)");
+  check(blocks.scalar_type() == at::kByte && blocks.is_contiguous(), "gguf blocks: uint8");
+  const int64_t* lp = layout.data_ptr<int64_t>();
+  int64_t rows = 0, bytes = 0;
+  for (int64_t p = 0; p < layout.size(0); ++p) {
+    int64_t per = 0;
+    const bool known = with_block(lp[2 * p + 1], [&](auto b) {
+      using B = decltype(b);
+      TORCH_CHECK(K % B::kWeights == 0, "radixserve kernel: ", quant_kind_name(lp[2 * p + 1]),
+                  " rows of ", K, " weights are not whole blocks of ", B::kWeights);
+      per = K / B::kWeights * B::kBytes;
+    });
+    TORCH_CHECK(known, "radixserve kernel: no GGUF block kernel for GGML type ", lp[2 * p + 1]);
+    rows += lp[2 * p];
+    bytes += lp[2 * p] * per;
+  }
+  check(bytes == blocks.numel(), "gguf blocks: size does not match the layout");
+  return rows;
+}
+
+}  // namespace
+
+void gguf_gemm(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& layout,
+               const at::Tensor& out) {
+  check(x.scalar_type() == at::kFloat && x.is_contiguous() && x.dim() == 2, "x: float32 [M, K]");
+  const int64_t M = x.size(0), K = x.size(1);
+  const int64_t N = check_layout(blocks, layout, K);
+  check(out.scalar_type() == at::kFloat && out.is_contiguous() && out.size(0) == M &&
+            out.size(1) == N,
+        "out: float32 [M, rows]");
+  const int64_t parts = layout.size(0);
+  const int64_t* lp = layout.data_ptr<int64_t>();
+  const uint8_t* bp = blocks.data_ptr<uint8_t>();
+  int64_t col = 0;
+  for (int64_t p = 0; p < parts; ++p) {
+    const int64_t rows = lp[2 * p];
+    // One part writes out directly; several each compute into their own [M, rows], copied
+    // into their columns (a fraction of the GEMM's cost).
+    const at::Tensor dst = parts == 1 ? out : at::empty({M, rows}, out.options());
+    with_block(lp[2 * p + 1], [&](auto b) {
+      using B = decltype(b);
+      gemm_part<B>(x, bp, rows, dst);
+      bp += rows * (K / B::kWeights * B::kBytes);
+    });
+    if (parts > 1) {
+      const float* src = dst.data_ptr<float>();
+      float* o = out.data_ptr<float>();
+      for (int64_t m = 0; m < M; ++m)
+        std::memcpy(o + m * N + col, src + m * rows, rows * sizeof(float));
+    }
+    col += rows;
+  }
+}
+
+namespace {
+
+// out [rows, K] = the float32 weights of every part, as gguf's dequantization gives them.
+void gguf_dequant(const at::Tensor& blocks, const at::Tensor& layout, const at::Tensor& out) {
+  check(out.scalar_type() == at::kFloat && out.is_contiguous() && out.dim() == 2, "out");
+  const int64_t K = out.size(1);
+  check(check_layout(blocks, layout, K) == out.size(0), "out rows");
+  const int64_t* lp = layout.data_ptr<int64_t>();
+  const uint8_t* bp = blocks.data_ptr<uint8_t>();
+  float* op = out.data_ptr<float>();
+  for (int64_t p = 0; p < layout.size(0); ++p) {
+    const int64_t rows = lp[2 * p];
+    with_block(lp[2 * p + 1], [&](auto b) {
+      using B = decltype(b);
+      const int64_t row_bytes = K / B::kWeights * B::kBytes;
+      at::parallel_for(0, rows, 64, [&](int64_t n0, int64_t n1) {
+        dequant_block_rows<B>(bp, row_bytes, n0, n1 - n0, K, op + n0 * K);
+      });
+      bp += rows * row_bytes;
+    });
+    op += rows * K;
+  }
+}
+
+// Our code for a QuantizedWeight kind name ("int4", "q4_k", ...), -1 for none.
+int64_t quant_kind_code(const std::string& name) {
+  for (int64_t k : {kInt4, kInt8, kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kQ4_K, kQ5_K, kQ6_K})
+    if (name == quant_kind_name(k)) return k;
+  return -1;
+}
+
+}  // namespace
+}  // namespace radixserve
+
+TORCH_LIBRARY_FRAGMENT(radixserve, m) {
+  m.def("gguf_gemm(Tensor x, Tensor blocks, Tensor layout, Tensor(a!) out) -> ()");
+  m.def("gguf_dequant(Tensor blocks, Tensor layout, Tensor(a!) out) -> ()");
+  m.def("quant_kind_code(str name) -> int", &radixserve::quant_kind_code);  // no tensors: no key
+}
+
+TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
+  m.impl("gguf_gemm", &radixserve::gguf_gemm);
+  m.impl("gguf_dequant", &radixserve::gguf_dequant);
+}

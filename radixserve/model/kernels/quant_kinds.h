@@ -1,0 +1,42 @@
+// The kinds of quantized codes the kernels compute with, one number each. decode_layers reads a
+// projection's parts as a layout [P, 2] of (rows, kind) (layer_weights.h); Python asks for a
+// kind's number by name (torch.ops.radixserve.quant_kind_code, kquants.cpp).
+//   llama.cpp's GGUF blocks, byte for byte as the file holds them (kquants.cpp), numbered as
+//   GGML numbers them (so the numbers a GGUF file names are these: gguf.GGMLQuantizationType);
+//   int4, int8: radixserve's groups of 32 with float32 scales (and mins), gemm.cpp.
+#pragma once
+
+#include <cstdint>
+
+namespace radixserve {
+
+enum QuantKind : int64_t {
+  kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
+  kQ8_0 = 8,
+  kQ4_K = 12,
+  kQ5_K = 13,
+  kQ6_K = 14,
+  kInt4 = 100,
+  kInt8 = 101,
+};
+
+inline const char* quant_kind_name(int64_t kind) {
+  switch (kind) {
+    case kQ4_0: return "q4_0";
+    case kQ4_1: return "q4_1";
+    case kQ5_0: return "q5_0";
+    case kQ5_1: return "q5_1";
+    case kQ8_0: return "q8_0";
+    case kQ4_K: return "q4_k";
+    case kQ5_K: return "q5_k";
+    case kQ6_K: return "q6_k";
+    case kInt4: return "int4";
+    case kInt8: return "int8";
+    default: return "?";
+  }
+}
+
+}  // namespace radixserve

@@ -1,0 +1,83 @@
+"""GGUF files of every architecture load and compute what transformers computes on the same
+file (its own GGUF loading, float32): tiny random models written as llama.cpp lays them out,
+their matrices in each block type radixserve keeps as stored, q/k/v of mixed types."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from radixserve.model.batch import SeqChunk
+from radixserve.model.files import resolve_model
+from radixserve.model.loader import load_model
+from radixserve.model.runner import ModelRunner
+from radixserve.model.sampling import SamplingRow
+from tests.support.gguf_files import write_tiny_gguf
+
+pytest.importorskip("gguf")
+
+WINDOW = 8
+# The block type of each matrix, per architecture: together every type radixserve serves,
+# and q/k/v (fused into one matrix) of two types where llama.cpp's Q4_K_M mixes them.
+TYPES = {
+    "llama": dict(attn_q="Q4_K", attn_k="Q4_K", attn_v="Q6_K", attn_output="Q5_K",
+                  ffn_gate="Q4_0", ffn_up="Q4_0", ffn_down="Q8_0", output="Q6_K"),
+    "mistral": dict(attn_q="Q4_1", attn_k="Q4_1", attn_v="Q4_1", attn_output="Q4_1",
+                    ffn_gate="Q4_1", ffn_up="Q4_1", ffn_down="Q4_1", output="Q8_0"),
+    "qwen2": dict(attn_q="Q5_0", attn_k="Q5_0", attn_v="Q8_0", attn_output="Q4_1",
+                  ffn_gate="Q5_1", ffn_up="Q5_1", ffn_down="Q6_K", token_embd="Q8_0"),
+    "qwen3": dict(attn_q="Q5_K", attn_k="Q5_K", attn_v="Q5_K", attn_output="Q4_K",
+                  ffn_gate="Q4_K", ffn_up="Q4_K", ffn_down="Q6_K", token_embd="Q8_0"),
+    "phi3": dict(attn_qkv="Q4_K", attn_output="Q6_K", ffn_up="Q5_0", ffn_down="Q4_K"),
+    "gemma3": dict(attn_q="Q5_0", attn_k="Q5_0", attn_v="Q8_0", attn_output="Q4_K",
+                   ffn_gate="Q5_0", ffn_up="Q5_0", ffn_down="Q6_K", token_embd="Q8_0"),
+}  # fmt: skip
+SHAPES = dict(
+    hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+    vocab_size=101,
+)  # fmt: skip
+EXTRA = {
+    "llama": {},
+    "mistral": {"sliding_window": None},  # a llama-arch GGUF has no window
+    "qwen2": {"use_sliding_window": False},
+    "qwen3": {"head_dim": 128},  # transformers reads no head size from a qwen3 GGUF: 128
+    "phi3": {},
+    # head_dim 256: transformers' Gemma 3 default softmax scale, which llama.cpp (and
+    # radixserve) take from the head size; every layer sliding, as pattern 6 makes 2 layers
+    "gemma3": {"head_dim": 256, "num_attention_heads": 2, "num_key_value_heads": 1,
+               "tie_word_embeddings": True, "sliding_window": WINDOW,
+               "layer_types": ["sliding_attention", "sliding_attention"],
+               "num_hidden_layers": 2},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", list(TYPES))
+def test_gguf_logits_equal_transformers_loading_the_same_file(
+    tiny_pair_factory, tmp_path: Path, arch: str
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    hf, _ = tiny_pair_factory(arch=arch, **(SHAPES | EXTRA[arch]))
+    window = WINDOW if arch == "gemma3" else None
+    path = write_tiny_gguf(tmp_path / f"tiny-{arch}.gguf", arch, hf, TYPES[arch], window)
+    files = resolve_model(str(path), cache_dir=tmp_path / "cache")
+    model = load_model(files, torch.float32, torch.device("cpu"), None)
+    assert model.quantization == "gguf"
+    assert model.fused_decode_unavailable() is None  # every projection in our kernels
+    ref = AutoModelForCausalLM.from_pretrained(
+        str(tmp_path), gguf_file=path.name, dtype=torch.float32
+    ).eval()
+    ids = [(7 * i + 3) % 101 for i in range(3 * WINDOW + 5)]
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0]
+    runner = ModelRunner(model, 32, 4, max_num_batched_tokens=64)
+    table = list(range(12))
+    got = [runner.run([SeqChunk(ids[:-3], 0, table)], [SamplingRow(0.0)], [True]).logits[0]]
+    for i in range(3, 0, -1):  # then decode steps, one call of decode_layers each
+        step = SeqChunk(ids[-i : len(ids) - i + 1], len(ids) - i, table)
+        got.append(runner.run([step], [SamplingRow(0.0)], [True]).logits[0])
+    for row, logits in zip(range(len(ids) - 4, len(ids)), got, strict=True):
+        scale = max(1.0, want[row].abs().max().item())
+        assert (logits - want[row]).abs().max().item() <= 1e-4 * scale, row
