@@ -5,8 +5,11 @@ Cases: (a) 16 requests sharing a 4,096-token prefix, distinct 64-token suffixes,
 tokens each; (b) an exact repeat of a 2,048-token prompt, and the same plus 50 new tokens;
 (c) 8 interleaved chats x 6 turns over a 1,000-token system prompt; (d) decode speed of 1
 and 8 concurrent streams; (e) one decode step at 2k context against one read of the weights at
-bf16 size. Prints a Markdown table with the on/off ratios, and case (a)'s work: the GFLOP of its
-cold prompt and of a hit, whose ratio bounds the hit's gain while both run at one FLOP rate.
+bf16 size; (f) a cold 2,048-token prompt's prefill in GFLOP/s against this machine's matmul
+ceiling for the prefill path the model picked (`matmul_ceiling`: torch.mm at the layer's
+shapes, bf16 for a bf16 path, float32 for fp32), with its share of it. Prints a Markdown
+table with the on/off ratios, and case (a)'s work: the GFLOP of its cold prompt and of a hit,
+whose ratio bounds the hit's gain while both run at one FLOP rate.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from radixserve.engine.params import SamplingParams
 from radixserve.model import kernels
 from radixserve.model.batch import SeqChunk
 from radixserve.model.config import ModelConfig
+from radixserve.model.kernels.matrix import PrefillPath
 from radixserve.model.sampling import SamplingRow
 from radixserve.values import ATTENTION_BACKENDS, KV_CACHE_DTYPES
 
@@ -199,6 +203,61 @@ def case_step_vs_weights(llm: LLM, ctx: int = 2048, steps: int = 16) -> dict[str
     }
 
 
+def matmul_ceiling(c: ModelConfig, path: PrefillPath, rows: int, trials: int = 5) -> float:
+    """This machine's matmul rate (GFLOP/s) for `path` at the model's shapes: torch.mm of
+    `rows` rows through each layer projection's [out, in] (qkv, o, gate_up, down), in bfloat16
+    for a bfloat16 path (oneDNN: AMX tiles where the CPU has them) and float32 for fp32 (the
+    FMA units); the best of `trials` passes over the four."""
+    dtype = torch.float32 if path is PrefillPath.FP32 else torch.bfloat16
+    q_rows = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+    shapes = [
+        (q_rows, c.hidden_size),
+        (c.hidden_size, c.num_heads * c.head_dim),
+        (2 * c.intermediate_size, c.hidden_size),
+        (c.hidden_size, c.intermediate_size),
+    ]
+    pairs = [(torch.randn(rows, k).to(dtype), torch.randn(k, n).to(dtype)) for n, k in shapes]
+    flops = sum(2 * rows * n * k for n, k in shapes)
+    best = float("inf")
+    for _ in range(trials + 1):  # the first pass warms oneDNN's kernel cache
+        t = time.perf_counter()
+        for x, w in pairs:
+            torch.mm(x, w)
+        best = min(best, time.perf_counter() - t)
+    return flops / best / 1e9
+
+
+CEILING_TARGET = 0.60  # issue 30: a 2k prompt's prefill at >= 60% of the path's matmul ceiling
+
+
+def case_prefill_vs_ceiling(llm: LLM, n: int = 2048, trials: int = 3) -> dict[str, float]:
+    """A cold `n`-token prompt's prefill (one runner step, no cache; median of `trials`) in
+    GFLOP/s of its work (`prompt_flops`) against `matmul_ceiling` for the path the model
+    picked at start-up, measured here in the same run."""
+    engine = llm.engine
+    c, path = engine.runner.model.config, engine.runner.model.prefill_path
+    kv = engine.kv
+    table = kv.cache.allocate(n // engine.block_size + 1)
+    times = []
+    try:
+        for i in range(trials):
+            ids = text_tokens(llm, n, 200 + i)
+            t = time.perf_counter()
+            engine.runner.run([SeqChunk(ids, 0, table)], [SamplingRow(0.0)])
+            times.append(time.perf_counter() - t)
+        ceiling = matmul_ceiling(c, path, n)
+    finally:
+        kv.pool.free(table)
+        kernels.release_thread_pool()
+    rate = prompt_flops(c, n, 0) / statistics.median(times) / 1e9
+    return {
+        f"prefill {n} tokens (s)": statistics.median(times),
+        f"prefill GFLOP/s ({path.value})": rate,
+        "matmul ceiling GFLOP/s": ceiling,
+        "share of the ceiling": rate / ceiling,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--dtype", default="auto")
@@ -254,6 +313,16 @@ def main() -> None:
             work_line(e.runner.model.config, n_prefix, res[True])
     for metric, value in case_step_vs_weights(llms[True]).items():
         print(f"| (e) step vs weights | {metric} | {value:.4f} | | |", flush=True)
+    res = case_prefill_vs_ceiling(llms[True], 512 if q else 2048)
+    for metric, value in res.items():
+        print(f"| (f) prefill vs ceiling | {metric} | {value:.3f} | | |", flush=True)
+    share = res["share of the ceiling"]
+    verdict = "meets" if share >= CEILING_TARGET else "is below"
+    print(
+        f"\nprefill at {share:.0%} of this machine's matmul ceiling for its path "
+        f"({verdict} the {CEILING_TARGET:.0%} target)",
+        flush=True,
+    )
     for llm in llms.values():
         llm.shutdown()
 

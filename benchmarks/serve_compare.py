@@ -7,10 +7,14 @@ Run: python benchmarks/serve_compare.py --server radixserve "python -m radixserv
 Servers are started one at a time (each command may hold {port}; without it --port P is
 appended) and driven with streaming /v1/completions at temperature 0 on real text (Python
 stdlib docs, token counts from the default model's tokenizer). Per server and trial: cold TTFT
-of a new 2,048-token prompt, TTFT of its exact repeat, TTFT of it + 50 new tokens, decode tok/s
-of 1 stream and of 8 concurrent streams (128 tokens each, ignore_eos). Prints medians and each
-case's ratio to the first server. `--tokenizer MODEL` counts tokens with another model's
-tokenizer (a directory or .gguf, e.g. the Gemma 3 GGUF the servers run).
+of a new 2,048-token and a new 4,096-token prompt, TTFT of the 2k prompt's exact repeat, TTFT
+of it + 50 new tokens, decode tok/s of 1 stream, then 8 concurrent new 64-token prompts: their
+TTFT p50 and decode tok/s (128 tokens each, ignore_eos). With --rounds R the servers start R
+times in turn (A, B, A, B: each round's prompts the same for every server, new to each),
+--trials trials per start. Prints each server's load average (`uptime`) when its trials began
+and ended, then medians and each case's ratio to the first server. `--tokenizer MODEL` counts
+tokens with another model's tokenizer (a directory or .gguf, e.g. the Gemma 3 GGUF the servers
+run).
 """
 
 from __future__ import annotations
@@ -65,6 +69,8 @@ async def trial(url: str, corpus: Corpus) -> dict[str, float]:
         out["2k exact repeat TTFT (ms)"] = (await _one(client, url, model, prompt, 1)).ttft * 1e3
         more = prompt + " " + corpus.passage(50)
         out["2k cached + 50 new TTFT (ms)"] = (await _one(client, url, model, more, 1)).ttft * 1e3
+        long = corpus.passage(4096)
+        out["cold 4k TTFT (ms)"] = (await _one(client, url, model, long, 1)).ttft * 1e3
         rec = await _one(client, url, model, corpus.passage(64), DECODE_TOKENS)
         out["decode 1 stream (tok/s)"] = _decode_rate([rec])
         t0 = time.perf_counter()  # one clock for the 8 streams' start times
@@ -72,36 +78,57 @@ async def trial(url: str, corpus: Corpus) -> dict[str, float]:
         recs = await asyncio.gather(
             *(_one(client, url, model, p, DECODE_TOKENS, t0) for p in prompts)
         )
+        out["8 concurrent 64-token prompts TTFT p50 (ms)"] = (
+            statistics.median(r.ttft for r in recs) * 1e3
+        )
         out["decode 8 streams (tok/s)"] = _decode_rate(recs)
         return out
+
+
+def load_average() -> str:
+    """The 1-minute load average (other work on the machine skews every figure)."""
+    return f"{os.getloadavg()[0]:.2f}"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--server", nargs=2, action="append", metavar=("LABEL", "COMMAND"))
-    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--trials", type=int, default=3, help="trials per server start")
+    ap.add_argument("--rounds", type=int, default=1, help="times each server is started")
     ap.add_argument("--start-timeout", type=float, default=600.0)
     ap.add_argument("--tokenizer", default=None, help="model whose tokenizer counts tokens")
     args = ap.parse_args()
     counter = TokenCounter(load_tokenizer(args.tokenizer))
-    results: dict[str, list[dict[str, float]]] = {}
-    for label, command in args.server:
-        env_prefix = []
-        argv = shlex.split(command)
-        while argv and "=" in argv[0] and not argv[0].startswith("-"):
-            env_prefix.append(argv.pop(0))
-        for item in env_prefix:
-            key, _, value = item.partition("=")
-            os.environ[key] = value
-        t0 = time.perf_counter()
-        server = ServerProcess(argv).start(timeout=args.start_timeout)
-        print(f"{label}: healthy after {time.perf_counter() - t0:.1f} s", flush=True)
-        try:
-            corpus = Corpus(f"serve-compare:{label}", counter)
-            asyncio.run(trial(server.url, Corpus("serve-compare:warmup", counter)))
-            results[label] = [asyncio.run(trial(server.url, corpus)) for _ in range(args.trials)]
-        finally:
-            server.stop()
+    results: dict[str, list[dict[str, float]]] = {label: [] for label, _ in args.server}
+    for rnd in range(args.rounds):
+        for label, command in args.server:
+            argv = shlex.split(command)
+            env = {}
+            while argv and "=" in argv[0] and not argv[0].startswith("-"):
+                key, _, value = argv.pop(0).partition("=")
+                env[key] = value
+            saved = {key: os.environ.get(key) for key in env}
+            os.environ.update(env)  # for this server only
+            try:
+                t0 = time.perf_counter()
+                server = ServerProcess(argv).start(timeout=args.start_timeout)
+            finally:
+                for key, old in saved.items():
+                    if old is None:
+                        os.environ.pop(key, None)
+                    else:
+                        os.environ[key] = old
+            print(f"{label}: healthy after {time.perf_counter() - t0:.1f} s", flush=True)
+            try:
+                # The same prompts for every server of a round; new ones every trial.
+                corpus = Corpus(f"serve-compare:round{rnd}", counter)
+                asyncio.run(trial(server.url, Corpus(f"serve-compare:warmup{rnd}", counter)))
+                load_start = load_average()
+                runs = [asyncio.run(trial(server.url, corpus)) for _ in range(args.trials)]
+                results[label] += runs
+                print(f"{label}: load average {load_start} -> {load_average()}", flush=True)
+            finally:
+                server.stop()
     labels = list(results)
     base = labels[0]
     print(

@@ -25,6 +25,7 @@ from radixserve.model.loader import (
     resolve_device,
     resolve_dtype,
     resolve_kv_cache_dtype,
+    resolve_prefill_path,
     resolve_quantization,
 )
 from radixserve.model.runner import ModelRunner
@@ -76,7 +77,8 @@ def load_parts(config: EngineConfig) -> EngineParts:
     device = resolve_device(config.device)
     quantization = resolve_quantization(config.quantization, files, device)
     dtype = resolve_dtype(config.dtype, device, quantized=quantization != "none")
-    model = load_model(files, dtype, device, quantization)
+    prefill = resolve_prefill_path(config.dtype, dtype, device, quantization)
+    model = load_model(files, dtype, device, quantization, prefill)
     tokenizer = Tokenizer.from_dir(files.path, chat_template=config.chat_template)
     return assemble(config, model, tokenizer, files.name)
 

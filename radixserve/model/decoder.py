@@ -18,6 +18,7 @@ from radixserve.model.attention import AttendFn, AttentionBackend, SdpaBackend, 
 from radixserve.model.batch import ForwardBatch, narrow_to_outputs
 from radixserve.model.config import ModelConfig
 from radixserve.model.decoder_layer import ACT_CODES, DecoderLayer, optional_tensor
+from radixserve.model.kernels.matrix import PrefillPath
 from radixserve.model.kv_pool import KVPool
 from radixserve.model.layers import Linear, Rotary, frozen, fused_kernels_apply, rms_norm
 from radixserve.model.quant import QuantizedWeight, QuantLinear
@@ -49,6 +50,7 @@ class DecoderModel(nn.Module):
     head_lin: Linear | QuantLinear
     layers: nn.ModuleList
     quantization = "none"  # the kind of codes the projections were given (weights.py)
+    prefill_path = PrefillPath.FP32  # where prefill chunks' matmuls run (use_prefill_path)
     _decode_weights: list[torch.Tensor] | None = None  # decode_layer_weights(), once built
     _decode_weights_possible = True
     _fallback_logged = False
@@ -99,7 +101,10 @@ class DecoderModel(nn.Module):
         if narrowed is not None:
             rows, narrow = narrowed
             last, logits_rows = (rows, planned(backend, narrow)), narrow.logits_rows
-        h = self._layers(batch.input_ids, batch.positions, batch.slot_mapping, kv, attend, last)
+        decode_rows = batch.decode.num_seqs if batch.decode is not None else 0
+        h = self._layers(
+            batch.input_ids, batch.positions, batch.slot_mapping, kv, attend, last, decode_rows
+        )
         if logits_rows.numel() == 0:
             return torch.empty(0, self.config.vocab_size, device=h.device)
         return self._logits(h[logits_rows])
@@ -156,9 +161,10 @@ class DecoderModel(nn.Module):
         kv: KVPool,
         attend: AttendFn,
         last: tuple[torch.Tensor, AttendFn] | None = None,
+        decode_rows: int = 0,
     ) -> torch.Tensor:
         """Hidden states after every layer; with `last` = (rows, attend for them), the last
-        layer's output of those rows only."""
+        layer's output of those rows only. The first `decode_rows` rows are decode rows."""
         h = self._embed(input_ids)
         cos, sin = self.rotary(positions)
         layers = self.decoder_layers()
@@ -168,10 +174,10 @@ class DecoderModel(nn.Module):
             if last is not None and i == len(layers) - 1:
                 rows, attend_rows = last
                 out: torch.Tensor = layer(
-                    h, lc, ls, slot_mapping, attend_rows, k_blocks, v_blocks, rows
+                    h, lc, ls, slot_mapping, attend_rows, k_blocks, v_blocks, rows, decode_rows
                 )
                 return out
-            h = layer(h, lc, ls, slot_mapping, attend, k_blocks, v_blocks)
+            h = layer(h, lc, ls, slot_mapping, attend, k_blocks, v_blocks, None, decode_rows)
         return h
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -256,7 +262,7 @@ class DecoderModel(nn.Module):
         """Build the dense matmul wrappers; call after loading weights or moving the model
         (it drops quantized projections: quantize after it)."""
         self.weights_moved()
-        self.quantization = "none"
+        self.quantization, self.prefill_path = "none", PrefillPath.FP32
         self.head_lin = Linear(self.embed if self.lm_head is None else self.lm_head)
         self.fused_norm = fused_kernels_apply(self.norm)  # as each layer decides its own
         for layer in self.decoder_layers():
@@ -311,6 +317,34 @@ class DecoderModel(nn.Module):
         """Forget what was built over the weights' memory (`decode_layer_weights`); call
         after replacing or moving any of them."""
         self._decode_weights, self._decode_weights_possible = None, True
+
+    def use_prefill_path(self, path: PrefillPath) -> None:
+        """Run prefill chunks' layer matmuls on `path` (kernels/matrix.py) from now on: the
+        quantized projections take it, the LM head stays on the float32 kernels. Call after
+        quantizing; the attention backend reads `prefill_path` too (the runner passes it)."""
+        self.prefill_path = path
+        fp32: list[str] = []  # projections that stay on the float32 kernels
+        for i, layer in enumerate(self.decoder_layers()):
+            for attr, lin, _ in layer.projections():
+                if isinstance(lin, QuantLinear):
+                    lin.use_prefill_path(path)
+                if path is not PrefillPath.FP32 and (
+                    not isinstance(lin, QuantLinear) or lin.prefill_path is PrefillPath.FP32
+                ):
+                    fp32.append(f"layers.{i}.{attr}")
+        if fp32:
+            log.info(
+                "prefill on %s: %d of %d layer projections stay float32 (dense, or codes or "
+                "sizes the bfloat16 kernels do not take), e.g. %s",
+                path.value, len(fp32), 4 * len(self.decoder_layers()), ", ".join(fp32[:3]),
+            )  # fmt: skip
+        windowed = [i for i, layer in enumerate(self.decoder_layers()) if layer.window]
+        if path.attention_on_tiles and windowed:
+            log.info(
+                "prefill attention of %d sliding-window layers stays float32 (the tiles' "
+                "kernel has no window)",
+                len(windowed),
+            )
 
     def decoder_layers(self) -> list[DecoderLayer]:
         """The layers, typed."""

@@ -99,18 +99,21 @@ class DecoderLayer(nn.Module):
         k_blocks: torch.Tensor,
         v_blocks: torch.Tensor,
         out_rows: torch.Tensor | None = None,
+        decode_rows: int = 0,
     ) -> torch.Tensor:
         """h [T, hidden] -> [T, hidden]; writes the tokens' K/V at `slot_mapping` first. With
         `out_rows`, every row's K/V is written but only those rows go on through attention
         (whose `attend` then describes just them) and the MLP: -> [len(out_rows), hidden].
-        `cos`/`sin` [T, head_dim] are this layer's RoPE table at the rows' positions."""
+        `cos`/`sin` [T, head_dim] are this layer's RoPE table at the rows' positions. The
+        first `decode_rows` rows (kept first by `out_rows`) are decode rows: their matmuls
+        stay on the float32 kernels, the rest may run on the matrix units (QuantLinear)."""
         if self.fused:
             return self._forward_fused(
-                h, cos, sin, slot_mapping, attend, k_blocks, v_blocks, out_rows
+                h, cos, sin, slot_mapping, attend, k_blocks, v_blocks, out_rows, decode_rows
             )
-        t = h.shape[0]
+        t, d = h.shape[0], decode_rows
         x = rms_norm(h, self.input_norm, self.eps)
-        qkv = self.qkv_lin(x)
+        qkv = self.qkv_lin(x, fp32_rows=d)
         nh, nkv = self.num_heads, self.num_kv
         qk = qkv[:, : (nh + nkv) * self.head_dim].view(t, nh + nkv, -1)
         if self.q_norm is not None and self.k_norm is not None:
@@ -126,13 +129,13 @@ class DecoderLayer(nn.Module):
         v_slots.index_copy_(0, slot_mapping, v.to(v_slots.dtype))
         if out_rows is not None:
             q, h = q[out_rows], h[out_rows]
-        o = self.o_lin(self._attend(attend, q, k_blocks, v_blocks))
+        o = self.o_lin(self._attend(attend, q, k_blocks, v_blocks), fp32_rows=d)
         if self.attn_out_norm is not None:
             o = rms_norm(o, self.attn_out_norm, self.eps)
         h = h + o
         x = rms_norm(h, self.post_norm, self.eps)
-        gate, up = self.gate_up_lin(x).chunk(2, dim=-1)
-        m = self.down_lin(self.act(gate) * up)
+        gate, up = self.gate_up_lin(x, fp32_rows=d).chunk(2, dim=-1)
+        m = self.down_lin(self.act(gate) * up, fp32_rows=d)
         if self.mlp_out_norm is not None:
             m = rms_norm(m, self.mlp_out_norm, self.eps)
         return h + m
@@ -147,6 +150,7 @@ class DecoderLayer(nn.Module):
         k_blocks: torch.Tensor,
         v_blocks: torch.Tensor,
         out_rows: torch.Tensor | None = None,
+        decode_rows: int = 0,
     ) -> torch.Tensor:
         """`forward` with the elementwise steps in radixserve's CPU kernels (float32 on CPU):
         a dozen op calls per layer instead of about fifty. Updates h in place (without
@@ -155,7 +159,8 @@ class DecoderLayer(nn.Module):
         nh = self.num_heads
         x = torch.empty_like(h)
         rms_norm_into(h, self.input_norm, self.eps, x)
-        qkv = self.qkv_lin(x).contiguous()
+        d = decode_rows
+        qkv = self.qkv_lin(x, fp32_rows=d).contiguous()
         kernels.op("rope_kv_write")(
             qkv, cos, sin, slot_mapping, k_blocks, v_blocks, nh,
             optional_tensor(self.q_norm), optional_tensor(self.k_norm), self.eps,
@@ -164,15 +169,20 @@ class DecoderLayer(nn.Module):
         if out_rows is not None:
             q, h, x = q[out_rows], h[out_rows], x[out_rows]
         t = h.shape[0]
-        o = self.o_lin(self._attend(attend, q.view(t, nh, self.head_dim), k_blocks, v_blocks))
+        attn = self._attend(attend, q.view(t, nh, self.head_dim), k_blocks, v_blocks)
+        o = self.o_lin(attn, fp32_rows=d)
         if self.attn_out_norm is not None:
             rms_norm_into(o, self.attn_out_norm, self.eps, o)
         h += o
         rms_norm_into(h, self.post_norm, self.eps, x)
-        gate_up = self.gate_up_lin(x)
-        act = torch.empty(t, gate_up.shape[1] // 2, dtype=h.dtype)
-        kernels.op("gate_act_mul")(gate_up, act, ACT_CODES[self.act_name])
-        m = self.down_lin(act)
+        act = None
+        if self.act_name == "silu" and isinstance(self.gate_up_lin, QuantLinear):
+            act = self.gate_up_lin.silu_gated(x, fp32_rows=d)  # fused on the matrix units
+        if act is None:
+            gate_up = self.gate_up_lin(x, fp32_rows=d)
+            act = torch.empty(t, gate_up.shape[1] // 2, dtype=h.dtype)
+            kernels.op("gate_act_mul")(gate_up, act, ACT_CODES[self.act_name])
+        m = self.down_lin(act, fp32_rows=d)
         if self.mlp_out_norm is not None:
             rms_norm_into(m, self.mlp_out_norm, self.eps, m)
         h += m

@@ -97,7 +97,9 @@ class Linear:
         out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
         return out
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, fp32_rows: int = 0) -> torch.Tensor:
+        """x [..., in] -> [..., out]. `fp32_rows` is QuantLinear's (decode rows); a dense
+        matmul computes every row alike."""
         if self.packed is not None:
             return self._packed_call(x, self.packed)
         return F.linear(x, self.weight, self.bias)

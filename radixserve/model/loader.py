@@ -14,6 +14,8 @@ from radixserve.model import kernels
 from radixserve.model.config import ModelConfig
 from radixserve.model.decoder import DecoderModel
 from radixserve.model.files import ModelFiles, quantized_copy_path
+from radixserve.model.kernels import matrix
+from radixserve.model.kernels.matrix import PrefillPath
 from radixserve.model.weights import load_hf_weights, pack_model_weights, quantize_model
 from radixserve.values import QUANTIZATIONS, kv_cache_dtype_name
 
@@ -56,6 +58,20 @@ def resolve_dtype(dtype: str, device: torch.device, quantized: bool = False) -> 
     if problem:
         raise DeviceError(problem)
     return table[dtype]
+
+
+def resolve_prefill_path(
+    dtype_name: str, dtype: torch.dtype, device: torch.device, quantization: str
+) -> PrefillPath:
+    """Where prefill chunks' matmuls and attention run (kernels/matrix.py). `--dtype auto`
+    on a CPU that runs a quantized model in float32: the fastest path the CPU has (AMX tiles
+    in bfloat16 where Linux grants them; $RADIXSERVE_PREFILL_PATH may pick another).
+    Everything else, `--dtype float32` included, is fp32: float32 from end to end."""
+    if dtype_name != "auto" or device.type != "cpu" or dtype != torch.float32:
+        return PrefillPath.FP32
+    if quantization == "none" or not kernels.load():
+        return PrefillPath.FP32
+    return matrix.default_path()
 
 
 def resolve_kv_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
@@ -136,9 +152,11 @@ def load_model(
     dtype: torch.dtype,
     device: torch.device,
     quantization: str | None = "none",
+    prefill_path: PrefillPath = PrefillPath.FP32,
 ) -> DecoderModel:
     """Build the DecoderModel for `files` with its weights, on `device` in `dtype`, with its
-    projections quantized as `resolve_quantization` decides."""
+    projections quantized as `resolve_quantization` decides and prefill on `prefill_path`
+    (`resolve_prefill_path`; logged)."""
     config = ModelConfig.from_dir(files.path)
     model = DecoderModel(config, dtype)
     load_hf_weights(model, load_state_dict(files.path, dtype))
@@ -157,4 +175,6 @@ def load_model(
             )
         quantize_model(model, kind, stored)
     pack_model_weights(model)
+    model.use_prefill_path(prefill_path)
+    log.info("%s", matrix.describe(prefill_path))
     return model

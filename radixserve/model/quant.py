@@ -4,7 +4,8 @@ in one matrix where the file mixed them).
 
 A GGUF checkpoint's own blocks load as they are (model/gguf_quant.py), so the default model
 computes with exactly the file's weights; `--quantization int4|int8` quantizes the others here.
-Inputs and outputs stay in the model dtype; accumulation is float32.
+Inputs and outputs stay in the model dtype; accumulation is float32. On the CPU, a step's
+prefill rows may run on the matrix units in bfloat16 (kernels/matrix.py: `PrefillPath`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from radixserve.model import kernels
+from radixserve.model.kernels.matrix import PrefillPath
 from radixserve.values import QUANTIZATIONS
 
 GROUP = 32
@@ -203,16 +205,35 @@ def quantize(w: torch.Tensor, kind: str) -> QuantizedWeight:
 class QuantLinear:
     """y = x W^T (+ b) over a QuantizedWeight: our kernels on CPU (any number of rows: the
     weight is dequantized a few rows at a time inside the GEMM, never whole), a dequantized
-    dense GEMM elsewhere."""
+    dense GEMM elsewhere.
+
+    On the CPU with a `prefill_path` other than fp32, the rows after the first `fp32_rows`
+    of a call (a step's prefill chunks; its decode rows come first) run on the matrix units
+    in bfloat16 when there are at least `prefill_path.min_rows` of them; the rest run the
+    float32 kernels, so a decode row's result never depends on what shares its step."""
 
     def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None = None) -> None:
         self.weight, self.bias = weight, bias
         self.out_features, self.in_features = weight.shape
         self._kernel: Callable[[torch.Tensor, torch.Tensor], None] | None = None
+        self._matrix: Callable[[torch.Tensor, torch.Tensor], None] | None = None
+        self.prefill_path = PrefillPath.FP32
 
     def use_weight(self, weight: QuantizedWeight) -> None:
         """Compute with `weight` (the same matrix, e.g. moved in memory) from now on."""
-        self.weight, self._kernel = weight, None
+        self.weight, self._kernel, self._matrix = weight, None, None
+
+    def use_prefill_path(self, path: PrefillPath) -> None:
+        """Run prefill rows on `path` from now on (fp32 where this matrix's sizes do not fit
+        the tiles, in_features a multiple of 32 and out_features of 16, and for GGUF blocks
+        other than int4 / int8: the bfloat16 kernels read only those codes)."""
+        fits = (
+            self.weight.kind in ("int4", "int8")
+            and self.in_features % 32 == 0
+            and self.out_features % 16 == 0
+        )
+        self.prefill_path = path if fits else PrefillPath.FP32
+        self._matrix = None
 
     def _cpu_kernel(self) -> Callable[[torch.Tensor, torch.Tensor], None] | None:
         """kernel(x, out) for float32 x [M, in] on the CPU, bound to this weight once (a
@@ -230,9 +251,61 @@ class QuantLinear:
                 self._kernel = lambda x, out: q8(x, qs, scale, out)
         return self._kernel
 
-    def __call__(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    def _matrix_kernel(self, silu: bool = False) -> Callable[[torch.Tensor, torch.Tensor], None]:
+        """kernel(x, out) on the matrix units of `prefill_path` (with `silu`: the gated
+        activation of a [gate; up] matrix), bound once."""
+        if silu:
+            return self._bind_matrix("_silu")
+        if self._matrix is None:
+            self._matrix = self._bind_matrix("")
+        return self._matrix
+
+    def _bind_matrix(self, suffix: str) -> Callable[[torch.Tensor, torch.Tensor], None]:
+        w, unit = self.weight, self.prefill_path.unit
+        if w.kind == "int4":
+            q4, qs, scale, minv = kernels.op("q4_gemm_bf16" + suffix), w.qs, w.scale, w.minv
+            return lambda x, out: q4(x, qs, scale, minv, out, unit)
+        q8, qs, scale = kernels.op("q8_gemm_bf16" + suffix), w.qs, w.scale
+        return lambda x, out: q8(x, qs, scale, out, unit)
+
+    def _on_matrix_units(self, x: torch.Tensor, fp32_rows: int) -> bool:
+        """Whether a call over x [M, in] runs its rows past `fp32_rows` on the matrix units."""
+        path = self.prefill_path
+        return (
+            path is not PrefillPath.FP32
+            and x.device.type == "cpu"
+            and x.shape[0] - min(fp32_rows, x.shape[0]) >= path.min_rows
+            and self._cpu_kernel() is not None
+        )
+
+    def silu_gated(self, x: torch.Tensor, fp32_rows: int = 0) -> torch.Tensor | None:
+        """For a gate_up matrix [gate; up] without bias: silu(x gate^T) * (x up^T), float32
+        [M, out/2], the prefill rows (past `fp32_rows`) computed and activated in one pass on
+        the matrix units, the decode rows by the float32 kernels and `silu_mul`. None where
+        this call would not use the matrix units (the caller multiplies, then activates)."""
+        if self.bias is not None or self.out_features % 32:
+            return None
+        x2 = x.reshape(-1, self.in_features)
+        if x2.dtype != torch.float32 or not self._on_matrix_units(x2, fp32_rows):
+            return None
+        x2 = x2.contiguous()
+        split = min(fp32_rows, x2.shape[0])
+        act = torch.empty(x2.shape[0], self.out_features // 2, dtype=torch.float32)
+        self._matrix_kernel(silu=True)(x2[split:], act[split:])
+        if split:
+            kernel = self._cpu_kernel()
+            assert kernel is not None
+            gate_up = torch.empty(split, self.out_features, dtype=torch.float32)
+            kernel(x2[:split], gate_up)
+            kernels.op("silu_mul")(gate_up, act[:split])
+        return act
+
+    def __call__(
+        self, x: torch.Tensor, out_dtype: torch.dtype | None = None, fp32_rows: int = 0
+    ) -> torch.Tensor:
         """x [..., in] -> [..., out] in `out_dtype` (default: x's dtype). The CPU kernels sum
-        in float32, so asking for float32 (logits of a bfloat16 model) skips a rounding."""
+        in float32, so asking for float32 (logits of a bfloat16 model) skips a rounding.
+        `fp32_rows`: how many leading rows (decode rows) stay on the float32 kernels."""
         out_dtype = out_dtype or x.dtype
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
@@ -240,7 +313,13 @@ class QuantLinear:
         if kernel is not None:
             xf = x2 if x2.dtype == torch.float32 and x2.is_contiguous() else x2.float().contiguous()
             out = torch.empty(x2.shape[0], self.out_features, dtype=torch.float32)
-            kernel(xf, out)
+            split = min(fp32_rows, xf.shape[0])
+            if self._on_matrix_units(xf, split):
+                self._matrix_kernel()(xf[split:], out[split:])
+                if split:
+                    kernel(xf[:split], out[:split])
+            else:
+                kernel(xf, out)
             y = out if out_dtype == torch.float32 else out.to(out_dtype)
             if self.bias is not None:
                 y = y + self.bias

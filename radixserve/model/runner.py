@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from radixserve.model.attention import select_backend
+from radixserve.model.attention import CpuPagedBackend, select_backend
 from radixserve.model.batch import ForwardBatch, SeqChunk, StepBuffers, build_batch
 from radixserve.model.decoder import DecoderModel
 from radixserve.model.kv_pool import KVPool
@@ -89,6 +89,8 @@ class ModelRunner:
         self.attn = select_backend(
             attention_backend, self.device, self.dtype, self.kv_dtype, windowed
         )
+        if isinstance(self.attn, CpuPagedBackend):  # prefill attention on the model's path
+            self.attn.prefill_path = model.prefill_path
         max_len = max_model_len or model.config.max_position_embeddings
         self.max_num_seqs = max_num_seqs
         self.buffers = StepBuffers(

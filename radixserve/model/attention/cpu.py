@@ -1,5 +1,6 @@
 """`--attention-backend cpu`: radixserve's C++ kernels read K/V from the pool's blocks in place
-(float32 models on the CPU; `auto` there when the kernels load)."""
+(float32 models on the CPU; `auto` there when the kernels load). On the `amx-bf16` prefill
+path (kernels/matrix.py), prefill chunks attend on AMX tiles in bfloat16."""
 
 from __future__ import annotations
 
@@ -10,13 +11,20 @@ import torch
 from radixserve.model import kernels
 from radixserve.model.attention.base import AttentionPlan, BackendCapabilities, prefill_attention
 from radixserve.model.batch import ForwardBatch
+from radixserve.model.kernels.matrix import ATTENTION_MIN_TOKENS, PrefillPath
 
 
 class CpuPagedBackend:
     """Attention by our kernels, straight from the pool's blocks (no per-layer copy of each
     sequence's context): decode rows, and prefill chunks causal over their cached prefix
     (head sizes that are not a multiple of 16 take `sdpa`'s prefill). float32 models on CPU,
-    K/V stored in float32, bfloat16 or float16 (converted to float32 as they are read)."""
+    K/V stored in float32, bfloat16 or float16 (converted to float32 as they are read).
+
+    With `prefill_path` amx-bf16 (the runner sets the model's), chunks of 8+ tokens with a
+    head size that is a multiple of 64 attend on AMX tiles: Q, K, V and the probabilities
+    rounded to bfloat16, sums and softmax in float32. Decode rows stay float32."""
+
+    prefill_path = PrefillPath.FP32
 
     name = "cpu"
     capabilities = BackendCapabilities(
@@ -68,8 +76,15 @@ class CpuPagedBackend:
             prefill_attention(q, batch, k_blocks, v_blocks, out, window, scale)
             return out
         sm_scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
+        # The tiles' kernel has no sliding window: windowed layers stay on the float32 one.
+        tiles = self.prefill_path.attention_on_tiles and head_dim % 64 == 0 and not window
         for p in batch.prefills:
             rows = slice(p.token_start, p.token_start + p.num_tokens)
+            if tiles and p.num_tokens >= ATTENTION_MIN_TOKENS:
+                kernels.op("paged_prefill_attention_amx")(
+                    q[rows], k_blocks, v_blocks, p.block_ids, p.context_len, sm_scale, out[rows]
+                )
+                continue
             kernels.op("paged_prefill_attention")(
                 q[rows], k_blocks, v_blocks, p.block_ids, p.context_len, sm_scale, out[rows],
                 window or 0,

@@ -71,9 +71,10 @@ def _isa_cap() -> str:
 
 
 def compile_flags() -> list[str]:
-    """Compiler flags for this CPU: AVX2 + FMA + F16C code where the CPU has them, and
-    AVX-512 (F, BW, VL, DQ) for the decode step's hot loops where it has those too; never
-    wider than $RADIXSERVE_CPU_ISA allows."""
+    """Compiler flags for this CPU: AVX2 + FMA + F16C code where the CPU has them, AVX-512
+    (F, BW, VL, DQ) for the decode step's hot loops where it has those too, and AVX-512 BF16
+    and AMX for the prefill paths (kernels/matrix.py) where it has those; never wider than
+    $RADIXSERVE_CPU_ISA allows."""
     # -fopenmp: at::parallel_for is an OpenMP pragma in torch's headers; without the flag
     # the kernels silently run on one thread. The libgomp torch already loaded is reused.
     flags = ["-O3", "-ffast-math", "-fno-finite-math-only", "-fopenmp"]
@@ -84,6 +85,11 @@ def compile_flags() -> list[str]:
         flags += ["-mavx2", "-mfma", "-mf16c"]
         if "avx512" in allowed and {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= cpu:
             flags += ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]
+            # The bfloat16 matrix units (gemm_bf16.cpp): only explicit intrinsics use them.
+            if "avx512_bf16" in cpu:
+                flags += ["-mavx512bf16"]
+                if {"amx_tile", "amx_bf16"} <= cpu:
+                    flags += ["-mamx-tile", "-mamx-bf16"]
     return flags
 
 

@@ -5,13 +5,17 @@
 //   kv.h           K/V pool elements (float32, bfloat16, float16) read and written as float32
 //   tile.h         the register-blocked GEMM tile over packed panels (GEMM and prefill)
 //   ops.h          the ops one file calls in another
+//   quant_kinds.h  the numbers of the kinds of quantized codes
 //   gemm.cpp       weight-only quantized GEMM / GEMV (int4, int8) and dequantization
 //   kquants.cpp    GEMM / GEMV over GGUF's blocks as stored (Q4_0 ... Q8_0, Q4_K, Q5_K, Q6_K),
 //                  reusing gemm.cpp's panel GEMM for many rows
 //   attention.cpp  paged decode and prefill attention over the K/V block pool
 //   layers.cpp     a decoder layer's fused elementwise steps, and decode_layers: every layer
 //                  of a decode step in one call
-//   quant_kinds.h  the numbers of the kinds of quantized codes
+//   bf16.h         the bfloat16 matrix units (AMX tiles, AVX-512 BF16): detection, AMX's tile
+//                  permission, the pair-interleaved panel layout, rounding to bfloat16
+//   gemm_bf16.cpp  prefill GEMMs of quantized weights on those units
+//   attention_bf16.cpp  prefill attention on AMX tiles
 // and, as a second unit of the same extension, the table of the weights decode_layers takes:
 //   layer_weights.h    their order (an enum)
 //   layer_weights.cpp  their names and kinds, and decode_layer_weight_names() for Python
@@ -26,3 +30,6 @@
 #include "kquants.cpp"
 #include "attention.cpp"
 #include "layers.cpp"
+// The bfloat16 paths last: the files above compile to the machine code they did without them.
+#include "gemm_bf16.cpp"
+#include "attention_bf16.cpp"

@@ -1,0 +1,109 @@
+"""The arithmetic a quantized float32 model's prefill runs in, picked once at start-up by what
+the CPU has.
+
+- `amx-bf16`: on CPUs with AMX (Intel Sapphire Rapids and later), prefill chunks' matmuls
+  run on the tile units from int4/int8 codes dequantized into bfloat16 panels (gemm_bf16.cpp),
+  and prefill attention multiplies bfloat16 Q, K, V and probabilities on the tiles
+  (attention_bf16.cpp); sums are float32 throughout. Linux must grant the process AMX's tile
+  state (arch_prctl): where it refuses, this path is not offered.
+- `avx512-bf16`: the same GEMM panels through AVX-512 BF16's vdpbf16ps (attention stays
+  float32). Not picked by itself: on an Intel Xeon with AMX it ran at 95 against float32's
+  142 GFLOP/s (one vdpbf16ps a cycle against two FMAs); selectable for CPUs where it may pay.
+- `fp32`: float32 everywhere (radixserve's float32 kernels, exact to float32 rounding): the
+  choice on every other CPU (AVX2 ones included) and for `--dtype float32`.
+
+Decode rows (1-16 a step, or the decode rows of a mixed step) always run the float32 GEMV
+kernels, whose speed is radixserve's lead; so does the LM head. Only matrices whose sizes fit
+the tiles (in_features a multiple of 32, out_features of 16) take the matrix path.
+
+RADIXSERVE_PREFILL_PATH=fp32|avx512-bf16|amx-bf16 picks a path for `--dtype auto` (tests and
+comparisons); a path this CPU cannot run falls back to the default, with a warning.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from enum import Enum
+
+from radixserve.model import kernels
+
+log = logging.getLogger(__name__)
+
+
+class PrefillPath(Enum):
+    """Where a prefill chunk's matmuls (and, on AMX, its attention) run."""
+
+    FP32 = "fp32"
+    AVX512_BF16 = "avx512-bf16"
+    AMX_BF16 = "amx-bf16"
+
+    @property
+    def unit(self) -> int:
+        """The kernels' `unit` argument (bf16.h's MatrixUnit); 0 for float32."""
+        return {PrefillPath.FP32: 0, PrefillPath.AVX512_BF16: 1, PrefillPath.AMX_BF16: 2}[self]
+
+    @property
+    def min_rows(self) -> int:
+        """Prefill rows in a step from which its matmuls take this path (fewer: float32).
+        Measured per matmul of the default model's layer on the AMX Xeon (one thread): the
+        tiles are level with float32 at 8 rows and 1.6x faster at 12."""
+        return {PrefillPath.FP32: 0, PrefillPath.AVX512_BF16: 64, PrefillPath.AMX_BF16: 12}[self]
+
+    @property
+    def attention_on_tiles(self) -> bool:
+        """Whether prefill attention runs on the tiles too (AMX only)."""
+        return self is PrefillPath.AMX_BF16
+
+
+ENV = "RADIXSERVE_PREFILL_PATH"
+# Prefill chunks of at least this many tokens attend on the tiles: at 2k keys of context the
+# tiles were level with the float32 kernel at 4 tokens and 1.9x faster at 16 (the context's
+# K and V are rounded to bfloat16 first, whatever the chunk's length).
+ATTENTION_MIN_TOKENS = 8
+
+
+@functools.cache
+def available_paths() -> tuple[PrefillPath, ...]:
+    """The paths this CPU and build run, fastest first (asks Linux for AMX's tile state once;
+    builds the kernels if needed). fp32 is always there."""
+    if not kernels.load():
+        return (PrefillPath.FP32,)
+    units = set(kernels.op("matrix_units")())
+    found = [p for p in (PrefillPath.AMX_BF16, PrefillPath.AVX512_BF16) if p.value in units]
+    return (*found, PrefillPath.FP32)
+
+
+def default_path() -> PrefillPath:
+    """What `--dtype auto` runs on this CPU: AMX where the process may use it, else float32
+    (see the module docstring for avx512-bf16); $RADIXSERVE_PREFILL_PATH picks another that
+    the CPU runs (one it cannot: the default, with a warning)."""
+    paths = available_paths()
+    best = PrefillPath.AMX_BF16 if PrefillPath.AMX_BF16 in paths else PrefillPath.FP32
+    wanted = os.environ.get(ENV, "").strip().lower()
+    if not wanted:
+        return best
+    names = [p.value for p in PrefillPath]
+    if wanted not in names:
+        log.warning("%s=%s is not one of %s; using %s", ENV, wanted, ", ".join(names), best.value)
+        return best
+    if PrefillPath(wanted) not in paths:
+        log.warning(
+            "%s=%s: this CPU or build cannot run it (it runs %s); using %s",
+            ENV, wanted, ", ".join(p.value for p in paths), best.value,
+        )  # fmt: skip
+        return best
+    return PrefillPath(wanted)
+
+
+def describe(path: PrefillPath) -> str:
+    """One line for the start-up log: what prefill and decode run on."""
+    if path is PrefillPath.FP32:
+        return "prefill path fp32: prefill and decode run the model dtype's matmuls"
+    attention = "bf16 on AMX tiles" if path.attention_on_tiles else "float32"
+    return (
+        f"prefill: {path.value} (chunks of {path.min_rows}+ rows: weights dequantized to "
+        f"bf16 panels, float32 sums; attention {attention}); decode and LM head: float32 "
+        "GEMV kernels"
+    )
