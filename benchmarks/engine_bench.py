@@ -7,9 +7,9 @@ tokens each; (b) an exact repeat of a 2,048-token prompt, and the same plus 50 n
 and 8 concurrent streams; (e) one decode step at 2k context against one read of the weights at
 bf16 size; (f) a cold 2,048-token prompt's prefill in GFLOP/s against this machine's matmul
 ceiling for the prefill path the model picked (`matmul_ceiling`: torch.mm at the layer's
-shapes, bf16 for a bf16 path, float32 for fp32), with its share of it. Prints a Markdown
-table with the on/off ratios, and case (a)'s work: the GFLOP of its cold prompt and of a hit,
-whose ratio bounds the hit's gain while both run at one FLOP rate.
+shapes, bf16 for a bf16 path, int8 for int8-vnni, float32 for fp32), with its share of it.
+Prints a Markdown table with the on/off ratios, and case (a)'s work: the GFLOP of its cold
+prompt and of a hit, whose ratio bounds the hit's gain while both run at one FLOP rate.
 """
 
 from __future__ import annotations
@@ -206,9 +206,13 @@ def case_step_vs_weights(llm: LLM, ctx: int = 2048, steps: int = 16) -> dict[str
 def matmul_ceiling(c: ModelConfig, path: PrefillPath, rows: int, trials: int = 5) -> float:
     """This machine's matmul rate (GFLOP/s) for `path` at the model's shapes: torch.mm of
     `rows` rows through each layer projection's [out, in] (qkv, o, gate_up, down), in bfloat16
-    for a bfloat16 path (oneDNN: AMX tiles where the CPU has them) and float32 for fp32 (the
-    FMA units); the best of `trials` passes over the four."""
-    dtype = torch.float32 if path is PrefillPath.FP32 else torch.bfloat16
+    for a bfloat16 path (oneDNN: AMX tiles where the CPU has them), int8 x int8 -> int32 for
+    int8-vnni (torch._int_mm) and float32 for fp32 (the FMA units); the best of `trials`
+    passes over the four."""
+    dtype = {PrefillPath.FP32: torch.float32, PrefillPath.INT8_VNNI: torch.int8}.get(
+        path, torch.bfloat16
+    )
+    mm = torch._int_mm if dtype == torch.int8 else torch.mm
     q_rows = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
     shapes = [
         (q_rows, c.hidden_size),
@@ -216,13 +220,16 @@ def matmul_ceiling(c: ModelConfig, path: PrefillPath, rows: int, trials: int = 5
         (2 * c.intermediate_size, c.hidden_size),
         (c.hidden_size, c.intermediate_size),
     ]
-    pairs = [(torch.randn(rows, k).to(dtype), torch.randn(k, n).to(dtype)) for n, k in shapes]
+    pairs = [
+        (torch.randn(rows, k).mul(30).to(dtype), torch.randn(k, n).mul(30).to(dtype))
+        for n, k in shapes
+    ]
     flops = sum(2 * rows * n * k for n, k in shapes)
     best = float("inf")
     for _ in range(trials + 1):  # the first pass warms oneDNN's kernel cache
         t = time.perf_counter()
         for x, w in pairs:
-            torch.mm(x, w)
+            mm(x, w)
         best = min(best, time.perf_counter() - t)
     return flops / best / 1e9
 

@@ -289,8 +289,8 @@ void gemm_bf16(const at::Tensor& x, int64_t N, const at::Tensor& out, int64_t un
 }
 #endif  // RS_AVX512_BF16
 
-// The matrix units this build and CPU run, by the names kernels/matrix.py uses: "avx512-bf16"
-// and "amx-bf16" (asking Linux for AMX's tile state once; refused: not listed).
+// The matrix units this build and CPU run, by the names kernels/matrix.py uses: "avx512-bf16",
+// "amx-bf16" (asking Linux for AMX's tile state once; refused: not listed) and "int8-vnni".
 std::vector<std::string> matrix_units() {
   std::vector<std::string> units;
 #ifdef RS_AVX512_BF16
@@ -299,6 +299,7 @@ std::vector<std::string> matrix_units() {
   if (amx_ready() && cpu_has_avx512_bf16()) units.push_back("amx-bf16");
 #endif
 #endif
+  if (vnni_available()) units.push_back("int8-vnni");  // gemm_vnni.cpp
   return units;
 }
 
