@@ -127,7 +127,8 @@ struct Emit {
       if constexpr (Gated) {
         _mm512_storeu_ps(o, silu_times(_mm512_loadu_ps(src), _mm512_loadu_ps(src + 16)));
       } else {
-        for (int64_t t = 0; t < nt; ++t) _mm512_storeu_ps(o + 16 * t, _mm512_loadu_ps(src + 16 * t));
+        for (int64_t t = 0; t < nt; ++t)
+          _mm512_storeu_ps(o + 16 * t, _mm512_loadu_ps(src + 16 * t));
       }
     }
   }
@@ -229,7 +230,8 @@ void panel_avx512(const uint32_t* xb, int64_t M, int64_t K, const uint32_t* pane
     const int mr = static_cast<int>(std::min<int64_t>(kDpRows, M - m));
     float* C = Gated ? scratch : emit.out + m * emit.ldo + n;
     const int64_t ldc = Gated ? 32 : emit.ldo;
-    with_rows<kDpRows>(mr, [&](auto R) { tile_dp<R, NT>(xb + m * (K / 2), K / 2, panel, G, C, ldc); });
+    with_rows<kDpRows>(
+        mr, [&](auto R) { tile_dp<R, NT>(xb + m * (K / 2), K / 2, panel, G, C, ldc); });
     if (Gated) emit(scratch, mr, NT, m, n);
   }
 }

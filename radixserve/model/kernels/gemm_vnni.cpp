@@ -59,7 +59,8 @@ void quantize_rows_q8(const float* x, int64_t ldx, int64_t M, int64_t K, bool of
         _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 16),
                          _mm_xor_si128(_mm512_cvtsepi32_epi8(qb), flip));
         sx[m * G + g] = scale;
-        xs[m * G + g] = scale * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb)));
+        const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+        xs[m * G + g] = scale * static_cast<float>(sum);
       }
   });
 }
@@ -127,7 +128,8 @@ void vnni_tile(const int8_t* xq, const float* sx, const float* xs, int64_t K,
     RS_UNROLL
     for (int j = 0; j < 8; ++j) {
       __m512i w[NT];
-      for (int t = 0; t < NT; ++t) w[t] = _mm512_loadu_si512(&panels[t]->words[(g * 8 + j) * 16]);
+      for (int t = 0; t < NT; ++t)
+        w[t] = _mm512_loadu_si512(&panels[t]->words[(g * 8 + j) * 16]);
       RS_UNROLL
       for (int r = 0; r < R; ++r) {
         int32_t word;
@@ -148,7 +150,8 @@ void vnni_tile(const int8_t* xq, const float* sx, const float* xs, int64_t K,
         if constexpr (!Int4) d = _mm512_sub_epi32(d, off);
         const __m512 ss = _mm512_mul_ps(s, _mm512_set1_ps(sx[r * G + g]));
         acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), ss, acc[r][t]);
-        if constexpr (Int4) acc[r][t] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xs[r * G + g]), acc[r][t]);
+        if constexpr (Int4)
+          acc[r][t] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xs[r * G + g]), acc[r][t]);
       }
     }
   }
