@@ -7,9 +7,11 @@ tokens each; (b) an exact repeat of a 2,048-token prompt, and the same plus 50 n
 and 8 concurrent streams; (e) one decode step at 2k context against one read of the weights at
 bf16 size; (f) a cold 2,048-token prompt's prefill in GFLOP/s against this machine's matmul
 ceiling for the prefill path the model picked (`matmul_ceiling`: torch.mm at the layer's
-shapes, bf16 for a bf16 path, float32 for fp32), with its share of it. Prints a Markdown
-table with the on/off ratios, and case (a)'s work: the GFLOP of its cold prompt and of a hit,
-whose ratio bounds the hit's gain while both run at one FLOP rate.
+shapes, bf16 for a bf16 path, int8 for int8-vnni, float32 for fp32), with its share of it;
+(g) 8 streams' decode tok/s while a 4,096-token prompt prefills in the same steps, against the
+same streams alone. Prints a Markdown table with the on/off ratios, and case (a)'s work: the
+GFLOP of its cold prompt and of a hit, whose ratio bounds the hit's gain while both run at one
+FLOP rate.
 """
 
 from __future__ import annotations
@@ -145,6 +147,24 @@ def case_decode(llm: LLM, streams: int, n_out: int) -> dict[str, float]:
     return {f"{streams}-stream decode tok/s": decode_tokens / (last - first), "total (s)": total}
 
 
+def case_decode_during_prefill(llm: LLM, streams: int, n_out: int, n_long: int) -> dict[str, float]:
+    """`streams` decode streams (256-token prompts) sharing their steps with an `n_long`-token
+    prompt submitted with them: the engine prefills it in chunks beside their decode rows
+    (which stay on the float32 GEMV kernels). Their decode tok/s over the span they decode,
+    to compare with case (d)'s same streams alone."""
+    prompts = [text_tokens(llm, 256, 10 + i) for i in range(streams)]
+    outs = llm.generate([*prompts, text_tokens(llm, n_long, 300)], greedy(n_out))
+    short, long_out = outs[:streams], outs[streams]
+    first = max(o.metrics.first_token_time for o in short)  # type: ignore[type-var]
+    last = max(o.metrics.finish_time for o in short)  # type: ignore[type-var]
+    decode_tokens = sum(len(o.token_ids) - 1 for o in short)
+    return {
+        f"{streams}-stream decode tok/s beside a {n_long}-token prefill": decode_tokens
+        / (last - first),
+        f"{n_long}-token prompt TTFT (s)": ttft(long_out),
+    }
+
+
 def layer_params(c: ModelConfig) -> int:
     """Weights of one decoder layer's projections."""
     return c.hidden_size * (
@@ -206,9 +226,13 @@ def case_step_vs_weights(llm: LLM, ctx: int = 2048, steps: int = 16) -> dict[str
 def matmul_ceiling(c: ModelConfig, path: PrefillPath, rows: int, trials: int = 5) -> float:
     """This machine's matmul rate (GFLOP/s) for `path` at the model's shapes: torch.mm of
     `rows` rows through each layer projection's [out, in] (qkv, o, gate_up, down), in bfloat16
-    for a bfloat16 path (oneDNN: AMX tiles where the CPU has them) and float32 for fp32 (the
-    FMA units); the best of `trials` passes over the four."""
-    dtype = torch.float32 if path is PrefillPath.FP32 else torch.bfloat16
+    for a bfloat16 path (oneDNN: AMX tiles where the CPU has them), int8 x int8 -> int32 for
+    int8-vnni (torch._int_mm) and float32 for fp32 (the FMA units); the best of `trials`
+    passes over the four."""
+    dtype = {PrefillPath.FP32: torch.float32, PrefillPath.INT8_VNNI: torch.int8}.get(
+        path, torch.bfloat16
+    )
+    mm = torch._int_mm if dtype == torch.int8 else torch.mm
     q_rows = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
     shapes = [
         (q_rows, c.hidden_size),
@@ -216,13 +240,16 @@ def matmul_ceiling(c: ModelConfig, path: PrefillPath, rows: int, trials: int = 5
         (2 * c.intermediate_size, c.hidden_size),
         (c.hidden_size, c.intermediate_size),
     ]
-    pairs = [(torch.randn(rows, k).to(dtype), torch.randn(k, n).to(dtype)) for n, k in shapes]
+    pairs = [
+        (torch.randn(rows, k).mul(30).to(dtype), torch.randn(k, n).mul(30).to(dtype))
+        for n, k in shapes
+    ]
     flops = sum(2 * rows * n * k for n, k in shapes)
     best = float("inf")
     for _ in range(trials + 1):  # the first pass warms oneDNN's kernel cache
         t = time.perf_counter()
         for x, w in pairs:
-            torch.mm(x, w)
+            mm(x, w)
         best = min(best, time.perf_counter() - t)
     return flops / best / 1e9
 
@@ -313,6 +340,17 @@ def main() -> None:
             work_line(e.runner.model.config, n_prefix, res[True])
     for metric, value in case_step_vs_weights(llms[True]).items():
         print(f"| (e) step vs weights | {metric} | {value:.4f} | | |", flush=True)
+    alone = case_decode(llms[True], 8, 16 if q else 64)
+    mixed = case_decode_during_prefill(llms[True], 8, 16 if q else 64, 1024 if q else 4096)
+    rate_alone = next(iter(alone.values()))
+    for metric, value in mixed.items():
+        print(f"| (g) decode beside a prefill | {metric} | {value:.3f} | | |", flush=True)
+    rate_mixed = next(iter(mixed.values()))
+    print(
+        f"| (g) decode beside a prefill | 8-stream decode tok/s alone; beside / alone | "
+        f"{rate_alone:.3f} | | {rate_mixed / rate_alone:.2f}x |",
+        flush=True,
+    )
     res = case_prefill_vs_ceiling(llms[True], 512 if q else 2048)
     for metric, value in res.items():
         print(f"| (f) prefill vs ceiling | {metric} | {value:.3f} | | |", flush=True)

@@ -65,7 +65,8 @@ def resolve_prefill_path(
 ) -> PrefillPath:
     """Where prefill chunks' matmuls and attention run (kernels/matrix.py). `--dtype auto`
     on a CPU that runs a quantized model in float32: the fastest path the CPU has (AMX tiles
-    in bfloat16 where Linux grants them; $RADIXSERVE_PREFILL_PATH may pick another).
+    in bfloat16 where Linux grants them, else int8 activations on AVX-512 VNNI;
+    $RADIXSERVE_PREFILL_PATH may pick another).
     Everything else, `--dtype float32` included, is fp32: float32 from end to end."""
     if dtype_name != "auto" or device.type != "cpu" or dtype != torch.float32:
         return PrefillPath.FP32

@@ -262,6 +262,12 @@ class QuantLinear:
 
     def _bind_matrix(self, suffix: str) -> Callable[[torch.Tensor, torch.Tensor], None]:
         w, unit = self.weight, self.prefill_path.unit
+        if self.prefill_path is PrefillPath.INT8_VNNI:  # int8 activations (gemm_vnni.cpp)
+            if w.kind == "int4":
+                v4, qs, scale, minv = kernels.op("q4_gemm_vnni"), w.qs, w.scale, w.minv
+                return lambda x, out: v4(x, qs, scale, minv, out)
+            v8, qs, scale = kernels.op("q8_gemm_vnni"), w.qs, w.scale
+            return lambda x, out: v8(x, qs, scale, out)
         if w.kind == "int4":
             q4, qs, scale, minv = kernels.op("q4_gemm_bf16" + suffix), w.qs, w.scale, w.minv
             return lambda x, out: q4(x, qs, scale, minv, out, unit)
@@ -283,7 +289,7 @@ class QuantLinear:
         [M, out/2], the prefill rows (past `fp32_rows`) computed and activated in one pass on
         the matrix units, the decode rows by the float32 kernels and `silu_mul`. None where
         this call would not use the matrix units (the caller multiplies, then activates)."""
-        if self.bias is not None or self.out_features % 32:
+        if self.bias is not None or self.out_features % 32 or not self.prefill_path.bf16:
             return None
         x2 = x.reshape(-1, self.in_features)
         if x2.dtype != torch.float32 or not self._on_matrix_units(x2, fp32_rows):

@@ -85,6 +85,8 @@ def compile_flags() -> list[str]:
         flags += ["-mavx2", "-mfma", "-mf16c"]
         if "avx512" in allowed and {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= cpu:
             flags += ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]
+            if "avx512_vnni" in cpu:  # int8 activations (gemm_vnni.cpp)
+                flags += ["-mavx512vnni"]
             # The bfloat16 matrix units (gemm_bf16.cpp): only explicit intrinsics use them.
             if "avx512_bf16" in cpu:
                 flags += ["-mavx512bf16"]

@@ -16,6 +16,7 @@
 //                  permission, the pair-interleaved panel layout, rounding to bfloat16
 //   gemm_bf16.cpp  prefill GEMMs of quantized weights on those units
 //   attention_bf16.cpp  prefill attention on AMX tiles
+//   gemm_vnni.cpp  prefill GEMMs with int8 activations on AVX-512 VNNI
 // and, as a second unit of the same extension, the table of the weights decode_layers takes:
 //   layer_weights.h    their order (an enum)
 //   layer_weights.cpp  their names and kinds, and decode_layer_weight_names() for Python
@@ -31,5 +32,6 @@
 #include "attention.cpp"
 #include "layers.cpp"
 // The bfloat16 paths last: the files above compile to the machine code they did without them.
+#include "gemm_vnni.cpp"
 #include "gemm_bf16.cpp"
 #include "attention_bf16.cpp"

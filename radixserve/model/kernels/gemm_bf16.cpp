@@ -127,7 +127,8 @@ struct Emit {
       if constexpr (Gated) {
         _mm512_storeu_ps(o, silu_times(_mm512_loadu_ps(src), _mm512_loadu_ps(src + 16)));
       } else {
-        for (int64_t t = 0; t < nt; ++t) _mm512_storeu_ps(o + 16 * t, _mm512_loadu_ps(src + 16 * t));
+        for (int64_t t = 0; t < nt; ++t)
+          _mm512_storeu_ps(o + 16 * t, _mm512_loadu_ps(src + 16 * t));
       }
     }
   }
@@ -229,7 +230,8 @@ void panel_avx512(const uint32_t* xb, int64_t M, int64_t K, const uint32_t* pane
     const int mr = static_cast<int>(std::min<int64_t>(kDpRows, M - m));
     float* C = Gated ? scratch : emit.out + m * emit.ldo + n;
     const int64_t ldc = Gated ? 32 : emit.ldo;
-    with_rows<kDpRows>(mr, [&](auto R) { tile_dp<R, NT>(xb + m * (K / 2), K / 2, panel, G, C, ldc); });
+    with_rows<kDpRows>(
+        mr, [&](auto R) { tile_dp<R, NT>(xb + m * (K / 2), K / 2, panel, G, C, ldc); });
     if (Gated) emit(scratch, mr, NT, m, n);
   }
 }
@@ -289,8 +291,8 @@ void gemm_bf16(const at::Tensor& x, int64_t N, const at::Tensor& out, int64_t un
 }
 #endif  // RS_AVX512_BF16
 
-// The matrix units this build and CPU run, by the names kernels/matrix.py uses: "avx512-bf16"
-// and "amx-bf16" (asking Linux for AMX's tile state once; refused: not listed).
+// The matrix units this build and CPU run, by the names kernels/matrix.py uses: "avx512-bf16",
+// "amx-bf16" (asking Linux for AMX's tile state once; refused: not listed) and "int8-vnni".
 std::vector<std::string> matrix_units() {
   std::vector<std::string> units;
 #ifdef RS_AVX512_BF16
@@ -299,6 +301,7 @@ std::vector<std::string> matrix_units() {
   if (amx_ready() && cpu_has_avx512_bf16()) units.push_back("amx-bf16");
 #endif
 #endif
+  if (vnni_available()) units.push_back("int8-vnni");  // gemm_vnni.cpp
   return units;
 }
 

@@ -1,0 +1,267 @@
+// Prefill GEMMs of int4/int8 codes with int8 activations on AVX-512 VNNI (vpdpbusd: 4 byte
+// products summed into each of 16 int32 lanes), for CPUs that have VNNI but no bfloat16 units.
+// Each input row is quantized per group of 32 (scale = max|x| / 127, codes rounded to nearest):
+//   int8 W (w = s * q):         y = sum_g sx_g * s_g * (xq_g . q_g)
+//   int4 W (w = s * q + min):   y = sum_g sx_g * (s_g * (xq_g . q_g) + min_g * sum(xq_g))
+// The integer dot products are exact; the group sums are float32. vpdpbusd multiplies unsigned
+// by signed bytes: int4 codes (0-15) are the unsigned side; for int8 codes x goes unsigned as
+// xq + 128, and 128 * sum(q_g) is taken off each group's sum.
+// Layout: a panel of 16 output columns holds, per group, 8 vectors of 16 words: word (j, c) =
+// column c's codes 4j..4j+3, so a broadcast word of x meets 16 columns at once.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "simd.h"
+
+// kernels/__init__.py adds -mavx512vnni where the CPU has AVX-512 VNNI.
+#if defined(RS_AVX512) && defined(__AVX512VNNI__)
+#define RS_AVX512_VNNI 1
+#include <cpuid.h>
+#endif
+
+namespace radixserve {
+namespace {
+
+#ifdef RS_AVX512_VNNI
+// Whether the CPU runs AVX-512 VNNI (CPUID leaf 7, ECX bit 11): a build directory may be
+// shared between machines.
+inline bool cpu_has_avx512_vnni() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c & (1u << 11));
+}
+
+// x [M, K] float32 (row stride ldx) -> xq [M, K] int8 codes (xor 0x80 with `offset`: xq + 128
+// as unsigned bytes), sx [M, K/32] their scales and xs [M, K/32] = sx * sum(codes) per group.
+void quantize_rows_q8(const float* x, int64_t ldx, int64_t M, int64_t K, bool offset,
+                      int8_t* xq, float* sx, float* xs) {
+  const int64_t G = K / 32;
+  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+    const __m512 sign = _mm512_set1_ps(-0.f);
+    const __m128i flip = _mm_set1_epi8(offset ? static_cast<char>(0x80) : 0);
+    for (int64_t m = m0; m < m1; ++m)
+      for (int64_t g = 0; g < G; ++g) {
+        const float* p = x + m * ldx + g * 32;
+        const __m512 a = _mm512_loadu_ps(p), b = _mm512_loadu_ps(p + 16);
+        const float amax = _mm512_reduce_max_ps(
+            _mm512_max_ps(_mm512_andnot_ps(sign, a), _mm512_andnot_ps(sign, b)));
+        const float scale = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+        const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(inv)));
+        const __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, _mm512_set1_ps(inv)));
+        int8_t* dst = xq + m * K + g * 32;
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst),
+                         _mm_xor_si128(_mm512_cvtsepi32_epi8(qa), flip));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 16),
+                         _mm_xor_si128(_mm512_cvtsepi32_epi8(qb), flip));
+        sx[m * G + g] = scale;
+        const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+        xs[m * G + g] = scale * static_cast<float>(sum);
+      }
+  });
+}
+
+// One panel: 16 columns' codes over every group, each group's scales, and (int8) 128 * the
+// sum of its codes or (int4) its mins.
+struct VnniPanel {
+  std::vector<uint32_t> words;  // [G][8][16]
+  std::vector<float> scale, minv;  // [G][16]
+  std::vector<int32_t> offset;  // [G][16]
+  explicit VnniPanel(int64_t G) : words(G * 128), scale(G * 16), minv(G * 16), offset(G * 16) {}
+};
+
+// Fill `p` with W's rows n..n+15 (N is a multiple of 16): one gather a word of codes for 16
+// rows at once (a panel is rebuilt every call, so this runs N x K / 4 lanes per call).
+template <bool Int4>
+void pack_panel(const uint8_t* qs, const float* sp, const float* mp, int64_t K, int64_t n,
+                VnniPanel& p) {
+  const int64_t G = K / 32, row_bytes = Int4 ? K / 2 : K;
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512i by_row = _mm512_mullo_epi32(lane, _mm512_set1_epi32(static_cast<int>(row_bytes)));
+  const __m512i by_group = _mm512_mullo_epi32(lane, _mm512_set1_epi32(static_cast<int>(G)));
+  const __m512i nibble = _mm512_set1_epi8(0x0F), ones = _mm512_set1_epi8(1);
+  for (int64_t g = 0; g < G; ++g) {
+    uint32_t* dst = p.words.data() + g * 128;
+    if constexpr (Int4) {  // byte i of a group: code i (low nibble), code 16 + i (high nibble)
+      const uint8_t* base = qs + n * row_bytes + g * 16;
+      for (int j = 0; j < 4; ++j) {
+        const __m512i b = _mm512_i32gather_epi32(by_row, base + 4 * j, 1);
+        _mm512_storeu_si512(dst + j * 16, _mm512_and_si512(b, nibble));
+        _mm512_storeu_si512(dst + (j + 4) * 16,
+                            _mm512_and_si512(_mm512_srli_epi16(b, 4), nibble));
+      }
+      _mm512_storeu_ps(&p.minv[g * 16], _mm512_i32gather_ps(by_group, mp + n * G + g, 4));
+    } else {
+      const uint8_t* base = qs + n * row_bytes + g * 32;
+      __m512i sum = _mm512_setzero_si512();
+      for (int j = 0; j < 8; ++j) {
+        const __m512i w = _mm512_i32gather_epi32(by_row, base + 4 * j, 1);
+        _mm512_storeu_si512(dst + j * 16, w);
+        sum = _mm512_dpbusd_epi32(sum, ones, w);  // the codes' sum, as signed bytes
+      }
+      _mm512_storeu_si512(&p.offset[g * 16], _mm512_slli_epi32(sum, 7));
+    }
+    _mm512_storeu_ps(&p.scale[g * 16], _mm512_i32gather_ps(by_group, sp + n * G + g, 4));
+  }
+}
+
+constexpr int kVnniRows = 6;  // 6 rows x 2 panels: 12 int32 + 12 float32 accumulators
+
+// out[m + r, n + 16 t] for r < R, t < NT: R rows of xq times NT panels.
+template <int R, int NT, bool Int4>
+void vnni_tile(const int8_t* xq, const float* sx, const float* xs, int64_t K,
+               const VnniPanel* const* panels, float* out, int64_t ldo) {
+  const int64_t G = K / 32;
+  __m512 acc[R][NT];
+  RS_UNROLL
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    __m512i dot[R][NT];
+    RS_UNROLL
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < NT; ++t) dot[r][t] = _mm512_setzero_si512();
+    RS_UNROLL
+    for (int j = 0; j < 8; ++j) {
+      __m512i w[NT];
+      for (int t = 0; t < NT; ++t)
+        w[t] = _mm512_loadu_si512(&panels[t]->words[(g * 8 + j) * 16]);
+      RS_UNROLL
+      for (int r = 0; r < R; ++r) {
+        int32_t word;
+        std::memcpy(&word, xq + r * K + g * 32 + 4 * j, 4);
+        const __m512i xb = _mm512_set1_epi32(word);
+        for (int t = 0; t < NT; ++t)
+          dot[r][t] = Int4 ? _mm512_dpbusd_epi32(dot[r][t], w[t], xb)
+                           : _mm512_dpbusd_epi32(dot[r][t], xb, w[t]);
+      }
+    }
+    RS_UNROLL
+    for (int t = 0; t < NT; ++t) {
+      const __m512 s = _mm512_loadu_ps(&panels[t]->scale[g * 16]);
+      const __m512 mn = _mm512_loadu_ps(&panels[t]->minv[g * 16]);
+      const __m512i off = _mm512_loadu_si512(&panels[t]->offset[g * 16]);
+      for (int r = 0; r < R; ++r) {
+        __m512i d = dot[r][t];
+        if constexpr (!Int4) d = _mm512_sub_epi32(d, off);
+        const __m512 ss = _mm512_mul_ps(s, _mm512_set1_ps(sx[r * G + g]));
+        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), ss, acc[r][t]);
+        if constexpr (Int4)
+          acc[r][t] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xs[r * G + g]), acc[r][t]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + r * ldo + 16 * t, acc[r][t]);
+}
+
+// out [M, N] = x W^T from int4 (minv given) or int8 codes, x quantized to int8 per group.
+template <bool Int4>
+void gemm_vnni(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
+               const float* mp, const at::Tensor& out) {
+  const int64_t M = x.size(0), K = x.size(1), N = qs.size(0), G = K / 32;
+  check(x.scalar_type() == at::kFloat && x.stride(1) == 1, "x must be float32 rows");
+  check(out.scalar_type() == at::kFloat && out.stride(1) == 1 && out.size(0) == M &&
+            out.size(1) == N,
+        "out must be float32 rows [M, N]");
+  check(K % 32 == 0 && N % 16 == 0, "K must be a multiple of 32 and N of 16");
+  check(qs.is_contiguous() && scale.is_contiguous() && qs.size(1) == (Int4 ? K / 2 : K),
+        "codes and scale must be contiguous [N, K (int4: K/2)], [N, K/32]");
+  check(cpu_has_avx512_vnni(), "this CPU has no AVX-512 VNNI");
+  if (M == 0) return;
+  std::vector<int8_t> xq(M * K);
+  std::vector<float> sx(M * G), xs(M * G);
+  quantize_rows_q8(x.data_ptr<float>(), x.stride(0), M, K, !Int4, xq.data(), sx.data(),
+                   xs.data());
+  const uint8_t* qp = static_cast<const uint8_t*>(qs.data_ptr());
+  const float* sp = scale.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t ldo = out.stride(0), blocks = (N + 31) / 32;
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    VnniPanel p0(G), p1(G);
+    const VnniPanel* panels[2] = {&p0, &p1};
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n = b * 32, nt = std::min<int64_t>(2, (N - n) / 16);
+      pack_panel<Int4>(qp, sp, mp, K, n, p0);
+      if (nt == 2) pack_panel<Int4>(qp, sp, mp, K, n + 16, p1);
+      for (int64_t m = 0; m < M; m += kVnniRows) {
+        const int mr = static_cast<int>(std::min<int64_t>(kVnniRows, M - m));
+        const int8_t* xr = xq.data() + m * K;
+        const float *sr = sx.data() + m * G, *xr_sum = xs.data() + m * G;
+        float* o = op + m * ldo + n;
+        with_rows<kVnniRows>(mr, [&](auto Rc) {
+          constexpr int Rn = decltype(Rc)::value;
+          nt == 2 ? vnni_tile<Rn, 2, Int4>(xr, sr, xr_sum, K, panels, o, ldo)
+                  : vnni_tile<Rn, 1, Int4>(xr, sr, xr_sum, K, panels, o, ldo);
+        });
+      }
+    }
+  });
+}
+#endif  // RS_AVX512_VNNI
+
+bool vnni_available() {
+#ifdef RS_AVX512_VNNI
+  return cpu_has_avx512_vnni();
+#else
+  return false;
+#endif
+}
+
+void q4_gemm_vnni([[maybe_unused]] const at::Tensor& x, [[maybe_unused]] const at::Tensor& qs,
+                  [[maybe_unused]] const at::Tensor& scale,
+                  [[maybe_unused]] const at::Tensor& minv,
+                  [[maybe_unused]] const at::Tensor& out) {
+#ifdef RS_AVX512_VNNI
+  check(minv.is_contiguous() && minv.sizes() == scale.sizes(), "minv must match scale");
+  gemm_vnni<true>(x, qs, scale, minv.data_ptr<float>(), out);
+#else
+  check(false, "this build has no AVX-512 VNNI code");
+#endif
+}
+
+void q8_gemm_vnni([[maybe_unused]] const at::Tensor& x, [[maybe_unused]] const at::Tensor& qs,
+                  [[maybe_unused]] const at::Tensor& scale,
+                  [[maybe_unused]] const at::Tensor& out) {
+#ifdef RS_AVX512_VNNI
+  gemm_vnni<false>(x, qs, scale, nullptr, out);
+#else
+  check(false, "this build has no AVX-512 VNNI code");
+#endif
+}
+
+// The activations' quantization the VNNI GEMMs use (for tests): xq [M, K] int8, sx [M, K/32].
+void q8_quantize_rows([[maybe_unused]] const at::Tensor& x, [[maybe_unused]] const at::Tensor& xq,
+                      [[maybe_unused]] const at::Tensor& sx) {
+#ifdef RS_AVX512_VNNI
+  const int64_t M = x.size(0), K = x.size(1);
+  check(x.scalar_type() == at::kFloat && x.stride(1) == 1 && K % 32 == 0, "x: float32 rows");
+  check(xq.scalar_type() == at::kChar && xq.is_contiguous() && sx.is_contiguous() &&
+            sx.scalar_type() == at::kFloat,
+        "xq int8 [M, K], sx float32 [M, K/32]");
+  std::vector<float> xs(M * (K / 32));
+  quantize_rows_q8(x.data_ptr<float>(), x.stride(0), M, K, false, xq.data_ptr<int8_t>(),
+                   sx.data_ptr<float>(), xs.data());
+#else
+  check(false, "this build has no AVX-512 VNNI code");
+#endif
+}
+
+}  // namespace
+}  // namespace radixserve
+
+TORCH_LIBRARY_FRAGMENT(radixserve, m) {
+  m.def("q4_gemm_vnni(Tensor x, Tensor qs, Tensor scale, Tensor minv, Tensor(a!) out) -> ()");
+  m.def("q8_gemm_vnni(Tensor x, Tensor qs, Tensor scale, Tensor(a!) out) -> ()");
+  m.def("q8_quantize_rows(Tensor x, Tensor(a!) xq, Tensor(b!) sx) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
+  m.impl("q4_gemm_vnni", &radixserve::q4_gemm_vnni);
+  m.impl("q8_gemm_vnni", &radixserve::q8_gemm_vnni);
+  m.impl("q8_quantize_rows", &radixserve::q8_quantize_rows);
+}
