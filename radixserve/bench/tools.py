@@ -99,7 +99,8 @@ def agent_stats(records: Sequence[RequestRecord]) -> dict[str, Any]:
     call; "auto": free decoding, calls parsed from the text) the request count, TTFT and TPOT
     p50 (seconds), and the share that returned only valid calls; the per-token overhead of
     constrained decoding (TPOT p50 required / auto - 1); and the cache hit share of later turns
-    (cached / prompt tokens over turns >= 1)."""
+    (cached / prompt tokens over turns >= 1), also as a share of what was cacheable: the
+    previous turn's prompt and output (each turn's new tool output cannot be a hit)."""
     ok = [r for r in records if r.ok]
     out: dict[str, Any] = {}
     for choice in ("required", "auto"):
@@ -117,11 +118,18 @@ def agent_stats(records: Sequence[RequestRecord]) -> dict[str, Any]:
     out["constrained_tpot_overhead"] = req / auto - 1 if auto and not math.isnan(auto) else math.nan
     later = [r for r in ok if r.turn >= 1]
     prompt = sum(r.prompt_tokens or 0 for r in later)
+    cached = sum(r.cached_tokens or 0 for r in later)
     out["later_turns"] = len(later)
     out["later_turn_ttft_p50"] = _p50([r.ttft for r in later if r.ttft is not None])
-    out["later_turn_cache_hit_share"] = (
-        sum(r.cached_tokens or 0 for r in later) / prompt if prompt else math.nan
-    )
+    out["later_turn_cache_hit_share"] = cached / prompt if prompt else math.nan
+    turns = {(r.session_id, r.turn): r for r in ok}
+    reusable = 0
+    for r in later:
+        prev = turns.get((r.session_id, r.turn - 1))
+        if prev is not None:
+            seen = (prev.prompt_tokens or 0) + (prev.completion_tokens or 0)
+            reusable += min(r.prompt_tokens or 0, seen)
+    out["later_turn_reusable_hit_share"] = cached / reusable if reusable else math.nan
     return out
 
 
@@ -141,7 +149,7 @@ def format_agent(stats: dict[str, Any], title: str = "agent") -> str:
             f"valid-call rate {rate}"
         )
     over = stats["constrained_tpot_overhead"]
-    hit = stats["later_turn_cache_hit_share"]
+    hit, reuse = stats["later_turn_cache_hit_share"], stats["later_turn_reusable_hit_share"]
     lines.append(
         "  constrained time per output token: "
         + ("-" if math.isnan(over) else f"{over:+.1%} vs free decoding")
@@ -149,5 +157,6 @@ def format_agent(stats: dict[str, Any], title: str = "agent") -> str:
     lines.append(
         f"  later turns ({stats['later_turns']}): TTFT p50 {_ms(stats['later_turn_ttft_p50'])}, "
         + ("cache hit share -" if math.isnan(hit) else f"cache hit share {hit:.1%}")
+        + ("" if math.isnan(reuse) else f" ({reuse:.1%} of the previous turn's prompt + output)")
     )
     return "\n".join(lines)

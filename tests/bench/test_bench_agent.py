@@ -125,6 +125,15 @@ def test_agent_stats_compare_constrained_and_free_tokens_and_count_later_turn_hi
     assert "+10.0% vs free decoding" in format_agent(stats)
 
 
+def test_the_reusable_hit_share_leaves_out_each_turn_s_new_tool_output():
+    first, second = record(0, "required", 0.01, [], 0), record(1, "auto", 0.01, [], 96)
+    second.prompt_tokens = 300  # 110 from turn 0 (prompt + output), 190 new
+    stats = agent_stats([first, second])
+    assert stats["later_turn_cache_hit_share"] == pytest.approx(0.32)
+    assert stats["later_turn_reusable_hit_share"] == pytest.approx(96 / 110)
+    assert "(87.3% of the previous turn's prompt + output)" in format_agent(stats)
+
+
 def test_agent_stats_without_auto_turns_report_no_overhead():
     stats = agent_stats([record(0, "required", 0.01, [], 0)])
     assert math.isnan(stats["constrained_tpot_overhead"]) and stats["later_turns"] == 0

@@ -4,6 +4,7 @@ driven by the official openai client (sync and streaming)."""
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jsonschema
@@ -127,34 +128,38 @@ def streamed_calls(stream: Any) -> tuple[list[Any], str | None]:
     return as_objects, reason
 
 
+def call_with(client: openai.OpenAI, model: str, i: int, prompt: str, choice: Any) -> tuple:
+    """(calls, finish_reason) of one tool request: streamed for odd i, else whole."""
+    kw = dict(model=model, messages=ask(prompt), tools=TOOLS, tool_choice=choice)
+    if i % 2:
+        return streamed_calls(
+            client.chat.completions.create(**kw, max_tokens=120, temperature=0, stream=True)
+        )
+    r = client.chat.completions.create(**kw, max_tokens=120, temperature=0)
+    return r.choices[0].message.tool_calls or [], r.choices[0].finish_reason
+
+
+def each_prompt(fn: Any) -> list[Any]:
+    """fn(i, prompt) for every prompt, sent 10 at a time (the server batches them)."""
+    with ThreadPoolExecutor(10) as pool:
+        return list(pool.map(fn, range(len(PROMPTS)), PROMPTS))
+
+
 def test_required_tool_choice_returns_valid_calls_for_20_of_20_prompts(client, model) -> None:
-    for i, prompt in enumerate(PROMPTS):
-        kw = dict(model=model, messages=ask(prompt), tools=TOOLS, tool_choice="required")
-        if i % 2:
-            calls, reason = streamed_calls(
-                client.chat.completions.create(**kw, max_tokens=120, temperature=0, stream=True)
-            )
-        else:
-            r = client.chat.completions.create(**kw, max_tokens=120, temperature=0)
-            calls, reason = r.choices[0].message.tool_calls or [], r.choices[0].finish_reason
+    results = each_prompt(lambda i, p: call_with(client, model, i, p, "required"))
+    for prompt, (calls, reason) in zip(PROMPTS, results, strict=True):
         assert reason == "tool_calls", prompt
         assert valid_calls(calls, set(SCHEMAS)), prompt
 
 
 def test_a_named_tool_returns_a_valid_call_of_it_for_20_of_20_prompts(client, model) -> None:
-    for i, prompt in enumerate(PROMPTS):
-        name = TOOLS[i % 3]["function"]["name"]
-        choice = {"type": "function", "function": {"name": name}}
-        kw = dict(model=model, messages=ask(prompt), tools=TOOLS, tool_choice=choice)
-        if i % 2:
-            calls, reason = streamed_calls(
-                client.chat.completions.create(**kw, max_tokens=120, temperature=0, stream=True)
-            )
-        else:
-            r = client.chat.completions.create(**kw, max_tokens=120, temperature=0)
-            calls, reason = r.choices[0].message.tool_calls or [], r.choices[0].finish_reason
-        assert reason == "tool_calls" and len(calls) == 1, prompt
-        assert valid_calls(calls, {name}), prompt
+    def named(i: int, prompt: str) -> tuple:
+        choice = {"type": "function", "function": {"name": TOOLS[i % 3]["function"]["name"]}}
+        return call_with(client, model, i, prompt, choice)
+
+    for i, (calls, reason) in enumerate(each_prompt(named)):
+        assert reason == "tool_calls" and len(calls) == 1, PROMPTS[i]
+        assert valid_calls(calls, {TOOLS[i % 3]["function"]["name"]}), PROMPTS[i]
 
 
 class Place(BaseModel):
@@ -165,14 +170,16 @@ class Place(BaseModel):
 
 
 def test_parse_with_a_pydantic_model_returns_a_parsed_object_for_20_of_20(client, model) -> None:
-    for prompt in PROMPTS:
-        r = client.beta.chat.completions.parse(
+    def parse(i: int, prompt: str) -> Any:
+        return client.beta.chat.completions.parse(
             model=model,
             messages=ask(f"Describe a place related to this as JSON: {prompt}"),
             response_format=Place,
             max_tokens=120,
             temperature=0,
         )
+
+    for r in each_prompt(parse):
         assert isinstance(r.choices[0].message.parsed, Place), r.choices[0].message.content
 
 
