@@ -14,9 +14,11 @@ from typing import Any
 from radixserve.bench.client import NotLoopbackError, check_loopback, make_client
 from radixserve.bench.config import BenchConfig
 from radixserve.bench.corpus import TokenCounter
-from radixserve.bench.load import BenchPlan, LoadConfig
-from radixserve.bench.report import format_summary, summarize
+from radixserve.bench.hash_trace import FORMATS, detect_format, read_hash_trace
+from radixserve.bench.load import BenchPlan, LoadConfig, RunPlan
+from radixserve.bench.report import Summary, format_summary, summarize
 from radixserve.bench.spike import format_phases, phase_stats, to_json
+from radixserve.bench.trace_replay import Scaling, TracePlan, TraceWorkload
 from radixserve.bench.workloads import Spike, build_sessions, make_workload, script
 from radixserve.engine.tokenizer import Tokenizer
 from radixserve.errors import RadixServeError
@@ -106,8 +108,14 @@ def _run_bench(args: argparse.Namespace) -> int:
         )
         print(Path(out, "report.md").read_text())
         return 0
-    plan = _plan(args, counter)
-    if args.dry_run:
+    plan: RunPlan
+    if args.trace:
+        if args.dry_run:
+            raise ValueError("--dry-run builds a --workload; a --trace needs a server")
+        plan = _trace_plan(args, counter)
+    else:
+        plan = _plan(args, counter)
+    if isinstance(plan, BenchPlan) and args.dry_run:
         sessions = build_sessions(plan.workload, args.seed, counter)
         specs = script(sessions, plan.api_name)
         trace = [
@@ -139,6 +147,7 @@ def _run_bench(args: argparse.Namespace) -> int:
     summary = summarize(res.records, res.duration)
     title = f"{plan.workload.name} against {url} ({plan.load.describe()})"
     print(format_summary(summary, title))
+    _trace_report(plan, [summary])
     spike = _spike_report(plan, res.records, cache_stats)
     if args.trace_out:
         _write_trace(args.trace_out, res.trace)
@@ -174,7 +183,7 @@ async def _cache_stats(client: Any, url: str) -> dict[str, Any]:
 
 
 def _spike_report(
-    plan: BenchPlan, records: list[Any], cache_stats: list[dict[str, Any]]
+    plan: RunPlan, records: list[Any], cache_stats: list[dict[str, Any]]
 ) -> dict[str, object] | None:
     """Print and return the spike workload's per-phase report (None for other workloads)."""
     if not isinstance(plan.workload, Spike):
@@ -194,7 +203,44 @@ def _spike_report(
     return out
 
 
-def _run_compare(args: argparse.Namespace, plan: BenchPlan, progress: bool) -> int:
+def _trace_plan(args: argparse.Namespace, counter: TokenCounter) -> TracePlan:
+    """The replay of `--trace`, scaled by --time-scale, --length-scale, --max-requests."""
+    fmt = detect_format(args.trace)
+    if fmt == "openai":
+        raise ValueError(f"{args.trace} is not a Mooncake or Bailian block-hash trace")
+    if counter.codec is None:
+        raise ValueError("a trace replay synthesises token ids: it needs a --tokenizer")
+    block_size = args.trace_block_size or FORMATS[fmt]
+    problems: list[str] = []
+    reqs = read_hash_trace(args.trace, fmt, block_size, problems=problems)
+    for line in problems[:10]:
+        print(f"radixserve bench: skipped {line}", file=sys.stderr)
+    if not reqs:
+        raise ValueError(f"{args.trace} holds no usable request")
+    scaling = Scaling(args.time_scale, args.length_scale, args.max_requests)
+    return TracePlan(
+        reqs, block_size, scaling, counter.codec, args.seed, args.model, args.temperature,
+        TraceWorkload(f"{fmt} trace"),
+    )  # fmt: skip
+
+
+def _trace_report(plan: RunPlan, summaries: list[Summary], labels: list[str] | None = None) -> None:
+    """After a trace replay: each server's cached share of prompt tokens against the trace's."""
+    if not isinstance(plan, TracePlan):
+        return
+    names = labels or ["server"]
+    cached = ", ".join(
+        f"{name} {s.cache_hit_ratio:.1%}" for name, s in zip(names, summaries, strict=True)
+    )
+    print(
+        f"cached prompt tokens (the servers' usage): {cached}; the trace's own reusable share: "
+        f"{plan.reusable_share:.1%} (unbounded cache, its hash ids)"
+    )
+    if plan.truncated:
+        print(f"{plan.truncated} prompt(s) cut to fit the server's context")
+
+
+def _run_compare(args: argparse.Namespace, plan: RunPlan, progress: bool) -> int:
     from radixserve.bench.servers import ServerProcess
     from radixserve.bench.suite import compare, warmup, write_run_files
 
@@ -225,6 +271,7 @@ def _run_compare(args: argparse.Namespace, plan: BenchPlan, progress: bool) -> i
             s.stop()
     print(f"{plan.workload.name} ({plan.load.describe()}, {args.rounds} round(s))")
     print(res.table())
+    _trace_report(plan, list(res.summaries), list(res.labels))
     if args.trace_out:
         _write_trace(args.trace_out, res.trace)
     if args.output_dir:

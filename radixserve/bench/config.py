@@ -22,11 +22,38 @@ def _workload_sizes() -> str:
 
 
 @dataclass(frozen=True)
-class BenchConfig:
+class HashTraceOptions:
+    """How a block-hash trace (Mooncake, Bailian) is read, for `analyze` and `bench --trace`."""
+
+    trace_block_size: int | None = option(
+        None,
+        "tokens per hash id of a block-hash trace",
+        type=types.positive_int,
+        default_text="512 for Mooncake, 16 for Bailian",
+    )
+
+
+@dataclass(frozen=True)
+class BenchConfig(HashTraceOptions):
     """A benchmark run: the workload, the load, where results go, and comparisons."""
 
     url: str = option("http://127.0.0.1:8000", "server base URL (loopback only)")
     workload: str = option("rag", "the traffic shape", choices=tuple(WORKLOADS))
+    trace: str | None = option(
+        None,
+        "replay this Mooncake or Bailian block-hash trace instead of --workload: token ids "
+        "synthesised per hash id from real text, sent at the trace's times (AIPerf's "
+        "mooncake_trace); --max-requests takes its first N",
+        metavar="FILE",
+    )
+    time_scale: float = option(
+        1.0, "trace replay: multiply the trace's arrival times", type=types.positive_float
+    )
+    length_scale: float = option(
+        1.0,
+        "trace replay: multiply every block's tokens and every output length (at least 1)",
+        type=types.positive_float,
+    )
     param: list[str] = option(
         [],
         "workload size override, repeatable. Defaults: " + _workload_sizes(),
@@ -115,7 +142,7 @@ class BenchConfig:
 
 
 @dataclass(frozen=True)
-class AnalyzeConfig:
+class AnalyzeConfig(HashTraceOptions):
     """What `analyze` replays a trace with: tokenizer, block size, KV shape, capacities (a
     block-hash trace is never tokenized: its blocks are `--trace-block-size` tokens)."""
 
@@ -138,12 +165,6 @@ class AnalyzeConfig:
         None,
         "eviction policies to replay and compare, comma-separated (e.g. lru,fanout,slru); adds "
         "a table and policy_curves.png",
-    )
-    trace_block_size: int | None = option(
-        None,
-        "tokens per hash id of a block-hash trace",
-        type=types.positive_int,
-        default_text="512 for Mooncake, 16 for Bailian",
     )
     strict: bool = option(False, "stop at the first malformed line of a block-hash trace")
     output_dir: str | None = option(None, "write analysis.json and PNG plots here")
