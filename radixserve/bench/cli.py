@@ -15,6 +15,7 @@ from radixserve.bench.client import NotLoopbackError, check_loopback, make_clien
 from radixserve.bench.config import BenchConfig
 from radixserve.bench.corpus import TokenCounter
 from radixserve.bench.hash_trace import FORMATS, detect_format, read_hash_trace
+from radixserve.bench.headline import headline_table, sweep_plan
 from radixserve.bench.load import BenchPlan, LoadConfig, RunPlan
 from radixserve.bench.report import Summary, format_summary, summarize
 from radixserve.bench.spike import format_phases, phase_stats, to_json
@@ -115,6 +116,8 @@ def _run_bench(args: argparse.Namespace) -> int:
         plan = _trace_plan(args, counter)
     else:
         plan = _plan(args, counter)
+    if args.slo_ttft and not (args.compare and isinstance(plan, BenchPlan)):
+        raise ValueError("--slo-ttft sweeps rates of a --workload under --compare A B")
     if isinstance(plan, BenchPlan) and args.dry_run:
         sessions = build_sessions(plan.workload, args.seed, counter)
         specs = script(sessions, plan.api_name)
@@ -261,16 +264,31 @@ def _run_compare(args: argparse.Namespace, plan: RunPlan, progress: bool) -> int
                 for u in urls:
                     await warmup(client, u, args.model)
                 labels = (args.labels[0], args.labels[1])
-                return await compare(
-                    client, plan, (urls[0], urls[1]), labels, args.rounds, progress
-                )
+                res = await compare(client, plan, (urls[0], urls[1]), labels, args.rounds, progress)
+                sweeps = None
+                if args.slo_ttft and isinstance(plan, BenchPlan):
+                    sweeps = await sweep_plan(
+                        client, plan, (urls[0], urls[1]), args.slo_ttft, args.sweep_start,
+                        args.max_requests, progress,
+                    )  # fmt: skip
+                return res, sweeps
 
-        res = asyncio.run(go())
+        res, sweeps = asyncio.run(go())
     finally:
         for s in servers:
             s.stop()
     print(f"{plan.workload.name} ({plan.load.describe()}, {args.rounds} round(s))")
     print(res.table())
+    if sweeps is not None:
+        for label, sw in zip(res.labels, sweeps, strict=True):
+            steps = ", ".join(f"{p.rate:g}: {p.ttft_p90 * 1000:.0f} ms" for p in sw.points)
+            print(f"rate sweep {label} (req/s: p90 TTFT): {steps}")
+        ttft = (res.summaries[0].ttft["p50"], res.summaries[1].ttft["p50"])
+        print(
+            headline_table(
+                res.labels, ttft, sweeps, args.slo_ttft, args.price_per_hour, args.sweep_start
+            )
+        )
     _trace_report(plan, list(res.summaries), list(res.labels))
     if args.trace_out:
         _write_trace(args.trace_out, res.trace)

@@ -116,6 +116,24 @@ class BenchConfig(HashTraceOptions):
     rounds: int = option(
         1, "alternations (each with seed+round)", type=types.positive_int, group=_COMPARE
     )
+    slo_ttft: float | None = option(
+        None,
+        "with --compare: sweep Poisson rates (--sweep-start, doubling) on both sides until p90 "
+        "TTFT exceeds this many seconds, and print the headline table (TTFT p50, maximum "
+        "sustainable rate, cost per 1k tokens)",
+        type=types.positive_float,
+        group=_COMPARE,
+    )
+    sweep_start: float = option(
+        0.25, "the rate sweep's first rate (req/s)", type=types.positive_float, group=_COMPARE
+    )
+    price_per_hour: float = option(
+        1.0,
+        "the machine's price in dollars per hour, for the cost per 1k tokens (prompt + "
+        "completion) at the maximum sustainable rate",
+        type=types.positive_float,
+        group=_COMPARE,
+    )
     suite: bool = option(
         False,
         "every workload, cache on vs off, against two `radixserve serve` it starts; writes "
