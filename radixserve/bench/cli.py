@@ -14,10 +14,13 @@ from typing import Any
 from radixserve.bench.client import NotLoopbackError, check_loopback, make_client
 from radixserve.bench.config import BenchConfig
 from radixserve.bench.corpus import TokenCounter
-from radixserve.bench.load import BenchPlan, LoadConfig
-from radixserve.bench.report import format_summary, summarize
+from radixserve.bench.hash_trace import FORMATS, detect_format, read_hash_trace
+from radixserve.bench.headline import headline_table, sweep_plan
+from radixserve.bench.load import BenchPlan, LoadConfig, RunPlan
+from radixserve.bench.report import Summary, format_summary, summarize
 from radixserve.bench.spike import format_phases, phase_stats, to_json
 from radixserve.bench.tools import agent_stats, format_agent
+from radixserve.bench.trace_replay import Scaling, TracePlan, TraceWorkload
 from radixserve.bench.workloads import AgentLoop, Spike, build_sessions, make_workload, script
 from radixserve.engine.tokenizer import Tokenizer
 from radixserve.errors import RadixServeError
@@ -107,8 +110,16 @@ def _run_bench(args: argparse.Namespace) -> int:
         )
         print(Path(out, "report.md").read_text())
         return 0
-    plan = _plan(args, counter)
-    if args.dry_run:
+    plan: RunPlan
+    if args.trace:
+        if args.dry_run:
+            raise ValueError("--dry-run builds a --workload; a --trace needs a server")
+        plan = _trace_plan(args, counter)
+    else:
+        plan = _plan(args, counter)
+    if args.slo_ttft and not (args.compare and isinstance(plan, BenchPlan)):
+        raise ValueError("--slo-ttft sweeps rates of a --workload under --compare A B")
+    if isinstance(plan, BenchPlan) and args.dry_run:
         sessions = build_sessions(plan.workload, args.seed, counter)
         specs = script(sessions, plan.api_name)
         trace = [
@@ -140,6 +151,7 @@ def _run_bench(args: argparse.Namespace) -> int:
     summary = summarize(res.records, res.duration)
     title = f"{plan.workload.name} against {url} ({plan.load.describe()})"
     print(format_summary(summary, title))
+    _trace_report(plan, [summary])
     spike = _spike_report(plan, res.records, cache_stats)
     agent = _agent_report(plan, res.records)
     if args.trace_out:
@@ -178,7 +190,7 @@ async def _cache_stats(client: Any, url: str) -> dict[str, Any]:
 
 
 def _spike_report(
-    plan: BenchPlan, records: list[Any], cache_stats: list[dict[str, Any]]
+    plan: RunPlan, records: list[Any], cache_stats: list[dict[str, Any]]
 ) -> dict[str, object] | None:
     """Print and return the spike workload's per-phase report (None for other workloads)."""
     if not isinstance(plan.workload, Spike):
@@ -198,16 +210,55 @@ def _spike_report(
     return out
 
 
-def _agent_report(plan: BenchPlan, records: list[Any], label: str = "") -> dict[str, Any] | None:
+def _agent_report(plan: RunPlan, records: list[Any], label: str = "") -> dict[str, Any] | None:
     """Print and return the agent workload's constrained-vs-free report (None for others)."""
-    if not isinstance(plan.workload, AgentLoop) or plan.api_name != "chat":
+    if not isinstance(plan, BenchPlan) or not isinstance(plan.workload, AgentLoop):
+        return None
+    if plan.api_name != "chat":
         return None
     stats = agent_stats(records)
     print("\n" + format_agent(stats, f"agent{f' [{label}]' if label else ''}"))
     return stats
 
 
-def _run_compare(args: argparse.Namespace, plan: BenchPlan, progress: bool) -> int:
+def _trace_plan(args: argparse.Namespace, counter: TokenCounter) -> TracePlan:
+    """The replay of `--trace`, scaled by --time-scale, --length-scale, --max-requests."""
+    fmt = detect_format(args.trace)
+    if fmt == "openai":
+        raise ValueError(f"{args.trace} is not a Mooncake or Bailian block-hash trace")
+    if counter.codec is None:
+        raise ValueError("a trace replay synthesises token ids: it needs a --tokenizer")
+    block_size = args.trace_block_size or FORMATS[fmt]
+    problems: list[str] = []
+    reqs = read_hash_trace(args.trace, fmt, block_size, problems=problems)
+    for line in problems[:10]:
+        print(f"radixserve bench: skipped {line}", file=sys.stderr)
+    if not reqs:
+        raise ValueError(f"{args.trace} holds no usable request")
+    scaling = Scaling(args.time_scale, args.length_scale, args.max_requests)
+    return TracePlan(
+        reqs, block_size, scaling, counter.codec, args.seed, args.model, args.temperature,
+        TraceWorkload(f"{fmt} trace"),
+    )  # fmt: skip
+
+
+def _trace_report(plan: RunPlan, summaries: list[Summary], labels: list[str] | None = None) -> None:
+    """After a trace replay: each server's cached share of prompt tokens against the trace's."""
+    if not isinstance(plan, TracePlan):
+        return
+    names = labels or ["server"]
+    cached = ", ".join(
+        f"{name} {s.cache_hit_ratio:.1%}" for name, s in zip(names, summaries, strict=True)
+    )
+    print(
+        f"cached prompt tokens (the servers' usage): {cached}; the trace's own reusable share: "
+        f"{plan.reusable_share:.1%} (unbounded cache, its hash ids)"
+    )
+    if plan.truncated:
+        print(f"{plan.truncated} prompt(s) cut to fit the server's context")
+
+
+def _run_compare(args: argparse.Namespace, plan: RunPlan, progress: bool) -> int:
     from radixserve.bench.servers import ServerProcess
     from radixserve.bench.suite import compare, warmup, write_run_files
 
@@ -228,11 +279,16 @@ def _run_compare(args: argparse.Namespace, plan: BenchPlan, progress: bool) -> i
                 for u in urls:
                     await warmup(client, u, args.model)
                 labels = (args.labels[0], args.labels[1])
-                return await compare(
-                    client, plan, (urls[0], urls[1]), labels, args.rounds, progress
-                )
+                res = await compare(client, plan, (urls[0], urls[1]), labels, args.rounds, progress)
+                sweeps = None
+                if args.slo_ttft and isinstance(plan, BenchPlan):
+                    sweeps = await sweep_plan(
+                        client, plan, (urls[0], urls[1]), args.slo_ttft, args.sweep_start,
+                        args.max_requests, progress,
+                    )  # fmt: skip
+                return res, sweeps
 
-        res = asyncio.run(go())
+        res, sweeps = asyncio.run(go())
     finally:
         for s in servers:
             s.stop()
@@ -240,6 +296,17 @@ def _run_compare(args: argparse.Namespace, plan: BenchPlan, progress: bool) -> i
     print(res.table())
     for label, records in zip(res.labels, res.records, strict=True):
         _agent_report(plan, records, label)
+    if sweeps is not None:
+        for label, sw in zip(res.labels, sweeps, strict=True):
+            steps = ", ".join(f"{p.rate:g}: {p.ttft_p90 * 1000:.0f} ms" for p in sw.points)
+            print(f"rate sweep {label} (req/s: p90 TTFT): {steps}")
+        ttft = (res.summaries[0].ttft["p50"], res.summaries[1].ttft["p50"])
+        print(
+            headline_table(
+                res.labels, ttft, sweeps, args.slo_ttft, args.price_per_hour, args.sweep_start
+            )
+        )
+    _trace_report(plan, list(res.summaries), list(res.labels))
     if args.trace_out:
         _write_trace(args.trace_out, res.trace)
     if args.output_dir:

@@ -143,12 +143,15 @@ async def send_request(
                     parts.append(text)  # content only; call text is in `calls`
                 if finish:
                     rec.finish_reason = finish
+                timings = chunk.get("timings")  # llama.cpp's server: cache_n prompt tokens hit
+                if isinstance(timings, dict) and isinstance(timings.get("cache_n"), int):
+                    rec.cached_tokens = rec.cached_tokens or timings["cache_n"]
                 usage = chunk.get("usage")
                 if usage:
                     rec.prompt_tokens = usage.get("prompt_tokens")
                     rec.completion_tokens = usage.get("completion_tokens")
                     details = usage.get("prompt_tokens_details") or {}
-                    rec.cached_tokens = details.get("cached_tokens") or 0
+                    rec.cached_tokens = details.get("cached_tokens") or rec.cached_tokens or 0
     except (httpx.HTTPError, json.JSONDecodeError) as e:
         rec.error = f"{type(e).__name__}: {e}"
     rec.e2e = time.perf_counter() - start

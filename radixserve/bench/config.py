@@ -22,11 +22,38 @@ def _workload_sizes() -> str:
 
 
 @dataclass(frozen=True)
-class BenchConfig:
+class HashTraceOptions:
+    """How a block-hash trace (Mooncake, Bailian) is read, for `analyze` and `bench --trace`."""
+
+    trace_block_size: int | None = option(
+        None,
+        "tokens per hash id of a block-hash trace",
+        type=types.positive_int,
+        default_text="512 for Mooncake, 16 for Bailian",
+    )
+
+
+@dataclass(frozen=True)
+class BenchConfig(HashTraceOptions):
     """A benchmark run: the workload, the load, where results go, and comparisons."""
 
     url: str = option("http://127.0.0.1:8000", "server base URL (loopback only)")
     workload: str = option("rag", "the traffic shape", choices=tuple(WORKLOADS))
+    trace: str | None = option(
+        None,
+        "replay this Mooncake or Bailian block-hash trace instead of --workload: token ids "
+        "synthesised per hash id from real text, sent at the trace's times (AIPerf's "
+        "mooncake_trace); --max-requests takes its first N",
+        metavar="FILE",
+    )
+    time_scale: float = option(
+        1.0, "trace replay: multiply the trace's arrival times", type=types.positive_float
+    )
+    length_scale: float = option(
+        1.0,
+        "trace replay: multiply every block's tokens and every output length (at least 1)",
+        type=types.positive_float,
+    )
     param: list[str] = option(
         [],
         "workload size override, repeatable. Defaults: " + _workload_sizes(),
@@ -89,6 +116,24 @@ class BenchConfig:
     rounds: int = option(
         1, "alternations (each with seed+round)", type=types.positive_int, group=_COMPARE
     )
+    slo_ttft: float | None = option(
+        None,
+        "with --compare: sweep Poisson rates (--sweep-start, doubling) on both sides until p90 "
+        "TTFT exceeds this many seconds, and print the headline table (TTFT p50, maximum "
+        "sustainable rate, cost per 1k tokens)",
+        type=types.positive_float,
+        group=_COMPARE,
+    )
+    sweep_start: float = option(
+        0.25, "the rate sweep's first rate (req/s)", type=types.positive_float, group=_COMPARE
+    )
+    price_per_hour: float = option(
+        1.0,
+        "the machine's price in dollars per hour, for the cost per 1k tokens (prompt + "
+        "completion) at the maximum sustainable rate",
+        type=types.positive_float,
+        group=_COMPARE,
+    )
     suite: bool = option(
         False,
         "every workload, cache on vs off, against two `radixserve serve` it starts; writes "
@@ -115,7 +160,7 @@ class BenchConfig:
 
 
 @dataclass(frozen=True)
-class AnalyzeConfig:
+class AnalyzeConfig(HashTraceOptions):
     """What `analyze` replays a trace with: tokenizer, block size, KV shape, capacities (a
     block-hash trace is never tokenized: its blocks are `--trace-block-size` tokens)."""
 
@@ -138,12 +183,6 @@ class AnalyzeConfig:
         None,
         "eviction policies to replay and compare, comma-separated (e.g. lru,fanout,slru); adds "
         "a table and policy_curves.png",
-    )
-    trace_block_size: int | None = option(
-        None,
-        "tokens per hash id of a block-hash trace",
-        type=types.positive_int,
-        default_text="512 for Mooncake, 16 for Bailian",
     )
     strict: bool = option(False, "stop at the first malformed line of a block-hash trace")
     output_dir: str | None = option(None, "write analysis.json and PNG plots here")

@@ -13,7 +13,7 @@ import random
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 from tqdm import tqdm
@@ -139,6 +139,40 @@ async def run_load(
     duration = max((r.start + r.e2e for r in records), default=0.0)
     trace.sort(key=lambda e: e["timestamp"])
     return RunResult(records, duration, trace)
+
+
+class Described(Protocol):
+    """What a report says about a plan's load (`LoadConfig`, or a trace's arrivals)."""
+
+    def describe(self) -> str: ...
+
+
+class Sized(Protocol):
+    """What a report says about a plan's traffic (a `Workload`, or a trace)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def params(self) -> dict[str, Any]: ...
+
+
+class RunPlan(Protocol):
+    """Anything a comparison can drive: a workload's `BenchPlan` or a trace's `TracePlan`."""
+
+    @property
+    def workload(self) -> Sized: ...
+
+    @property
+    def load(self) -> Described: ...
+
+    async def run(
+        self,
+        client: httpx.AsyncClient,
+        base_url: str,
+        seed_offset: int = 0,
+        progress: bool = True,
+        desc: str = "",
+    ) -> RunResult: ...
 
 
 @dataclass

@@ -23,7 +23,7 @@ import httpx
 
 from radixserve.bench.analyze import ChatTokenizer, analyze_tokens, read_trace, tokenize
 from radixserve.bench.client import check_loopback, fetch_model, make_client
-from radixserve.bench.load import BenchPlan, LoadConfig
+from radixserve.bench.load import BenchPlan, LoadConfig, RunPlan
 from radixserve.bench.plots import plot_suite_ratios, plot_ttft_cdf, plot_ttft_vs_prompt
 from radixserve.bench.report import (
     RequestRecord,
@@ -79,7 +79,7 @@ async def warmup(client: httpx.AsyncClient, base_url: str, model: str | None) ->
 
 async def compare(
     client: httpx.AsyncClient,
-    plan: BenchPlan,
+    plan: RunPlan,
     urls: tuple[str, str],
     labels: tuple[str, str] = ("A", "B"),
     rounds: int = 1,
