@@ -319,13 +319,26 @@ def analyze_tokens(
         p.capacity_bytes = cap * a.bytes_per_block
         return p
 
-    grid = list(capacities if capacities is not None else default_capacities(working))
-    a.curve = [point(c) for c in grid]
+    fill_curves(a, point, capacities, policies)
+    return a
+
+
+def fill_curves(
+    a: Analysis,
+    point: Callable[[int, str], CachePoint],
+    capacities: Sequence[int] | None,
+    policies: Sequence[str],
+) -> None:
+    """Fill `a`'s miss-ratio curve (the default policy) and one curve per named policy, from
+    `point(capacity, policy)`, over `capacities` or a grid around `a`'s working set (then
+    refined around the knee)."""
+    given = capacities is not None
+    grid = list(capacities) if capacities is not None else default_capacities(a.working_set_blocks)
+    a.curve = [point(c, DEFAULT_POLICY) for c in grid]
     for name in policies:
         a.policy_curves[name] = [point(c, name) for c in grid]
-    if capacities is None:
-        refine_knee(a, point)
-    return a
+    if not given:
+        refine_knee(a, lambda cap: point(cap, DEFAULT_POLICY))
 
 
 def refine_knee(a: Analysis, point: Callable[[int], CachePoint]) -> None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from radixserve.bench.analyze import Analysis, CachePoint, default_capacities, refine_knee
+from radixserve.bench.analyze import Analysis, CachePoint, fill_curves
 from radixserve.cache import DEFAULT_POLICY, BlockPool, RadixCache, make_policy
 
 FORMATS = {"mooncake": 512, "bailian": 16}  # each format's block size in tokens
@@ -261,12 +261,7 @@ def analyze_hash_trace(
         p.capacity_bytes = cap * a.bytes_per_block
         return p
 
-    grid = list(capacities if capacities is not None else default_capacities(working))
-    a.curve = [point(c) for c in grid]
-    for name in policies:
-        a.policy_curves[name] = [point(c, name) for c in grid]
-    if capacities is None:
-        refine_knee(a, point)
+    fill_curves(a, point, capacities, policies)
     return a
 
 
