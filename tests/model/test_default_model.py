@@ -73,10 +73,12 @@ def test_capital_of_france(default_model_files) -> None:
 def test_a_16_bit_kv_cache_answers_and_its_hits_equal_recompute(
     default_model_files, kv_cache_dtype: str
 ) -> None:
-    """The default (float32 here, 4-bit weights) with K/V stored in 16 bits: the chat answer
-    holds, and an exact repeat served from the cache gives the tokens of the first run, which
-    computed everything, and its logits to the 16-bit rounding."""
-    engine = LLMEngine(EngineConfig(kv_cache_memory="64MiB", kv_cache_dtype=kv_cache_dtype))
+    """Float32 activations (the float32 prefill path; the matrix-unit paths state their own
+    bounds in test_prefill_paths.py) and 4-bit weights, with K/V stored in 16 bits: the chat
+    answer holds, and an exact repeat served from the cache gives the tokens of the first run,
+    which computed everything, and its logits to the 16-bit rounding."""
+    config = EngineConfig(kv_cache_memory="64MiB", kv_cache_dtype=kv_cache_dtype, dtype="float32")
+    engine = LLMEngine(config)
     assert engine.runner.kv_pool.k.dtype == getattr(torch, kv_cache_dtype)
     llm = LLM.from_engine(engine)
     messages = [{"role": "user", "content": "What is the capital of France?"}]

@@ -34,6 +34,7 @@ FUZZED = {
     "GET /v1/cache/stats",
     "GET /v1/cache/tree",
     "GET /v1/dashboard/stats",
+    "POST /reset_prefix_cache",
 }
 ENDLESS = "GET /v1/cache/events"  # an endless event stream: bench/fuzz.py leaves it out
 
