@@ -237,3 +237,12 @@ def test_bench_concurrency_zero_is_named() -> None:
 def test_analyze_block_size_out_of_range_is_named(tmp_path: Path) -> None:
     res = run_cli("analyze", str(tmp_path / "t.jsonl"), "--block-size", "0")
     assert_one_error_line(res, "analyze", "--block-size")
+
+
+def test_a_malformed_speculative_config_is_named() -> None:
+    line = assert_one_error_line(
+        run_cli("serve", "--speculative-config", '{"method": "eagle"}'),
+        "serve",
+        "--speculative-config",
+    )
+    assert "ngram, suffix, radix" in line

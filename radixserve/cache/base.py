@@ -69,6 +69,14 @@ class PrefixCache(ABC):
     def peek_prefix(self, token_ids: TokenIds, namespace: Hashable = None) -> int:
         """How many leading tokens of `token_ids` are cached (whole blocks); changes nothing."""
 
+    def continuation(
+        self, token_ids: TokenIds, namespace: Hashable = None, max_tokens: int = 8
+    ) -> list[int]:
+        """Up to `max_tokens` token ids that follow `token_ids` along a cached path (the most
+        recently used branch where it forks), or [] when `token_ids` is not on one; changes
+        nothing. A cache that holds nothing has no continuation."""
+        return []
+
     # ----------------------------------------------------------------- mutation
 
     @abstractmethod

@@ -15,7 +15,7 @@ from radixserve.cache.pool import BlockPool
 from radixserve.cache.refetch import RefetchTracker
 from radixserve.cache.snapshot import TreeSnapshot, export_records, take_snapshot
 from radixserve.cache.tokens import TOKEN_BYTES, LazyQuery, TokenIds, decode, encode
-from radixserve.cache.trie import path_blocks, post_order, walk
+from radixserve.cache.trie import continuation, path_blocks, post_order, walk
 from radixserve.cache.types import CacheEvent, InsertResult, MatchResult, NodeRecord
 
 
@@ -129,6 +129,20 @@ class RadixCache(PrefixCache):
             query = LazyQuery(token_ids, len(token_ids) // self.block_size * self.block_size)
             _, matched, _, k = walk(root, self._block_bytes, query)
             return matched // TOKEN_BYTES + k * self.block_size
+
+    def continuation(
+        self, token_ids: TokenIds, namespace: Hashable = None, max_tokens: int = 8
+    ) -> list[int]:
+        """Up to `max_tokens` token ids that follow `token_ids` along a cached path (the most
+        recently used branch where it forks), or [] when `token_ids` is not on one.
+
+        Read-only, like `peek_prefix`: the speculative drafter asks this every decode step.
+        """
+        with self._lock:
+            root = self._roots.get(namespace)
+            if root is None:
+                return []
+            return continuation(root, self._block_bytes, token_ids, max_tokens)
 
     # ----------------------------------------------------------------- mutation
 

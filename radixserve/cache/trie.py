@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from radixserve.cache.node import RadixNode
-from radixserve.cache.tokens import LazyQuery
+from radixserve.cache.tokens import TOKEN_BYTES, LazyQuery, TokenIds, decode, encode
 
 Walk = tuple[list[RadixNode], int, RadixNode | None, int]
 """What a walk found: the fully matched nodes, the bytes they cover, and the node the
@@ -53,6 +53,37 @@ def walk(root: RadixNode, block_bytes: int, query: LazyQuery) -> Walk:
                 hi = mid - 1
         return path, off, child, lo
     return path, off, None, 0
+
+
+def continuation(
+    root: RadixNode, block_bytes: int, token_ids: TokenIds, max_tokens: int
+) -> list[int]:
+    """Up to `max_tokens` token ids that follow `token_ids` along a cached path, or [] when
+    `token_ids` does not lie on one (every whole block cached, then its partial last block
+    the start of a cached run). Where the path branches, the most recently used child is
+    followed. Changes nothing."""
+    if max_tokens <= 0:
+        return []
+    whole = len(token_ids) // (block_bytes // TOKEN_BYTES) * (block_bytes // TOKEN_BYTES)
+    path, off, child, k = walk(root, block_bytes, LazyQuery(token_ids, whole))
+    if off + k * block_bytes < whole * TOKEN_BYTES:
+        return []  # the sequence leaves the tree before its last whole block
+    tail = encode(token_ids, whole)
+    if child is not None:  # the match ends inside child's run, after k blocks
+        node, at = child, k * block_bytes
+    else:
+        parent = path[-1] if path else root
+        fits = [c for c in parent.children.values() if c.tokens.startswith(tail)]
+        if not fits:
+            return []
+        node, at = max(fits, key=lambda c: c.last_access), 0
+    if not node.tokens.startswith(tail, at):
+        return []
+    out = bytearray(node.tokens[at + len(tail) : at + len(tail) + max_tokens * TOKEN_BYTES])
+    while len(out) < max_tokens * TOKEN_BYTES and node.children:
+        node = max(node.children.values(), key=lambda c: c.last_access)
+        out += node.tokens[: max_tokens * TOKEN_BYTES - len(out)]
+    return list(decode(bytes(out)))
 
 
 def path_blocks(path: list[RadixNode]) -> list[int]:

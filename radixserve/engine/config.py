@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from radixserve.cache import DEFAULT_POLICY, POLICIES
+from radixserve.engine.spec_config import speculative_config_arg
 from radixserve.options import option, types
 from radixserve.values import ATTENTION_BACKENDS, DTYPES, QUANTIZATIONS
 
@@ -129,4 +130,14 @@ class EngineConfig:
     )
     kv_persist_dir: str | None = option(
         None, "warm restart: save the prefix cache here on graceful shutdown, load it at start"
+    )
+    speculative_config: str | None = option(
+        None,
+        "speculative decoding without a draft model, as JSON with vLLM's keys: method "
+        "(ngram: prompt lookup; suffix: that, then every request's recent outputs; radix: the "
+        "prefix cache's own continuation first, then as suffix), num_speculative_tokens, "
+        "prompt_lookup_min, prompt_lookup_max; e.g. "
+        '\'{"method": "radix", "num_speculative_tokens": 5}\'',
+        type=speculative_config_arg,
+        default_text="off",
     )

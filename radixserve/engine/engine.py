@@ -21,13 +21,16 @@ from radixserve.engine.params import SamplingParams
 from radixserve.engine.request import OutputCallback, Request, check_prompt
 from radixserve.engine.sampler import make_generator, sampling_row, score_rows
 from radixserve.engine.scheduler import ScheduledChunk
+from radixserve.engine.spec_config import parse_speculative_config
+from radixserve.engine.speculative import Speculator
 from radixserve.engine.stats import EngineCounters, EngineStats, cache_stats, collect_stats
 from radixserve.engine.structured import GrammarCompiler
 from radixserve.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from radixserve.errors import EngineDeadError, InvalidRequestError, QueueFullError
 from radixserve.model import kernels
+from radixserve.model.batch import SeqChunk
 from radixserve.model.decoder import DecoderModel
-from radixserve.model.runner import StepResult
+from radixserve.model.runner import ScoreRows, StepResult
 from radixserve.model.sampling import SamplingRow, TokenLogprobs
 
 log = logging.getLogger(__name__)
@@ -85,6 +88,15 @@ class LLMEngine:
         self._bitmask = torch.zeros(0, self.grammars.bitmask_words, dtype=torch.int32)
         self._closer: JsonCloser | None = None  # built with the first JSON-constrained row
         self._counters = EngineCounters()
+        spec = self.config.speculative_config
+        self._speculator = (
+            Speculator(
+                parse_speculative_config(spec), self.kv.cache,
+                self.num_blocks * self.block_size, self._counters,
+            )
+            if spec
+            else None
+        )  # fmt: skip
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._inbox: list[Request] = []
@@ -219,7 +231,7 @@ class LLMEngine:
         it (`PrefixCache.reset`). Raises EngineDeadError if the loop is not running, and
         TimeoutError if the loop took longer than `timeout` to get to it."""
         if self._thread is None:  # not started (tests that drive `step` themselves)
-            return self.kv.cache.reset()
+            return self._reset_cache()
         done: Future[int] = Future()
         with self._lock:
             if self._stop or self._crashed is not None:
@@ -227,6 +239,12 @@ class LLMEngine:
             self._resets.append(done)
             self._wake.notify_all()
         return done.result(timeout)
+
+    def _reset_cache(self) -> int:
+        """Drop every unpinned cached prefix, and the outputs kept for drafting with them."""
+        if self._speculator is not None:
+            self._speculator.reset()
+        return self.kv.cache.reset()
 
     def remove_cache_listener(self, fn: Callable[[CacheEvent], None]) -> None:
         """Stop calling `fn`."""
@@ -286,7 +304,7 @@ class LLMEngine:
             aborts, self._aborts = self._aborts, []
             resets, self._resets = self._resets, []
         for done in resets:
-            done.set_result(self.kv.cache.reset())
+            done.set_result(self._reset_cache())
         for req in inbox:
             self._track(req)
             if req.index == 0:
@@ -300,23 +318,36 @@ class LLMEngine:
             if self.scheduler.waiting and not self.scheduler.running:
                 time.sleep(0.001)  # blocks are pinned by running requests only; wait for them
             return
-        seq_chunks, scoring = [], []
+        if self._speculator is not None:
+            budget = self.config.max_num_batched_tokens
+            self._speculator.attach_drafts(chunks, self.kv, budget, self.max_model_len)
+        # One row per chunk, then one per drafted token: `firsts[k]` is chunk k's first row.
+        seq_chunks: list[SeqChunk] = []
+        scoring: list[ScoreRows | None] = []
+        drafts: list[int | None] = []
+        firsts: list[int] = []
         for c in chunks:
             logits_from, score = score_rows(c.req, c.req.num_computed, c.num_tokens)
-            seq_chunks.append(c.seq_chunk(logits_from))
-            scoring.append(score)
+            firsts.append(len(seq_chunks))
+            seq_chunks += [c.seq_chunk(logits_from), *c.draft_chunks()]
+            scoring += [score] + [None] * len(c.drafts)
+            drafts += [*c.drafts, None]
+        keep = [c.req.params.return_logits for c in chunks for _ in range(1 + len(c.drafts))]
         result = self.runner.run(
-            seq_chunks, self._sampling_rows(chunks), [c.req.params.return_logits for c in chunks],
-            scoring,
+            seq_chunks, self._sampling_rows(chunks), keep, scoring,
+            drafts if len(drafts) > len(chunks) else None,
         )  # fmt: skip
-        self._postprocess(chunks, result)
+        self._postprocess(chunks, firsts, result)
 
     def _sampling_rows(self, chunks: list[ScheduledChunk]) -> list[SamplingRow | None]:
-        """How each chunk that samples draws its token; a constrained request's row carries
-        the bitmask of the tokens its grammar allows now (computed here, per step: tens of
-        microseconds per row, so unconstrained rows of the step barely wait)."""
+        """How each row that samples draws its token (a chunk's row, then one per drafted
+        token, each as if the drafts before it had been accepted); a constrained request's
+        row carries the bitmask of the tokens its grammar allows there (computed here, per
+        step: tens of microseconds per row, so unconstrained rows of the step barely wait)."""
         eos = self._parts.eos_ids
-        constrained = sum(1 for c in chunks if c.samples and c.req.matcher is not None)
+        constrained = sum(
+            1 + len(c.drafts) for c in chunks if c.samples and c.req.matcher is not None
+        )
         if constrained > self._bitmask.shape[0]:
             self._bitmask = torch.zeros(
                 max(constrained, self.config.max_num_seqs), self.grammars.bitmask_words,
@@ -328,13 +359,20 @@ class LLMEngine:
             if not c.samples:
                 rows.append(None)
                 continue
-            allowed = None
-            if c.req.matcher is not None:
-                allowed = self._bitmask[used]
-                c.req.matcher.fill_bitmask(allowed)
-                used += 1
-                self._steer_to_close(c.req, allowed)
-            rows.append(sampling_row(c.req, eos, allowed))
+            matcher = c.req.matcher
+            for j in range(1 + len(c.drafts)):
+                allowed = None
+                if matcher is not None:
+                    allowed = self._bitmask[used]
+                    matcher.fill_bitmask(allowed)
+                    used += 1
+                    if j == 0:
+                        self._steer_to_close(c.req, allowed)
+                    if j < len(c.drafts):
+                        matcher.accept(c.drafts[j])  # valid: attach_drafts kept what it accepts
+                rows.append(sampling_row(c.req, eos, allowed, c.drafts[:j]))
+            if matcher is not None and c.drafts:
+                matcher.rollback(len(c.drafts))
         return rows
 
     def _steer_to_close(self, req: Request, allowed: torch.Tensor) -> None:
@@ -352,37 +390,55 @@ class LLMEngine:
             self._closer = JsonCloser(self.tokenizer.hf, vocab, self._parts.eos_ids)
         self._closer.steer(allowed, req.text)
 
-    def _postprocess(self, chunks: list[ScheduledChunk], result: StepResult) -> None:
-        """Record what the step computed, then each sampled token: its text, stop checks,
+    def _postprocess(
+        self, chunks: list[ScheduledChunk], firsts: list[int], result: StepResult
+    ) -> None:
+        """Record what the step computed, then each sampled token (a chunk's, then those its
+        accepted drafts yielded, each as its own decode step would): its text, stop checks,
         and the request's output (or its end)."""
         now = time.monotonic()
-        tokens = result.token_ids
-        for i, c in enumerate(chunks):
+        for c, i in zip(chunks, firsts, strict=True):
             req = c.req
             self.kv.commit(req, c.num_tokens)
             if i in result.scores and req.prompt_logprobs is not None and req.leader is None:
                 req.prompt_logprobs.extend(result.scores[i])
-            if i not in tokens:
+            if i not in result.token_ids:
                 continue
-            if i in result.logits:
-                req.logits.append(result.logits[i])
-            if i in result.logprobs and req.logprobs is not None:
-                req.logprobs.append(result.logprobs[i])
-                req.cumulative_logprob += result.logprobs[i].logprob
-            self._counters.generation_tokens_total += 1
-            if req.metrics.first_token_time is None:
-                req.metrics.first_token_time = now
-            reason = append_token(req, tokens[i], self._parts.eos_ids, self.max_model_len)
-            if req.matcher is not None:
-                if not req.matcher.accept(tokens[i]):
-                    req.error = f"the grammar rejected a token: {req.matcher.error}"
-                    reason = "error"
-                elif reason is None and req.matcher.is_finished:
-                    reason = "stop"  # the grammar is complete: nothing else may follow
+            reason = self._emit(req, i, result, now)
+            accepted = 0
+            for j in range(i + 1, i + 1 + len(c.drafts)):
+                if reason is not None or j not in result.token_ids:
+                    break
+                self.kv.commit(req, 1)  # the accepted draft's K/V, computed at row j
+                accepted += 1
+                reason = self._emit(req, j, result, now)
+            if c.drafts:
+                assert self._speculator is not None
+                self._speculator.record(req, len(c.drafts), accepted)
             if reason is not None:
                 self._finish(req, reason)
             elif not _ranks_choices(req):
                 deliver(req, finished=False)
+
+    def _emit(self, req: Request, row: int, result: StepResult, now: float) -> str | None:
+        """Append row `row`'s token to `req`; why `req` ends with it, if it does."""
+        token = result.token_ids[row]
+        if row in result.logits:
+            req.logits.append(result.logits[row])
+        if row in result.logprobs and req.logprobs is not None:
+            req.logprobs.append(result.logprobs[row])
+            req.cumulative_logprob += result.logprobs[row].logprob
+        self._counters.generation_tokens_total += 1
+        if req.metrics.first_token_time is None:
+            req.metrics.first_token_time = now
+        reason = append_token(req, token, self._parts.eos_ids, self.max_model_len)
+        if req.matcher is not None:
+            if not req.matcher.accept(token):
+                req.error = f"the grammar rejected a token: {req.matcher.error}"
+                reason = "error"
+            elif reason is None and req.matcher.is_finished:
+                reason = "stop"  # the grammar is complete: nothing else may follow
+        return reason
 
     def _track(self, req: Request) -> None:
         self._requests[req.request_id] = req
@@ -396,6 +452,8 @@ class LLMEngine:
         req.finish_reason = reason
         if reason == "error" and req.error is None:
             req.error = "the engine failed while running this request"
+        if self._speculator is not None:
+            self._speculator.finish(req)
         self.scheduler.remove(req, cache_computed=reason != "error")
         req.metrics.finish_time = time.monotonic()
         self._requests.pop(req.request_id, None)

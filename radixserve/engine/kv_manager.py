@@ -149,6 +149,18 @@ class KVCacheManager:
         self.num_private_blocks += need
         return True
 
+    def reserve_free(self, req: Request, num_tokens: int, drafts: list[int]) -> list[int]:
+        """The longest head of `drafts` whose K/V fits after `req`'s first `num_tokens`
+        tokens, growing its block table from free blocks only (speculation never evicts a
+        cached block or takes one a request needs)."""
+        have = len(req.block_table) * self.block_size - num_tokens
+        short = len(drafts) - have
+        if short > 0:
+            need = -(-short // self.block_size)
+            if self.pool.num_free >= need and self.ensure_blocks(req, num_tokens + len(drafts)):
+                return drafts
+        return drafts[: max(0, have)]
+
     def commit(self, req: Request, num_tokens: int) -> None:
         """Record that a step computed `num_tokens` more of `req`'s tokens; once the prompt
         is complete its blocks are published, so later requests hit it while it decodes."""

@@ -21,6 +21,8 @@ class RequestMetrics:
     num_computed_prompt_tokens: int = 0
     num_output_tokens: int = 0
     num_preemptions: int = 0
+    num_draft_tokens: int = 0  # speculative decoding: tokens drafted for this request
+    num_accepted_tokens: int = 0  # of those, accepted
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 import torch
 
@@ -37,13 +37,19 @@ def make_generator(params: SamplingParams, index: int = 0) -> torch.Generator | 
 
 
 def sampling_row(
-    req: Request, eos_ids: Collection[int], allowed: torch.Tensor | None = None
+    req: Request,
+    eos_ids: Collection[int],
+    allowed: torch.Tensor | None = None,
+    drafted: Sequence[int] = (),
 ) -> SamplingRow:
-    """How the runner draws `req`'s next token; `allowed` is its grammar's bitmask row."""
+    """How the runner draws `req`'s next token, or with `drafted` the token after those
+    drafted tokens (as if they had been accepted); `allowed` is its grammar's bitmask row."""
     p = req.params
-    out = req.output_token_ids if _needs_output(p) else ()
+    out: Sequence[int] = ()
+    if _needs_output(p):
+        out = [*req.output_token_ids, *drafted] if drafted else req.output_token_ids
     banned: tuple[int, ...] = ()
-    early = len(req.token_ids) - req.num_prompt_tokens < p.min_tokens
+    early = len(req.token_ids) + len(drafted) - req.num_prompt_tokens < p.min_tokens
     if early and allowed is None:  # a grammar decides itself when the output may end
         banned = (*p.stop_token_ids, *(() if p.ignore_eos else eos_ids))
     return SamplingRow(

@@ -16,10 +16,12 @@ LPM_MAX_QUEUE = 128  # past this many waiting requests, ordering by match costs 
 @dataclass
 class ScheduledChunk:
     """Compute `num_tokens` of `req` from its `num_computed`; `samples` when that reaches
-    the end of its tokens, so the step yields its next token."""
+    the end of its tokens, so the step yields its next token. `drafts` (speculative decoding,
+    set by the engine after scheduling) are tokens verified after that one in the same step."""
 
     req: Request
     num_tokens: int
+    drafts: list[int] = field(default_factory=list)
 
     @property
     def samples(self) -> bool:
@@ -31,6 +33,12 @@ class ScheduledChunk:
         r = self.req
         ids = r.token_ids[r.num_computed : r.num_computed + self.num_tokens]
         return SeqChunk(ids, r.num_computed, r.block_table, self.samples, logits_from)
+
+    def draft_chunks(self) -> list[SeqChunk]:
+        """One single-token chunk per drafted token, at the positions after this chunk."""
+        r = self.req
+        start = r.num_computed + self.num_tokens
+        return [SeqChunk([d], start + j, r.block_table) for j, d in enumerate(self.drafts)]
 
 
 @dataclass

@@ -15,6 +15,9 @@ class EngineCounters:
     requests_total: dict[str, int] = field(default_factory=dict)  # by finish reason
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
+    spec_decode_num_drafts: int = 0  # verifications with at least one drafted token
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
 
 
 @dataclass
@@ -24,6 +27,9 @@ class EngineStats:
     requests_total: dict[str, int] = field(default_factory=dict)
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
+    spec_decode_num_drafts: int = 0  # verifications with at least one drafted token
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
     prefix_cache_queries_total: int = 0
     prefix_cache_hits_total: int = 0
     evicted_blocks_total: int = 0
@@ -50,6 +56,9 @@ def collect_stats(
         requests_total=dict(counters.requests_total),
         prompt_tokens_total=counters.prompt_tokens_total,
         generation_tokens_total=counters.generation_tokens_total,
+        spec_decode_num_drafts=counters.spec_decode_num_drafts,
+        spec_decode_num_draft_tokens=counters.spec_decode_num_draft_tokens,
+        spec_decode_num_accepted_tokens=counters.spec_decode_num_accepted_tokens,
         prefix_cache_queries_total=kv.query_tokens,
         prefix_cache_hits_total=kv.hit_tokens,
         evicted_blocks_total=cache.evicted_blocks,

@@ -124,10 +124,18 @@ class ModelRunner:
         sampling: Sequence[SamplingRow | None],
         keep_logits: Sequence[bool] | None = None,
         scoring: Sequence[ScoreRows | None] | None = None,
+        drafts: Sequence[int | None] | None = None,
     ) -> StepResult:
         """One forward step over `chunks`; each chunk with `need_logits` gets a token drawn
         as `sampling[i]` says (with its log-prob where that row asks), its logits row too
-        where `keep_logits[i]`, and the scores of its prompt rows where `scoring[i]`."""
+        where `keep_logits[i]`, and the scores of its prompt rows where `scoring[i]`.
+
+        Speculative verification: `drafts[i]` not None says chunk i+1 is the next position
+        of chunk i's sequence, carrying the drafted token `drafts[i]`. Chunk i+1 then gets a
+        token only if chunk i got one and it equals `drafts[i]`: the chain stops at the
+        first disagreement, and rows after it get nothing (nor log-probs or logits). Rows of
+        a chain with a seeded generator are drawn one at a time, in order, so the generator
+        advances exactly as one decode step per kept token would advance it."""
         batch = build_batch(chunks, self.block_size, self.device, self.buffers)
         logits = self._forward(batch)
         result = StepResult()
@@ -145,7 +153,14 @@ class ModelRunner:
             row = sampling[index[r]]
             rows.append(row if row is not None else SamplingRow(temperature=0.0))
         drawn = logits if len(sample_at) == len(index) else logits[sample_at]
-        ids = sample_rows(drawn, rows).tolist()  # the step's one device-to-host copy of ids
+        if drafts is None or all(d is None for d in drafts):
+            ids = sample_rows(drawn, rows).tolist()  # the step's one device-to-host copy of ids
+        else:
+            drawn_ids = _verify_chains(drawn, rows, [index[r] for r in sample_at], drafts)
+            kept = [j for j, t in enumerate(drawn_ids) if t is not None]
+            sample_at = [sample_at[j] for j in kept]
+            rows = [rows[j] for j in kept]
+            ids = [t for t in drawn_ids if t is not None]
         for j, r in enumerate(sample_at):
             i = index[r]
             result.token_ids[i] = ids[j]
@@ -228,6 +243,37 @@ class ModelRunner:
         b.slot_mapping[start:stop] = scratch * self.block_size
         b.block_table[start:stop] = scratch
         b.context_lens[start:stop] = 1
+
+
+def _verify_chains(
+    drawn: torch.Tensor,
+    rows: Sequence[SamplingRow],
+    chunk_of: Sequence[int],
+    drafts: Sequence[int | None],
+) -> list[int | None]:
+    """The token of each sampled row (`drawn[j]`, chunk `chunk_of[j]`), None for the rows
+    of a draft chain after its first disagreement (see ModelRunner.run). Rows outside a
+    seeded chain are drawn in one batch."""
+    at = {i: j for j, i in enumerate(chunk_of)}
+    chained = {i for i, d in enumerate(drafts) if d is not None}
+    chained |= {i + 1 for i in chained}
+    lazy = {j for j, i in enumerate(chunk_of) if i in chained and rows[j].generator is not None}
+    ids: list[int | None] = [None] * len(rows)
+    eager = [j for j in range(len(rows)) if j not in lazy]
+    if eager:
+        sub = drawn if len(eager) == len(rows) else drawn[eager]
+        for j, t in zip(eager, sample_rows(sub, [rows[j] for j in eager]).tolist(), strict=True):
+            ids[j] = t
+    for i in sorted(chained):
+        j = at[i]
+        prev = at.get(i - 1)
+        follows = i > 0 and drafts[i - 1] is not None
+        if follows and (prev is None or ids[prev] is None or ids[prev] != drafts[i - 1]):
+            ids[j] = None  # an earlier row disagreed: this position is not reached
+            continue
+        if j in lazy:
+            ids[j] = int(sample_rows(drawn[j : j + 1], [rows[j]])[0])
+    return ids
 
 
 class CudaGraphDecoder:

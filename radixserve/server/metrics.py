@@ -70,6 +70,21 @@ class EngineCollector(Collector):
                 "(thrashing).",
             ),
             ("preemptions", s.preemptions_total, "Running requests preempted for lack of blocks."),
+            (
+                "spec_decode_num_drafts",
+                s.spec_decode_num_drafts,
+                "Speculative decoding: verifications of drafted tokens (vLLM's num_drafts).",
+            ),
+            (
+                "spec_decode_num_draft_tokens",
+                s.spec_decode_num_draft_tokens,
+                "Speculative decoding: tokens drafted and verified.",
+            ),
+            (
+                "spec_decode_num_accepted_tokens",
+                s.spec_decode_num_accepted_tokens,
+                "Speculative decoding: drafted tokens accepted (kept as output).",
+            ),
         )
         for name, value, doc in counters:
             yield CounterMetricFamily(f"radixserve_{name}", doc, value=value)

@@ -41,6 +41,14 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int
 
 
+class CompletionTokensDetails(BaseModel):
+    """Speculative decoding's drafted tokens, in OpenAI's Predicted Outputs fields (present
+    when the request had drafts)."""
+
+    accepted_prediction_tokens: int
+    rejected_prediction_tokens: int
+
+
 class Usage(BaseModel):
     """Token counts of one request."""
 
@@ -48,6 +56,7 @@ class Usage(BaseModel):
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    completion_tokens_details: CompletionTokensDetails | None = None
 
 
 class FunctionCallOut(BaseModel):

@@ -12,17 +12,25 @@ from radixserve.server.errors import APIError
 def usage(outs: RequestOutput | Sequence[RequestOutput]) -> dict[str, Any]:
     """OpenAI's usage object over every choice of a request (the prompt counted once), with
     the prompt tokens served from the prefix cache (choice 0's: the others start from its
-    blocks)."""
+    blocks) and, where speculative decoding drafted tokens, how many were accepted."""
     choices = [outs] if isinstance(outs, RequestOutput) else list(outs)
     first = min(choices, key=lambda o: o.index)
     prompt = len(first.prompt_token_ids)
     completion = sum(len(o.token_ids) for o in choices)
-    return {
+    out: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": first.num_cached_tokens},
     }
+    drafted = sum(o.metrics.num_draft_tokens for o in choices)
+    if drafted:  # speculative decoding, as OpenAI reports Predicted Outputs
+        accepted = sum(o.metrics.num_accepted_tokens for o in choices)
+        out["completion_tokens_details"] = {
+            "accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": drafted - accepted,
+        }
+    return out
 
 
 def failure(out: RequestOutput | None) -> APIError | None:
