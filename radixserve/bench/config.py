@@ -106,7 +106,9 @@ class BenchConfig(HashTraceOptions):
     compare: list[str] | None = option(
         None,
         "run the workload against two servers alternately; each is a URL or a server command "
-        "to start ('{port}' is replaced by a free port, else --port P is appended)",
+        "to start ('{port}' is replaced by a free port, else --port P is appended), split as a "
+        'shell would: quote a JSON argument inside it ("radixserve serve --speculative-config '
+        "'{...}'\")",
         nargs=2,
         metavar=("A", "B"),
         group=_COMPARE,

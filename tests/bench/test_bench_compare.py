@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
+import shlex
 
 import httpx
+import pytest
 
+from radixserve.bench.cli import add_bench_args
 from radixserve.bench.corpus import TokenCounter
 from radixserve.bench.load import BenchPlan, LoadConfig
+from radixserve.bench.servers import ServerProcess
 from radixserve.bench.suite import compare, suite_markdown, write_run_files
 from radixserve.bench.workloads import make_workload
 
@@ -94,3 +99,26 @@ def test_compare_reports_the_drafts_of_the_speculating_side(tmp_path):
     assert data["on"]["summary"]["acceptance_rate"] == 0.75
     assert [r["draft_tokens"] for r in data["on"]["records"]] == [4, 4, 4]
     assert {r["draft_tokens"] for r in data["off"]["records"]} == {None}
+
+
+SPEC = {"method": "radix", "num_speculative_tokens": 5}
+ESCAPED = json.dumps(SPEC).replace('"', '\\"')
+
+
+@pytest.mark.parametrize(
+    "side_b",
+    [  # as typed in a shell: the JSON single-quoted inside a double-quoted command, or the reverse
+        f"\"radixserve serve --port {{port}} --speculative-config '{ESCAPED}'\"",
+        f"'radixserve serve --port {{port}} --speculative-config \"{ESCAPED}\"'",
+    ],
+)
+def test_a_compare_side_command_keeps_a_quoted_json_argument_whole(side_b, tmp_path):
+    command_line = 'radixserve bench --workload rag-extract --compare "radixserve serve" ' + side_b
+    parser = argparse.ArgumentParser()
+    add_bench_args(parser)
+    args = parser.parse_args(shlex.split(command_line)[2:])  # what the shell hands over
+    assert args.workload == "rag_extract"
+    off, on = (ServerProcess(side, tmp_path) for side in args.compare)
+    assert off.argv == ["radixserve", "serve", "--port", str(off.port)]
+    assert on.argv[:5] == ["radixserve", "serve", "--port", str(on.port), "--speculative-config"]
+    assert json.loads(on.argv[5]) == SPEC and len(on.argv) == 6
