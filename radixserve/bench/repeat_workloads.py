@@ -92,15 +92,15 @@ def apply_edits(text: str, edits: list[LineEdit]) -> str:
 
 @dataclass
 class Edit(Workload):
-    """A code assistant's rewrite: each request gives a passage of a stdlib module (docstring
-    prose or source, as the corpus yields it) and two changes on two named lines, and asks for
-    the whole passage back with only those changes; nearly all of the answer is the prompt's
-    own text. `max_tokens` is 1.2 x the default passage (room for the passage and a line of
+    """A code assistant's rewrite: each request gives ~`passage_tokens` of a stdlib module's
+    source (a different module each) and two changes on two named lines, and asks for the
+    whole passage back with only those changes; nearly all of the answer is the prompt's own
+    text. `max_tokens` is 1.2 x the default passage (room for the passage and a line of
     framing); raise it with `passage_tokens`. `edits` (filled by `sessions`) holds each
     session's two changes, by session id."""
 
     name: ClassVar[str] = "edit"
-    summary: ClassVar[str] = "rewrite a ~300-token passage with two lines changed (answer ~ prompt)"
+    summary: ClassVar[str] = "rewrite ~300 tokens of code with two lines changed (answer ~ prompt)"
     requests: int = 8
     passage_tokens: int = 300
     max_tokens: int = 360
@@ -110,19 +110,19 @@ class Edit(Workload):
 
     def sessions(self, corpus: Corpus) -> list[Session]:
         system = (
-            "You are a careful editor. Make exactly the changes asked for and return the whole "
-            "text, every other character unchanged, with no commentary."
+            "You are a careful code editor. Make exactly the changes asked for and return the "
+            "whole code, every other character unchanged, with no commentary."
         )
         out = []
         for i in range(self.requests):
-            module, text = corpus.named_passage(self.passage_tokens)
+            module, text = corpus.source_passage(self.passage_tokens)
             edits = pick_edits(text, corpus.rng)
             sid = f"edit{i}"
             self.edits[sid] = edits
             steps = "\n".join(f"{k + 1}. {e.instruction()}" for k, e in enumerate(edits))
             ask = (
-                f"Rewrite this passage from {module}.py with these changes:\n{steps}\n"
-                f"Return the whole passage.\n\n```\n{text}\n```"
+                f"Rewrite this part of {module}.py with these changes:\n{steps}\n"
+                f"Return all of it.\n\n```python\n{text}\n```"
             )
             out.append(Session(sid, [ask], self.max_tokens, system))
         return out

@@ -10,6 +10,7 @@ import random
 import pytest
 
 from radixserve.bench.cli import add_bench_args
+from radixserve.bench.corpus import Corpus
 from radixserve.bench.repeat_workloads import (
     PHRASE_WORDS,
     LineEdit,
@@ -29,7 +30,7 @@ def built(name: str, counter, **params: str):
 
 def fenced(text: str) -> str:
     """The text between the prompt's ``` fences."""
-    return text.split("```\n", 1)[1].rsplit("\n```", 1)[0]
+    return text.split("```python\n", 1)[1].rsplit("\n```", 1)[0]
 
 
 @pytest.mark.parametrize("name", ["edit", "rag_extract", "regenerate", "agent"])
@@ -131,3 +132,11 @@ def test_regenerate_completion_prompt_is_the_same_every_turn(counter):
     session.record(" an answer")
     assert session.next_request("completion").prompt == first
     assert session.answers == [" an answer"] and not session.done
+
+
+def test_source_passages_are_code_of_a_different_module_each(counter):
+    corpus = Corpus("source", counter)
+    got = [corpus.source_passage(200) for _ in range(4)]
+    assert len({module for module, _ in got}) == 4
+    for _, text in got:
+        assert text.startswith(("def ", "class ")) and abs(counter.count(text) - 200) <= 2
