@@ -21,7 +21,14 @@ from radixserve.bench.report import Summary, format_summary, summarize
 from radixserve.bench.spike import format_phases, phase_stats, to_json
 from radixserve.bench.tools import agent_stats, format_agent
 from radixserve.bench.trace_replay import Scaling, TracePlan, TraceWorkload
-from radixserve.bench.workloads import AgentLoop, Spike, build_sessions, make_workload, script
+from radixserve.bench.workloads import (
+    AgentLoop,
+    Spike,
+    build_sessions,
+    make_workload,
+    script,
+    workload_name,
+)
 from radixserve.engine.tokenizer import Tokenizer
 from radixserve.errors import RadixServeError
 from radixserve.model.files import resolve_model
@@ -90,7 +97,7 @@ def _run_bench(args: argparse.Namespace) -> int:
         from radixserve.bench.suite import run_suite
 
         out = args.output_dir or "bench-results"
-        names = args.workloads.split(",") if args.workloads else None
+        names = [workload_name(n) for n in args.workloads.split(",")] if args.workloads else None
         for n in names or []:
             make_workload(n)  # validates the name
         run_suite(

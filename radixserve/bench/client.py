@@ -88,6 +88,20 @@ def _merge_call_deltas(calls: dict[int, dict[str, Any]], deltas: list[dict[str, 
     return added
 
 
+def _read_drafts(rec: RequestRecord, details: Any) -> None:
+    """Speculative decoding's counts from a usage chunk's `completion_tokens_details`
+    (OpenAI's Predicted Outputs fields: drafted = accepted + rejected prediction tokens);
+    the record keeps None when neither field is there."""
+    if not isinstance(details, dict):
+        return
+    accepted = details.get("accepted_prediction_tokens")
+    rejected = details.get("rejected_prediction_tokens")
+    if accepted is None and rejected is None:
+        return
+    rec.accepted_tokens = int(accepted or 0)
+    rec.draft_tokens = rec.accepted_tokens + int(rejected or 0)
+
+
 def _tool_choice(body: dict[str, Any]) -> str | None:
     choice = body.get("tool_choice")
     if choice is None:
@@ -105,7 +119,8 @@ async def send_request(
     """Stream one request and time it: TTFT is the first chunk that carries text (content or a
     tool call's name or arguments) or a finish reason (role-only chunks do not count);
     inter-token latencies are the gaps between text chunks; token counts come from the usage
-    chunk; streamed tool calls are put together in record.tool_calls.
+    chunk, and so do speculative decoding's drafted and accepted tokens (its
+    completion_tokens_details); streamed tool calls are put together in record.tool_calls.
     `t0` (time.perf_counter()) is the start of the run; errors land in record.error."""
     start = time.perf_counter()
     rec = RequestRecord(spec.id, spec.session_id, spec.turn, start - t0)
@@ -152,6 +167,7 @@ async def send_request(
                     rec.completion_tokens = usage.get("completion_tokens")
                     details = usage.get("prompt_tokens_details") or {}
                     rec.cached_tokens = details.get("cached_tokens") or rec.cached_tokens or 0
+                    _read_drafts(rec, usage.get("completion_tokens_details"))
     except (httpx.HTTPError, json.JSONDecodeError) as e:
         rec.error = f"{type(e).__name__}: {e}"
     rec.e2e = time.perf_counter() - start

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from radixserve.bench.workloads import APIS, WORKLOADS
+from radixserve.bench.workloads import APIS, WORKLOADS, workload_name
 from radixserve.engine.config import EngineConfig
 from radixserve.options import default_of, option, types
 
@@ -38,7 +38,12 @@ class BenchConfig(HashTraceOptions):
     """A benchmark run: the workload, the load, where results go, and comparisons."""
 
     url: str = option("http://127.0.0.1:8000", "server base URL (loopback only)")
-    workload: str = option("rag", "the traffic shape", choices=tuple(WORKLOADS))
+    workload: str = option(
+        "rag",
+        "the traffic shape (hyphens read as underscores: rag-extract)",
+        type=workload_name,
+        choices=tuple(WORKLOADS),
+    )
     trace: str | None = option(
         None,
         "replay this Mooncake or Bailian block-hash trace instead of --workload: token ids "
@@ -101,7 +106,9 @@ class BenchConfig(HashTraceOptions):
     compare: list[str] | None = option(
         None,
         "run the workload against two servers alternately; each is a URL or a server command "
-        "to start ('{port}' is replaced by a free port, else --port P is appended)",
+        "to start ('{port}' is replaced by a free port, else --port P is appended), split as a "
+        'shell would: quote a JSON argument inside it ("radixserve serve --speculative-config '
+        "'{...}'\")",
         nargs=2,
         metavar=("A", "B"),
         group=_COMPARE,

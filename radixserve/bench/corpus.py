@@ -126,6 +126,7 @@ class Corpus:
         self._files = files
         self._stream = self._paragraphs()
         self._seen: set[str] = set()
+        self._source_files = iter(files)
 
     def _paragraphs(self) -> Iterator[tuple[str, str]]:
         for source_pass in (False, True):
@@ -166,3 +167,22 @@ class Corpus:
             parts.append(more)
             have += self.counter.count(more) + 1
         return name, self.counter.cut("\n\n".join(parts), num_tokens)
+
+    def source_passage(self, num_tokens: int) -> tuple[str, str]:
+        """About `num_tokens` tokens of one module's source code, from its first top-level
+        `def` or `class` on (past the licence header and imports), and the module name; each
+        call takes a file no earlier call took. RuntimeError when no file is left."""
+        for f in self._source_files:
+            try:
+                lines = f.read_text(encoding="utf-8").split("\n")
+            except (OSError, UnicodeDecodeError):
+                continue
+            start = next(
+                (i for i, line in enumerate(lines) if line.startswith(("def ", "class "))), None
+            )
+            if start is None:
+                continue
+            text = "\n".join(lines[start:])
+            if self.counter.count(text) >= num_tokens:
+                return f.stem, self.counter.cut(text, num_tokens)
+        raise RuntimeError("the stdlib corpus has no more source files to draw from")

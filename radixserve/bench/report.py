@@ -38,6 +38,11 @@ class RequestRecord:
     error: str | None = None
     tool_choice: str | None = None  # what the request sent ("named" for a named function)
     tool_calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI shape, as streamed
+    # Speculative decoding, from the usage chunk's completion_tokens_details (OpenAI's
+    # Predicted Outputs fields): tokens drafted (accepted + rejected) and accepted; None when
+    # the server reported no drafts for the request.
+    draft_tokens: int | None = None
+    accepted_tokens: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -51,6 +56,22 @@ class RequestRecord:
         if self.ttft is None or n < 2:
             return None
         return (self.e2e - self.ttft) / (n - 1)
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Output tokens after the first per second after the first: (completion_tokens - 1)
+        / (e2e - ttft), the decode speed speculation changes."""
+        n = self.completion_tokens or 0
+        if self.ttft is None or n < 2 or self.e2e <= self.ttft:
+            return None
+        return (n - 1) / (self.e2e - self.ttft)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted / drafted tokens (None without drafts)."""
+        if not self.draft_tokens:
+            return None
+        return (self.accepted_tokens or 0) / self.draft_tokens
 
 
 def _pcts(xs: Sequence[float]) -> dict[str, float]:
@@ -79,6 +100,16 @@ class Summary:
     itl: dict[str, float]
     tpot: dict[str, float]
     e2e: dict[str, float]
+    # Decode speed: per request (completion_tokens - 1) / (e2e - ttft), and over all requests
+    # (their decode tokens / their summed decode times, so a long answer weighs more).
+    request_decode_tokens_per_s: dict[str, float] = field(default_factory=lambda: _pcts([]))
+    decode_tokens_per_s: float = math.nan
+    # Speculative decoding (zeros / nan when no request reported drafts).
+    requests_with_drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    acceptance_rate: float = math.nan  # accepted / drafted over all requests
+    request_acceptance_rate: dict[str, float] = field(default_factory=lambda: _pcts([]))
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -86,8 +117,15 @@ class Summary:
 
 
 def summarize(records: Sequence[RequestRecord], duration: float) -> Summary:
-    """Percentiles (p50/p90/p99), requests/s, output tokens/s and the cache hit ratio."""
+    """Percentiles (p50/p90/p99), requests/s, output tokens/s, the cache hit ratio, decode
+    tokens/s, and the drafted and accepted tokens of speculative decoding."""
     ok = [r for r in records if r.ok]
+    decoding = [r for r in ok if r.decode_tokens_per_s is not None]
+    decode_tokens = sum((r.completion_tokens or 0) - 1 for r in decoding)
+    decode_time = sum(r.e2e - (r.ttft or 0.0) for r in decoding)
+    drafted = [r for r in ok if r.draft_tokens]
+    draft = sum(r.draft_tokens or 0 for r in drafted)
+    accepted = sum(r.accepted_tokens or 0 for r in drafted)
     prompt = sum(r.prompt_tokens or 0 for r in ok)
     cached = sum(r.cached_tokens or 0 for r in ok)
     completion = sum(r.completion_tokens or 0 for r in ok)
@@ -106,6 +144,13 @@ def summarize(records: Sequence[RequestRecord], duration: float) -> Summary:
         itl=_pcts([x for r in ok for x in r.itl]),
         tpot=_pcts([t for r in ok if (t := r.tpot) is not None]),
         e2e=_pcts([r.e2e for r in ok]),
+        request_decode_tokens_per_s=_pcts([r.decode_tokens_per_s or 0.0 for r in decoding]),
+        decode_tokens_per_s=decode_tokens / decode_time if decode_time > 0 else math.nan,
+        requests_with_drafts=len(drafted),
+        draft_tokens=draft,
+        accepted_tokens=accepted,
+        acceptance_rate=accepted / draft if draft else math.nan,
+        request_acceptance_rate=_pcts([r.acceptance_rate or 0.0 for r in drafted]),
     )
 
 
@@ -128,7 +173,24 @@ def format_summary(s: Summary, title: str = "") -> str:
             f"{name:>5}: p50 {_ms(d['p50'])}, p90 {_ms(d['p90'])}, p99 {_ms(d['p99'])}, "
             f"mean {_ms(d['mean'])}"
         )
+    d = s.request_decode_tokens_per_s
+    if not math.isnan(s.decode_tokens_per_s):
+        lines.append(
+            f"decode: {_rate(d['p50'])} tok/s p50, {_rate(d['mean'])} mean per request; "
+            f"{_rate(s.decode_tokens_per_s)} tok/s over all requests"
+        )
+    if s.requests_with_drafts:
+        a = s.request_acceptance_rate
+        lines.append(
+            f"speculation: {s.requests_with_drafts} requests with drafts, {s.draft_tokens} tokens "
+            f"drafted, {s.accepted_tokens} accepted ({s.acceptance_rate:.1%}); per request "
+            f"p50 {a['p50']:.1%}, mean {a['mean']:.1%}"
+        )
     return "\n".join(lines)
+
+
+def _rate(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x:.1f}"
 
 
 # (label, getter, unit, higher is better)
@@ -143,8 +205,19 @@ COMPARE_ROWS: list[tuple[str, str, str, bool]] = [
     ("E2E p99", "e2e.p99", "ms", False),
     ("requests/s", "requests_per_s", "", True),
     ("output tok/s", "output_tokens_per_s", "", True),
+    ("decode tok/s p50", "request_decode_tokens_per_s.p50", "", True),
+    ("decode tok/s mean", "request_decode_tokens_per_s.mean", "", True),
+    ("decode tok/s (all)", "decode_tokens_per_s", "", True),
     ("cache hit ratio", "cache_hit_ratio", "%", True),
     ("errors", "errors", "", False),
+]
+# Rows added when either side reported speculative drafts.
+SPEC_ROWS: list[tuple[str, str, str, bool]] = [
+    ("acceptance rate", "acceptance_rate", "%", True),
+    ("acceptance p50/request", "request_acceptance_rate.p50", "%", True),
+    ("acceptance mean/request", "request_acceptance_rate.mean", "%", True),
+    ("drafted tokens", "draft_tokens", "", True),
+    ("accepted tokens", "accepted_tokens", "", True),
 ]
 
 
@@ -172,10 +245,12 @@ def ratio(a: float, b: float) -> str:
 
 
 def compare_rows(a: Summary, b: Summary) -> list[tuple[str, str, str, str]]:
-    """(metric, A, B, A/B) rows for a side-by-side table."""
+    """(metric, A, B, A/B) rows for a side-by-side table (decode tok/s included; the
+    speculation rows too when either side reported drafts)."""
+    rows = COMPARE_ROWS + (SPEC_ROWS if a.requests_with_drafts or b.requests_with_drafts else [])
     return [
         (label, _fmt(_get(a, p), unit), _fmt(_get(b, p), unit), ratio(_get(a, p), _get(b, p)))
-        for label, p, unit, _ in COMPARE_ROWS
+        for label, p, unit, _ in rows
     ]
 
 

@@ -5,6 +5,10 @@ sent only after turn k's answer arrived, and its prompt contains that real answe
 chat, agent loop). Single-request workloads (shared preamble, few-shot, unique) are sessions of
 one turn. Sizes are in tokens of message text (template tokens not counted), measured with the
 model's tokenizer when one is given, else estimated at ~4 characters per token.
+
+The pieces (`RequestSpec`, `Session`, `Workload`) are in sessions.py; the workloads whose
+outputs repeat text already seen (edit, rag_extract, regenerate) in repeat_workloads.py;
+`WORKLOADS` here names them all.
 """
 
 from __future__ import annotations
@@ -12,142 +16,26 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from radixserve.bench.corpus import Corpus, TokenCounter
+from radixserve.bench.repeat_workloads import Edit, RagExtract, Regenerate
+from radixserve.bench.sessions import APIS, RequestSpec, Session, Workload
 from radixserve.bench.tools import AGENT_TOOLS
 
-APIS = ("chat", "completion")
-
-
-@dataclass(frozen=True)
-class RequestSpec:
-    """One request to send: chat messages or a completion prompt, its output budget, and
-    fields of its own (`extra`: the agent workload's tools and tool_choice)."""
-
-    id: str
-    session_id: str
-    turn: int
-    api: str
-    max_tokens: int
-    messages: list[dict[str, Any]] | None = None
-    prompt: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def path(self) -> str:
-        """The OpenAI endpoint path for this request."""
-        return "/v1/chat/completions" if self.api == "chat" else "/v1/completions"
-
-    def body(self, model: str, temperature: float = 0.0, **extra: Any) -> dict[str, Any]:
-        """The OpenAI request body (streaming, with the usage chunk requested)."""
-        body: dict[str, Any] = {"model": model}
-        if self.api == "chat":
-            body["messages"] = self.messages
-        else:
-            body["prompt"] = self.prompt
-        body.update(
-            max_tokens=self.max_tokens,
-            temperature=temperature,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
-        body.update(self.extra)
-        body.update(extra)
-        return body
-
-
-@dataclass
-class Session:
-    """A conversation script; `answers` (and `calls`, the tool calls of each answer) fill in as
-    the server replies. A session with `tools` sends them with each chat turn, with
-    `tool_choices[k]` on turn k; an input that follows an answer with tool calls goes back as
-    the `tool` message answering its first call (the agent loop's tool output)."""
-
-    id: str
-    inputs: list[str]
-    max_tokens: int
-    system: str | None = None
-    answers: list[str] = field(default_factory=list)
-    tools: list[dict[str, Any]] | None = None
-    tool_choices: list[str] | None = None
-    calls: list[list[dict[str, Any]]] = field(default_factory=list)
-
-    @property
-    def done(self) -> bool:
-        """Whether every turn has been answered."""
-        return len(self.answers) >= len(self.inputs)
-
-    def messages(self) -> list[dict[str, Any]]:
-        """Chat messages for the next turn: system, earlier turns with real answers (and their
-        tool calls, each answered by a `tool` message), new input."""
-        k = len(self.answers)
-        msgs: list[dict[str, Any]] = []
-        if self.system:
-            msgs.append({"role": "system", "content": self.system})
-        msgs.append({"role": "user", "content": self.inputs[0]})
-        for i in range(k):
-            calls = self.calls[i] if i < len(self.calls) else []
-            if not calls:
-                msgs.append({"role": "assistant", "content": self.answers[i]})
-                msgs.append({"role": "user", "content": self.inputs[i + 1]})
-                continue
-            msgs.append({"role": "assistant", "content": self.answers[i], "tool_calls": calls})
-            for j, call in enumerate(calls):  # every call gets its answer; the first, the input
-                out = self.inputs[i + 1] if j == 0 else "(done)"
-                msgs.append({"role": "tool", "tool_call_id": call["id"], "content": out})
-        return msgs
-
-    def prompt(self) -> str:
-        """Completion prompt for the next turn; each turn's prompt extends the previous one's
-        prompt plus its answer verbatim, so the text prefix is exact."""
-        k = len(self.answers)
-        out = self.system + "\n\n" if self.system else ""
-        for i in range(k + 1):
-            out += self.inputs[i] + "\n\nAnswer:"
-            if i < k:
-                out += self.answers[i] + "\n\n"
-        return out
-
-    def next_request(self, api: str) -> RequestSpec:
-        """The request for the next unanswered turn (with the session's tools on chat)."""
-        k = len(self.answers)
-        rid = f"{self.id}-t{k}"
-        if api == "chat":
-            extra: dict[str, Any] = {}
-            if self.tools:
-                choice = self.tool_choices[k] if self.tool_choices else "auto"
-                extra = {"tools": self.tools, "tool_choice": choice, "parallel_tool_calls": False}
-            msgs = self.messages()
-            return RequestSpec(rid, self.id, k, api, self.max_tokens, messages=msgs, extra=extra)
-        return RequestSpec(rid, self.id, k, api, self.max_tokens, prompt=self.prompt())
-
-    def record(self, answer: str, calls: list[dict[str, Any]] | None = None) -> None:
-        """Store the real answer of the current turn and its tool calls."""
-        self.answers.append(answer)
-        self.calls.append(list(calls or []))
-
-
-@dataclass
-class Workload:
-    """Base of the workload generators; subclasses are dataclasses of sizes."""
-
-    name: ClassVar[str] = ""
-    default_api: ClassVar[str] = "chat"
-    summary: ClassVar[str] = ""
-
-    def sessions(self, corpus: Corpus) -> list[Session]:
-        """Build the sessions from `corpus` (deterministic for the corpus seed)."""
-        raise NotImplementedError
-
-    def num_requests(self) -> int:
-        """How many requests a full run sends."""
-        raise NotImplementedError
-
-    def params(self) -> dict[str, Any]:
-        """The size parameters as a dict."""
-        return dataclasses.asdict(self)
+__all__ = [
+    "APIS",
+    "SUITE_WORKLOADS",
+    "WORKLOADS",
+    "RequestSpec",
+    "Session",
+    "Workload",
+    "build_sessions",
+    "make_workload",
+    "script",
+    "workload_name",
+]
 
 
 @dataclass
@@ -364,14 +252,33 @@ class Spike(Workload):
 
 
 WORKLOADS: dict[str, type[Workload]] = {
-    w.name: w for w in (MultiTurn, SharedPreamble, FewShot, AgentLoop, UniquePrompts, Spike)
+    w.name: w
+    for w in (
+        MultiTurn,
+        SharedPreamble,
+        FewShot,
+        AgentLoop,
+        UniquePrompts,
+        Spike,
+        Edit,
+        RagExtract,
+        Regenerate,
+    )
 }
 SUITE_WORKLOADS = ("multi_turn", "rag", "few_shot", "agent", "unique")
 """The workloads `bench --suite` runs by default (cache on vs off)."""
 
 
+def workload_name(name: str) -> str:
+    """The registered spelling of a workload name: hyphens read as underscores
+    (`rag-extract` is `rag_extract`)."""
+    return name.strip().replace("-", "_")
+
+
 def make_workload(name: str, params: dict[str, str] | None = None) -> Workload:
-    """A workload by name with some size parameters overridden (`{"turns": "6"}`)."""
+    """A workload by name (hyphens or underscores) with some size parameters overridden
+    (`{"turns": "6"}`)."""
+    name = workload_name(name)
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
     cls = WORKLOADS[name]

@@ -218,3 +218,46 @@ def test_a_request_whose_first_token_is_eos_still_has_a_ttft():
     rec = run(go())
     assert rec.ok and rec.ttft is not None and rec.chunks == 0 and rec.text == ""
     assert rec.completion_tokens == 1 and rec.finish_reason == "stop" and rec.cached_tokens == 0
+
+
+def stream_usage(usage: dict):
+    """Send one chat request to a server whose stream ends with `usage`; the record."""
+    chunks = [
+        {"choices": [{"index": 0, "delta": {"content": "a b c"}, "finish_reason": "stop"}]},
+        {"choices": [], "usage": usage},
+    ]
+    data = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=data.encode()))
+    spec = RequestSpec("r", "s", 0, "chat", 5, messages=[{"role": "user", "content": "hi"}])
+
+    async def go():
+        async with httpx.AsyncClient(transport=transport) as c:
+            return await send_request(c, URL, spec, spec.body("m"), 0.0)
+
+    return run(go())
+
+
+def test_client_reads_drafted_and_accepted_tokens_from_the_usage_chunk():
+    details = {"accepted_prediction_tokens": 7, "rejected_prediction_tokens": 5}
+    rec = stream_usage(
+        {"prompt_tokens": 3, "completion_tokens": 9, "completion_tokens_details": details}
+    )
+    assert rec.ok and rec.draft_tokens == 12 and rec.accepted_tokens == 7
+    assert rec.acceptance_rate == pytest.approx(7 / 12)
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [
+        {"prompt_tokens": 3, "completion_tokens": 9},
+        {"prompt_tokens": 3, "completion_tokens": 9, "completion_tokens_details": None},
+        {
+            "prompt_tokens": 3,
+            "completion_tokens": 9,
+            "completion_tokens_details": {"reasoning_tokens": 0},
+        },
+    ],
+)
+def test_client_leaves_drafts_unset_when_the_usage_reports_none(usage):
+    rec = stream_usage(usage)
+    assert rec.ok and rec.draft_tokens is None and rec.accepted_tokens is None

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
+import shlex
 
 import httpx
+import pytest
 
+from radixserve.bench.cli import add_bench_args
 from radixserve.bench.corpus import TokenCounter
 from radixserve.bench.load import BenchPlan, LoadConfig
+from radixserve.bench.servers import ServerProcess
 from radixserve.bench.suite import compare, suite_markdown, write_run_files
 from radixserve.bench.workloads import make_workload
 
@@ -18,8 +23,9 @@ URLS = ("http://127.0.0.1:1", "http://127.0.0.1:2")
 class TwoServers:
     """A fake OpenAI server per port; logs (port, event) so overlap would show."""
 
-    def __init__(self) -> None:
+    def __init__(self, drafts_on_1: bool = False) -> None:
         self.events: list[tuple[int, str]] = []
+        self.drafts_on_1 = drafts_on_1  # port 1 reports speculative drafts in its usage
 
     async def __call__(self, request: httpx.Request) -> httpx.Response:
         port = request.url.port
@@ -32,6 +38,11 @@ class TwoServers:
         n = len(body["prompt"])
         usage = {"prompt_tokens": n, "completion_tokens": 1}
         usage["prompt_tokens_details"] = {"cached_tokens": n // 2 if port == 1 else 0}
+        if port == 1 and self.drafts_on_1:
+            usage["completion_tokens_details"] = {
+                "accepted_prediction_tokens": 3,
+                "rejected_prediction_tokens": 1,
+            }
         chunks = [
             {"choices": [{"index": 0, "text": " ok", "finish_reason": "stop"}]},
             {"choices": [], "usage": usage},
@@ -73,3 +84,41 @@ def test_suite_report_shows_both_sides_with_ratios(tmp_path):
     assert "x |" in md  # ratios
     for f in ("unique.json", "unique.trace.jsonl", "unique_ttft_cdf.png"):
         assert (tmp_path / f).exists()
+
+
+def test_compare_reports_the_drafts_of_the_speculating_side(tmp_path):
+    res = run_compare(TwoServers(drafts_on_1=True), rounds=1)
+    on, off = res.summaries
+    assert (on.draft_tokens, on.accepted_tokens, on.requests_with_drafts) == (12, 9, 3)
+    assert off.requests_with_drafts == 0
+    acceptance = next(x for x in res.table().splitlines() if x.startswith("acceptance rate"))
+    assert "75.0%" in acceptance
+    assert "decode tok/s p50" in res.table()
+    write_run_files(tmp_path, "unique", res, None)
+    data = json.loads((tmp_path / "unique.json").read_text())
+    assert data["on"]["summary"]["acceptance_rate"] == 0.75
+    assert [r["draft_tokens"] for r in data["on"]["records"]] == [4, 4, 4]
+    assert {r["draft_tokens"] for r in data["off"]["records"]} == {None}
+
+
+SPEC = {"method": "radix", "num_speculative_tokens": 5}
+ESCAPED = json.dumps(SPEC).replace('"', '\\"')
+
+
+@pytest.mark.parametrize(
+    "side_b",
+    [  # as typed in a shell: the JSON single-quoted inside a double-quoted command, or the reverse
+        f"\"radixserve serve --port {{port}} --speculative-config '{ESCAPED}'\"",
+        f"'radixserve serve --port {{port}} --speculative-config \"{ESCAPED}\"'",
+    ],
+)
+def test_a_compare_side_command_keeps_a_quoted_json_argument_whole(side_b, tmp_path):
+    command_line = 'radixserve bench --workload rag-extract --compare "radixserve serve" ' + side_b
+    parser = argparse.ArgumentParser()
+    add_bench_args(parser)
+    args = parser.parse_args(shlex.split(command_line)[2:])  # what the shell hands over
+    assert args.workload == "rag_extract"
+    off, on = (ServerProcess(side, tmp_path) for side in args.compare)
+    assert off.argv == ["radixserve", "serve", "--port", str(off.port)]
+    assert on.argv[:5] == ["radixserve", "serve", "--port", str(on.port), "--speculative-config"]
+    assert json.loads(on.argv[5]) == SPEC and len(on.argv) == 6
