@@ -17,7 +17,7 @@ from radixserve.bench.corpus import TokenCounter
 from radixserve.bench.hash_trace import FORMATS, detect_format, read_hash_trace
 from radixserve.bench.headline import headline_table, sweep_plan
 from radixserve.bench.load import BenchPlan, LoadConfig, RunPlan
-from radixserve.bench.report import Summary, format_summary, summarize
+from radixserve.bench.report import Summary, format_summary, same_answers, summarize
 from radixserve.bench.spike import format_phases, phase_stats, to_json
 from radixserve.bench.tools import agent_stats, format_agent
 from radixserve.bench.trace_replay import Scaling, TracePlan, TraceWorkload
@@ -301,6 +301,8 @@ def _run_compare(args: argparse.Namespace, plan: RunPlan, progress: bool) -> int
             s.stop()
     print(f"{plan.workload.name} ({plan.load.describe()}, {args.rounds} round(s))")
     print(res.table())
+    same, paired = same_answers(res.records[0], res.records[1])
+    print(f"identical answers {res.labels[0]} vs {res.labels[1]}: {same} of {paired} requests")
     for label, records in zip(res.labels, res.records, strict=True):
         _agent_report(plan, records, label)
     if sweeps is not None:

@@ -271,6 +271,25 @@ def format_compare(a: Summary, b: Summary, label_a: str, label_b: str) -> str:
     return "\n".join(out)
 
 
+def same_answers(a: Sequence[RequestRecord], b: Sequence[RequestRecord]) -> tuple[int, int]:
+    """(identical, paired): of the requests both sides answered without error, paired by id
+    (and by order among repeats of an id), how many got the same text and tool calls. At
+    temperature 0 two servers that decode the same way (speculation on vs off) agree on all."""
+    rest: dict[str, list[RequestRecord]] = {}
+    for r in b:
+        rest.setdefault(r.id, []).append(r)
+    same = paired = 0
+    for r in a:
+        others = rest.get(r.id)
+        if not others:
+            continue
+        o = others.pop(0)
+        if r.ok and o.ok:
+            paired += 1
+            same += (r.text, r.tool_calls) == (o.text, o.tool_calls)
+    return same, paired
+
+
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """A GitHub-flavoured Markdown table."""
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]

@@ -17,6 +17,7 @@ from radixserve.bench.report import (
     format_compare,
     format_summary,
     percentile,
+    same_answers,
     summarize,
 )
 
@@ -154,3 +155,12 @@ def test_compare_table_shows_decode_rates_side_by_side_with_the_ratio():
     assert rows["drafted tokens"][:2] == ("60", "0")
     table = format_compare(on, off, "spec", "plain")
     assert "decode tok/s p50" in table and "spec/plain" in table
+
+
+def test_same_answers_pairs_requests_by_id_and_counts_identical_ones() -> None:
+    def rec(rid: str, text: str, error: str | None = None) -> RequestRecord:
+        return RequestRecord(rid, "s", 0, 0.0, text=text, error=error)
+
+    a = [rec("r1", "x"), rec("r2", "y"), rec("r1", "z"), rec("r3", "w", "boom")]
+    b = [rec("r1", "x"), rec("r1", "q"), rec("r2", "y"), rec("r3", "w")]
+    assert same_answers(a, b) == (2, 3)
