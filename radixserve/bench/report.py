@@ -273,7 +273,8 @@ def format_compare(a: Summary, b: Summary, label_a: str, label_b: str) -> str:
 
 def same_answers(a: Sequence[RequestRecord], b: Sequence[RequestRecord]) -> tuple[int, int]:
     """(identical, paired): of the requests both sides answered without error, paired by id
-    (and by order among repeats of an id), how many got the same text and tool calls. At
+    (and by order among repeats of an id), how many got the same text and tool calls (name
+    and arguments; call ids are random). At
     temperature 0 two servers that decode the same way (speculation on vs off) agree on all."""
     rest: dict[str, list[RequestRecord]] = {}
     for r in b:
@@ -286,8 +287,13 @@ def same_answers(a: Sequence[RequestRecord], b: Sequence[RequestRecord]) -> tupl
         o = others.pop(0)
         if r.ok and o.ok:
             paired += 1
-            same += (r.text, r.tool_calls) == (o.text, o.tool_calls)
+            same += (r.text, _calls(r)) == (o.text, _calls(o))
     return same, paired
+
+
+def _calls(r: RequestRecord) -> list[Any]:
+    """A record's tool calls without their ids (random per response)."""
+    return [c.get("function") for c in r.tool_calls]
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

@@ -32,6 +32,11 @@ from radixserve.engine.spec_config import SpeculativeConfig
 from radixserve.engine.stats import EngineCounters
 
 MAX_PAUSE_STEPS = 32  # the longest a request waits before drafting again after misses
+# The CPU kernels compute each of up to 16 rows of a step bit for bit as that row alone
+# (kernels/gemm.cpp gemm_codes_exact, kquants.cpp row_dot_exact); more rows take the many-row
+# kernels, whose sums are ordered differently. Drafts never take a step past 16 rows, so a
+# drafted row gets exactly the logits its own decode step would have had.
+MAX_STEP_ROWS = 16
 SUFFIX_STORE_MAX_TOKENS = 65536  # the cross-request store's cap, whatever the pool's size
 
 
@@ -165,10 +170,11 @@ class Speculator:
         self, chunks: Sequence[ScheduledChunk], kv: KVCacheManager, budget: int, max_len: int
     ) -> None:
         """Give each decoding chunk of a step the tokens its request drafts, as many as the
-        step's token `budget`, max_tokens, the context (`max_len`) and the pool's free blocks
-        allow (a draft never evicts the cache or preempts a request) and its grammar accepts;
-        the rows verifying them are ModelRunner.run's `drafts`."""
-        spare = budget - sum(c.num_tokens for c in chunks)
+        step's token `budget` (and MAX_STEP_ROWS), max_tokens, the context (`max_len`) and the
+        pool's free blocks allow (a draft never evicts the cache or preempts a request) and
+        its grammar accepts; the rows verifying them are ModelRunner.run's `drafts`."""
+        rows = sum(c.num_tokens for c in chunks)
+        spare = min(budget, MAX_STEP_ROWS) - rows
         for c in chunks:
             req, p = c.req, c.req.params
             scored = req.prompt_logprobs is None or req.cacheable_prefix is None

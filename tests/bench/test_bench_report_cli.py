@@ -164,3 +164,7 @@ def test_same_answers_pairs_requests_by_id_and_counts_identical_ones() -> None:
     a = [rec("r1", "x"), rec("r2", "y"), rec("r1", "z"), rec("r3", "w", "boom")]
     b = [rec("r1", "x"), rec("r1", "q"), rec("r2", "y"), rec("r3", "w")]
     assert same_answers(a, b) == (2, 3)
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    c = [RequestRecord("t", "s", 0, 0.0, tool_calls=[call])]
+    d = [RequestRecord("t", "s", 0, 0.0, tool_calls=[{**call, "id": "call_2"}])]
+    assert same_answers(c, d) == (1, 1)

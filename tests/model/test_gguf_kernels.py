@@ -126,6 +126,24 @@ def test_q4_1_and_q8_0_repack_into_the_int4_and_int8_codes_exactly(type_name: st
     assert_product_equals_dequantized(QuantLinear(w)(x), x, dequantized(blocks, type_name))
 
 
+@pytest.mark.parametrize("type_name", [*SERVED_TYPES, "Q4_1 as int4", "Q8_0 as int8"])
+def test_a_decode_rows_result_does_not_depend_on_the_other_rows(type_name: str) -> None:
+    """Up to 16 input rows (a decode step; a sequence's speculative rows), each row's output is
+    bit for bit its output alone: speculation and batching never change a greedy token."""
+    name, _, _ = type_name.partition(" ")
+    blocks = random_blocks(name, 40, 512, seed=9)
+    w = weight_of([(name, blocks)], 512)
+    if " as " in type_name:
+        w = repacked(w)
+        assert w.kind == type_name.split()[-1]
+    lin = QuantLinear(w)
+    torch.manual_seed(9)
+    x = torch.randn(16, 512)
+    alone = torch.cat([lin(x[r : r + 1]) for r in range(16)])
+    for rows in (2, 3, 6, 9, 16):
+        assert torch.equal(lin(x[:rows]), alone[:rows]), rows
+
+
 def test_rows_that_are_not_whole_blocks_are_refused_by_name() -> None:
     blocks = random_blocks("Q4_K", 2, 256, seed=1)
     w = weight_of([("Q4_K", blocks)], 256)

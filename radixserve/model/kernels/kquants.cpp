@@ -4,7 +4,8 @@
 //
 // Every format is read 32 weights at a time ("a sub-block"): its codes become float32 weights
 // in registers (scale * code + offset, as gguf's dequantization computes them), then meet the
-// input rows. 1-16 input rows (decode steps) use the weights straight from registers; more
+// input rows. 1-16 input rows (decode steps) use the codes straight from registers, each input
+// row by the same arithmetic whatever the other rows (row_dot1, row_dot_exact); more
 // rows (prefill) dequantize 16 weight rows at a time into a packed panel for gemm.cpp's
 // register-tiled GEMM (quant_gemm_panels: with AVX-512, its 8x32 tile).
 //
@@ -33,6 +34,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -368,47 +370,6 @@ void dequant_block_rows(const uint8_t* blocks, int64_t row_bytes, int64_t n, int
 }
 
 #ifdef RS_AVX2
-// out[r * ldo] = x[r] . row for 2 <= MR input rows (x rows K apart), the row's weights made in
-// registers one sub-block at a time and used by every input row (AVX-512: 16 lanes, half the
-// FMAs).
-template <typename B, int MR>
-inline void row_dot(const float* x, int64_t K, const uint8_t* row, float* out, int64_t ldo) {
-#ifdef RS_AVX512
-  __m512 acc[MR];
-  RS_UNROLL for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
-  visit_subs<B>(row, K, [&](int64_t s, const Sub& u) {
-    const __m512 off = _mm512_set1_ps(u.off);
-    const __m512 w0 = _mm512_fmadd_ps(
-        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(u.codes))),
-        _mm512_set1_ps(u.s0), off);
-    const __m512 w1 = _mm512_fmadd_ps(
-        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(u.codes, 1))),
-        _mm512_set1_ps(u.s1), off);
-    RS_UNROLL for (int r = 0; r < MR; ++r) {
-      const float* xs = x + r * K + 32 * s;
-      acc[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xs + 16),
-                               _mm512_fmadd_ps(w0, _mm512_loadu_ps(xs), acc[r]));
-    }
-  });
-  RS_UNROLL for (int r = 0; r < MR; ++r) out[r * ldo] = _mm512_reduce_add_ps(acc[r]);
-#else
-  __m256 acc[MR][2];
-  RS_UNROLL for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  visit_subs<B>(row, K, [&](int64_t s, const Sub& u) {
-    __m256 w[4];
-    weights(u, w);
-    RS_UNROLL for (int r = 0; r < MR; ++r) {
-      const float* xs = x + r * K + 32 * s;
-      acc[r][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xs), acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xs + 8), acc[r][1]);
-      acc[r][0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xs + 16), acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xs + 24), acc[r][1]);
-    }
-  });
-  RS_UNROLL for (int r = 0; r < MR; ++r) out[r * ldo] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
-#endif
-}
-
 // x . row for one input row (a decode step of one sequence), bound by turning codes into
 // floats: the factored form sum_s scale_s (codes_s . x_s) + off_s sum(x_s), with each
 // sub-block's code products summed before its scale (`xsum`: sum(x_s), for formats with mins).
@@ -421,15 +382,17 @@ inline float row_dot1(const float* x, const float* xsum, int64_t K, const uint8_
     const __m512 c0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(u.codes)));
     const __m512 c1 =
         _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(u.codes, 1)));
+    // Explicit FMAs only (no mul + add the compiler may or may not fuse): row_dot_exact
+    // repeats these operations and must get the same bits.
     const __m512 t0 = _mm512_mul_ps(c0, _mm512_loadu_ps(x + 32 * s));
-    const __m512 t1 = _mm512_mul_ps(c1, _mm512_loadu_ps(x + 32 * s + 16));
+    const __m512 x1 = _mm512_loadu_ps(x + 32 * s + 16);
     if (u.s0 == u.s1) {  // one scale (all formats but Q6_K): one broadcast
-      acc0 = _mm512_fmadd_ps(_mm512_set1_ps(u.s0), _mm512_add_ps(t0, t1), acc0);
+      acc0 = _mm512_fmadd_ps(_mm512_set1_ps(u.s0), _mm512_fmadd_ps(c1, x1, t0), acc0);
     } else {
       acc0 = _mm512_fmadd_ps(_mm512_set1_ps(u.s0), t0, acc0);
-      acc1 = _mm512_fmadd_ps(_mm512_set1_ps(u.s1), t1, acc1);
+      acc1 = _mm512_fmadd_ps(_mm512_set1_ps(u.s1), _mm512_mul_ps(c1, x1), acc1);
     }
-    if (B::kOffset) offsets += u.off * xsum[s];
+    if (B::kOffset) offsets = std::fma(u.off, xsum[s], offsets);
   });
   return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + offsets;
 #else
@@ -444,20 +407,78 @@ inline float row_dot1(const float* x, const float* xsum, int64_t K, const uint8_
                                       _mm256_mul_ps(c[2], _mm256_loadu_ps(xs + 16)));
     acc0 = _mm256_fmadd_ps(_mm256_set1_ps(u.s0), t0, acc0);
     acc1 = _mm256_fmadd_ps(_mm256_set1_ps(u.s1), t1, acc1);
-    if (B::kOffset) offsets += u.off * xsum[s];
+    if (B::kOffset) offsets = std::fma(u.off, xsum[s], offsets);
   });
   return hsum(_mm256_add_ps(acc0, acc1)) + offsets;
 #endif
 }
 
+// out[r * ldo] = x[r] . row for MR input rows (x rows K apart, `xsum` rows K / 32 apart), each
+// by exactly the operations row_dot1 applies to one input row, in the same order, so a row's
+// result does not depend on the other rows of its call (a decode step's sequences, or one
+// sequence's speculative rows); each sub-block's codes are widened once for all MR rows.
+template <typename B, int MR>
+inline void row_dot_exact(const float* x, const float* xsum, int64_t K, const uint8_t* row,
+                          float* out, int64_t ldo) {
+  float offsets[MR];
+  RS_UNROLL for (int r = 0; r < MR; ++r) offsets[r] = 0.f;
+#ifdef RS_AVX512
+  __m512 acc0[MR], acc1[MR];
+  RS_UNROLL for (int r = 0; r < MR; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
+  visit_subs<B>(row, K, [&](int64_t s, const Sub& u) {
+    const __m512 c0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(u.codes)));
+    const __m512 c1 =
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(u.codes, 1)));
+    const __m512 s0 = _mm512_set1_ps(u.s0), s1 = _mm512_set1_ps(u.s1);
+    RS_UNROLL for (int r = 0; r < MR; ++r) {
+      const float* xs = x + r * K + 32 * s;
+      const __m512 t0 = _mm512_mul_ps(c0, _mm512_loadu_ps(xs));
+      const __m512 x1 = _mm512_loadu_ps(xs + 16);
+      if (u.s0 == u.s1) {
+        acc0[r] = _mm512_fmadd_ps(s0, _mm512_fmadd_ps(c1, x1, t0), acc0[r]);
+      } else {
+        acc0[r] = _mm512_fmadd_ps(s0, t0, acc0[r]);
+        acc1[r] = _mm512_fmadd_ps(s1, _mm512_mul_ps(c1, x1), acc1[r]);
+      }
+      if (B::kOffset) offsets[r] = std::fma(u.off, xsum[r * (K / 32) + s], offsets[r]);
+    }
+  });
+  RS_UNROLL for (int r = 0; r < MR; ++r)
+    out[r * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[r], acc1[r])) + offsets[r];
+#else
+  __m256 acc0[MR], acc1[MR];
+  RS_UNROLL for (int r = 0; r < MR; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
+  visit_subs<B>(row, K, [&](int64_t s, const Sub& u) {
+    __m256 c[4];
+    widen(u.codes, c);
+    const __m256 s0 = _mm256_set1_ps(u.s0), s1 = _mm256_set1_ps(u.s1);
+    RS_UNROLL for (int r = 0; r < MR; ++r) {
+      const float* xs = x + r * K + 32 * s;
+      const __m256 t0 = _mm256_fmadd_ps(c[1], _mm256_loadu_ps(xs + 8),
+                                        _mm256_mul_ps(c[0], _mm256_loadu_ps(xs)));
+      const __m256 t1 = _mm256_fmadd_ps(c[3], _mm256_loadu_ps(xs + 24),
+                                        _mm256_mul_ps(c[2], _mm256_loadu_ps(xs + 16)));
+      acc0[r] = _mm256_fmadd_ps(s0, t0, acc0[r]);
+      acc1[r] = _mm256_fmadd_ps(s1, t1, acc1[r]);
+      if (B::kOffset) offsets[r] = std::fma(u.off, xsum[r * (K / 32) + s], offsets[r]);
+    }
+  });
+  RS_UNROLL for (int r = 0; r < MR; ++r)
+    out[r * ldo] = hsum(_mm256_add_ps(acc0[r], acc1[r])) + offsets[r];
+#endif
+}
+
 // out [M, N] = x [M, K] W^T for M <= 16 input rows (decode steps): weight rows spread over the
-// threads; one input row by row_dot1, more with each row's weights made once per 8 of them.
+// threads; one input row by row_dot1, more by row_dot_exact (the same arithmetic per row) with
+// each weight row's codes widened once per 8 input rows.
 template <typename B>
 void gemm_block_rows_small(const float* x, int64_t M, const uint8_t* blocks, int64_t row_bytes,
                            int64_t N, int64_t K, float* out) {
-  std::vector<float> xsum(M == 1 ? K / 32 : 0, 0.f);
-  for (size_t s = 0; s < xsum.size(); ++s)
-    for (int j = 0; j < 32; ++j) xsum[s] += x[32 * s + j];
+  const int64_t S = K / 32;
+  std::vector<float> xsum(M * S, 0.f);  // per input row, as row_dot1 sums them
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t s = 0; s < S; ++s)
+      for (int j = 0; j < 32; ++j) xsum[r * S + s] += x[r * K + 32 * s + j];
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       const uint8_t* row = blocks + n * row_bytes;
@@ -470,7 +491,7 @@ void gemm_block_rows_small(const float* x, int64_t M, const uint8_t* blocks, int
       }
       for (int64_t m = 0; m < M; m += 8) {
         with_rows<8>(static_cast<int>(std::min<int64_t>(8, M - m)), [&](auto R) {
-          row_dot<B, R>(x + m * K, K, row, out + m * N + n, N);
+          row_dot_exact<B, R>(x + m * K, xsum.data() + m * S, K, row, out + m * N + n, N);
         });
       }
     }
