@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 from radixserve.bench.corpus import Corpus
-from radixserve.bench.sessions import Session, Workload
+from radixserve.bench.sessions import Session, Workload, docs_assistant_system
 
 # A word worth renaming: an identifier-like run of 4+ characters (so never a lone article).
 _WORD = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]{3,}\b")
@@ -244,8 +244,7 @@ class Regenerate(Workload):
     max_tokens: int = 128
 
     def sessions(self, corpus: Corpus) -> list[Session]:
-        head = "You are a helpful assistant for Python documentation. Reference notes:\n\n"
-        system = head + corpus.passage(self.system_tokens - corpus.counter.count(head))
+        system = docs_assistant_system(corpus, self.system_tokens)
         out: list[Session] = []
         for c in range(self.conversations):
             ask = "Explain this passage in a few sentences:\n" + corpus.passage(self.user_tokens)

@@ -142,3 +142,10 @@ class Workload:
     def params(self) -> dict[str, Any]:
         """The size parameters as a dict."""
         return dataclasses.asdict(self)
+
+
+def docs_assistant_system(corpus: Corpus, tokens: int) -> str:
+    """The chat workloads' shared system prompt: a Python-docs assistant and `tokens` tokens
+    of reference notes from `corpus`."""
+    head = "You are a helpful assistant for Python documentation. Reference notes:\n\n"
+    return head + corpus.passage(tokens - corpus.counter.count(head))

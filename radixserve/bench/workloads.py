@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 from radixserve.bench.corpus import Corpus, TokenCounter
 from radixserve.bench.repeat_workloads import Edit, RagExtract, Regenerate
-from radixserve.bench.sessions import APIS, RequestSpec, Session, Workload
+from radixserve.bench.sessions import APIS, RequestSpec, Session, Workload, docs_assistant_system
 from radixserve.bench.tools import AGENT_TOOLS
 
 __all__ = [
@@ -52,8 +52,7 @@ class MultiTurn(Workload):
     max_tokens: int = 32
 
     def sessions(self, corpus: Corpus) -> list[Session]:
-        head = "You are a helpful assistant for Python documentation. Reference notes:\n\n"
-        system = head + corpus.passage(self.system_tokens - corpus.counter.count(head))
+        system = docs_assistant_system(corpus, self.system_tokens)
         return [
             Session(
                 f"conv{c}",

@@ -13,8 +13,8 @@ Three drafters, tried in this order (which ones run is `SpeculativeConfig.method
 The engine verifies a request's last token plus its drafts in one step (one decode row
 each) and keeps the longest run the model agrees with; see LLMEngine and
 ModelRunner.run's `drafts`. How many tokens a request drafts adapts to what it accepted:
-one more after a fully accepted draft, the accepted count plus one after a partial one, and
-after two drafts in a row with nothing accepted it pauses, longer each time.
+twice as many after a fully accepted draft, the accepted count plus one after a partial one,
+and after two drafts in a row with nothing accepted it pauses, longer each time.
 """
 
 from __future__ import annotations
@@ -234,7 +234,7 @@ class Speculator:
             return
         top = self.config.num_speculative_tokens
         if num_accepted == num_drafted:
-            st.length = min(top, st.length + 1)
+            st.length = min(top, 2 * st.length)
         else:
             st.length = min(top, num_accepted + 1)
         if num_accepted:

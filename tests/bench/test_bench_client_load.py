@@ -202,30 +202,29 @@ def test_poisson_arrivals_overlap_and_finish_every_request():
 
 
 def test_a_request_whose_first_token_is_eos_still_has_a_ttft():
-    chunks = [
-        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
-        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
-        {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}},
-    ]
-    data = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
-    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=data.encode()))
-    spec = RequestSpec("r", "s", 0, "chat", 5, messages=[{"role": "user", "content": "hi"}])
-
-    async def go():
-        async with httpx.AsyncClient(transport=transport) as c:
-            return await send_request(c, URL, spec, spec.body("m"), 0.0)
-
-    rec = run(go())
+    rec = stream_chunks(
+        [
+            {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+            {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+            {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}},
+        ]
+    )
     assert rec.ok and rec.ttft is not None and rec.chunks == 0 and rec.text == ""
     assert rec.completion_tokens == 1 and rec.finish_reason == "stop" and rec.cached_tokens == 0
 
 
 def stream_usage(usage: dict):
     """Send one chat request to a server whose stream ends with `usage`; the record."""
-    chunks = [
-        {"choices": [{"index": 0, "delta": {"content": "a b c"}, "finish_reason": "stop"}]},
-        {"choices": [], "usage": usage},
-    ]
+    return stream_chunks(
+        [
+            {"choices": [{"index": 0, "delta": {"content": "a b c"}, "finish_reason": "stop"}]},
+            {"choices": [], "usage": usage},
+        ]
+    )
+
+
+def stream_chunks(chunks: list[dict]):
+    """Send one chat request to a server that streams `chunks` (then [DONE]); the record."""
     data = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
     transport = httpx.MockTransport(lambda request: httpx.Response(200, content=data.encode()))
     spec = RequestSpec("r", "s", 0, "chat", 5, messages=[{"role": "user", "content": "hi"}])

@@ -99,7 +99,9 @@ def test_the_draft_length_adapts_down_to_a_pause_and_back() -> None:
     assert spec.propose(req, 8) == [] and spec.propose(req, 8) == []
     assert spec.propose(req, 8) != []
     spec.observe(req, 1, 1)
-    assert len(spec.propose(req, 8)) == 2  # a fully accepted draft grows by one
+    assert len(spec.propose(req, 8)) == 2  # a fully accepted draft doubles
+    spec.observe(req, 2, 2)
+    assert len(spec.propose(req, 8)) == 4
 
 
 def test_finished_outputs_draft_for_later_requests_of_the_same_namespace() -> None:
