@@ -32,10 +32,10 @@ from radixserve.engine.spec_config import SpeculativeConfig
 from radixserve.engine.stats import EngineCounters
 
 MAX_PAUSE_STEPS = 32  # the longest a request waits before drafting again after misses
-# The CPU kernels compute each of up to 16 rows of a step bit for bit as that row alone
-# (kernels/gemm.cpp gemm_codes_exact, kquants.cpp row_dot_exact); more rows take the many-row
-# kernels, whose sums are ordered differently. Drafts never take a step past 16 rows, so a
-# drafted row gets exactly the logits its own decode step would have had.
+# In a step that verifies drafts the CPU kernels compute each of up to 16 rows bit for bit as
+# that row alone (kernels.exact_rows: gemm.cpp gemm_codes_exact, kquants.cpp row_dot_exact);
+# more rows take the many-row kernels, whose sums are ordered differently. Drafts never take a
+# step past 16 rows, so a drafted row gets exactly the logits its own decode step would have.
 MAX_STEP_ROWS = 16
 SUFFIX_STORE_MAX_TOKENS = 65536  # the cross-request store's cap, whatever the pool's size
 

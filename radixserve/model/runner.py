@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from radixserve.model import kernels
 from radixserve.model.attention import CpuPagedBackend, select_backend
 from radixserve.model.batch import ForwardBatch, SeqChunk, StepBuffers, build_batch
 from radixserve.model.decoder import DecoderModel
@@ -137,7 +138,13 @@ class ModelRunner:
         a chain with a seeded generator are drawn one at a time, in order, so the generator
         advances exactly as one decode step per kept token would advance it."""
         batch = build_batch(chunks, self.block_size, self.device, self.buffers)
-        logits = self._forward(batch)
+        verifying = drafts is not None and any(d is not None for d in drafts)
+        if verifying and self.device.type == "cpu":
+            # Every drafted row must get the logits its own decode step would have had.
+            with kernels.exact_rows():
+                logits = self._forward(batch)
+        else:
+            logits = self._forward(batch)
         result = StepResult()
         index = batch.logits_chunk_index
         if not index:
@@ -153,7 +160,7 @@ class ModelRunner:
             row = sampling[index[r]]
             rows.append(row if row is not None else SamplingRow(temperature=0.0))
         drawn = logits if len(sample_at) == len(index) else logits[sample_at]
-        if drafts is None or all(d is None for d in drafts):
+        if not verifying:
             ids = sample_rows(drawn, rows).tolist()  # the step's one device-to-host copy of ids
         else:
             drawn_ids = _verify_chains(drawn, rows, [index[r] for r in sample_at], drafts)

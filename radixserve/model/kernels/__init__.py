@@ -22,12 +22,13 @@ Environment:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
 import os
 import platform
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +156,22 @@ def release_thread_pool() -> None:
     waits on waking its workers (a decode step 2.5-3x slower on 2 cores)."""
     if loaded():
         op("release_omp_threads")()
+
+
+@contextlib.contextmanager
+def exact_rows() -> Iterator[None]:
+    """Within this block (on the calling thread's steps), the 2-16-row GEMMs compute each input
+    row with the one-row GEMV's own arithmetic, so a row's result is bit for bit what it would
+    be alone: the model runner's steps that verify speculative drafts. Otherwise the faster
+    many-row arithmetic runs, whose sums are ordered differently."""
+    if not loaded():
+        yield
+        return
+    op("set_exact_rows")(True)
+    try:
+        yield
+    finally:
+        op("set_exact_rows")(False)
 
 
 class LayerWeightsError(ValueError):

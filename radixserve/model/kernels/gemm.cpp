@@ -1,7 +1,8 @@
 // Weight-only quantized GEMM: y = x W^T for float32 x and W in int4 or int8 codes.
 // One input row runs straight from the codes (gemv_codes); 2-16 rows from the codes in
-// registers, each row by gemv_codes' own arithmetic so that its result does not depend on the
-// other rows (gemm_codes_exact; without AVX2 over 4-row dequantized blocks); many rows over
+// registers (gemm_codes_small; without AVX2 over 4-row dequantized blocks), or, while
+// exact_rows() is on (a step verifying speculative drafts), each row by gemv_codes' own
+// arithmetic so that its result is bit for bit the row's alone (gemm_codes_exact); many rows over
 // packed 16-row panels and a 6x16 register tile (with AVX-512 an 8x32 tile over pairs of panels
 // into which int4 codes are dequantized straight).
 //
@@ -14,13 +15,14 @@
 // is dequantized first (scale * q + min: exact in float32, since q has at most 8 bits and the
 // scale and min come from float16), then multiplied, so the result equals
 // x @ dequantized(W)^T up to summation order: no factored min term that could cancel. The
-// exceptions are the few-row paths (gemv_codes, gemm_codes_exact), bound by unpacking the
-// codes, which sum scale_g * (q_g . x_g) + min_g * sum(x_g) per group.
+// exceptions are the one-row GEMV (gemv_codes) and its many-row twin (gemm_codes_exact),
+// bound by unpacking the codes, which sum scale_g * (q_g . x_g) + min_g * sum(x_g) per group.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -476,12 +478,107 @@ void gemv_codes(const float* x, const void* qv, const float* sp, const float* mp
   });
 }
 
-constexpr int64_t kSmallRows = 16;  // up to this many input rows: gemm_codes_exact
+constexpr int64_t kSmallRows = 16;  // up to this many input rows: gemm_codes_small / _exact
 #ifdef RS_AVX512
 constexpr int64_t kCodeRows = 2;  // weight rows a block: 4 weight vectors + 2 x 8 accumulators
 #else
 constexpr int64_t kCodeRows = 1;  // 16 registers: 4 weight vectors + 8 accumulators + x
 #endif
+
+// out[r, n + j] = x[r] . w[n + j] for MR input rows and the NR <= kCodeRows weight rows from
+// row n: each group's codes become weights in registers (scale * q + min, as dequantized)
+// once, then meet every input row; nothing is written to memory but the outputs.
+template <int kind, int MR, int NR>
+inline void codes_block(const float* x, int64_t K, const void* qv, const float* sp,
+                        const float* mp, int64_t n, float* out, int64_t N) {
+  const int64_t G = K / kGroup;
+#ifdef RS_AVX512
+  __m512 acc[NR][MR];
+  RS_UNROLL for (int j = 0; j < NR; ++j)
+    RS_UNROLL for (int r = 0; r < MR; ++r) acc[j][r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    __m512 w[NR][2];
+    RS_UNROLL for (int j = 0; j < NR; ++j) {
+      load_codes16<kind>(qv, n + j, K, g, w[j]);
+      const __m512 sc = _mm512_set1_ps(sp[(n + j) * G + g]);
+      if (kind == 4) {
+        const __m512 mn = _mm512_set1_ps(mp[(n + j) * G + g]);
+        w[j][0] = _mm512_fmadd_ps(w[j][0], sc, mn);
+        w[j][1] = _mm512_fmadd_ps(w[j][1], sc, mn);
+      } else {
+        w[j][0] = _mm512_mul_ps(w[j][0], sc);
+        w[j][1] = _mm512_mul_ps(w[j][1], sc);
+      }
+    }
+    RS_UNROLL for (int r = 0; r < MR; ++r) {
+      const float* xg = x + r * K + g * kGroup;
+      const __m512 x0 = _mm512_loadu_ps(xg), x1 = _mm512_loadu_ps(xg + 16);
+      RS_UNROLL for (int j = 0; j < NR; ++j)
+        acc[j][r] = _mm512_fmadd_ps(w[j][1], x1, _mm512_fmadd_ps(w[j][0], x0, acc[j][r]));
+    }
+  }
+  RS_UNROLL for (int j = 0; j < NR; ++j)
+    RS_UNROLL for (int r = 0; r < MR; ++r) out[r * N + n + j] = _mm512_reduce_add_ps(acc[j][r]);
+#else
+  static_assert(NR == 1, "AVX2: one weight row a block");
+  // A row's 4 FMAs a group chain on each other: below 5 rows, two accumulators a row (even
+  // and odd vectors) keep enough FMAs in flight.
+  constexpr int A = MR <= 4 ? 2 : 1;
+  __m256 acc[MR][A];
+  RS_UNROLL for (int r = 0; r < MR; ++r)
+    RS_UNROLL for (int a = 0; a < A; ++a) acc[r][a] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    __m256 w[4];
+    load_codes<kind>(qv, n, K, g, w);
+    const __m256 sc = _mm256_set1_ps(sp[n * G + g]);
+    const __m256 mn = kind == 4 ? _mm256_set1_ps(mp[n * G + g]) : _mm256_setzero_ps();
+    RS_UNROLL for (int j = 0; j < 4; ++j) w[j] = _mm256_fmadd_ps(w[j], sc, mn);
+    RS_UNROLL for (int r = 0; r < MR; ++r) {
+      const float* xg = x + r * K + g * kGroup;
+      RS_UNROLL for (int j = 0; j < 4; ++j)
+        acc[r][j % A] = _mm256_fmadd_ps(w[j], _mm256_loadu_ps(xg + 8 * j), acc[r][j % A]);
+    }
+  }
+  RS_UNROLL for (int r = 0; r < MR; ++r) {
+    __m256 sum = acc[r][0];
+    if (A == 2) sum = _mm256_add_ps(sum, acc[r][A - 1]);
+    out[r * N + n] = hsum(sum);
+  }
+#endif
+}
+
+template <int kind, int MR>
+inline void codes_rows(const float* x, int64_t K, const void* qv, const float* sp,
+                       const float* mp, int64_t n, int64_t nr, float* out, int64_t N) {
+  if (kCodeRows == 2 && nr == 2)
+    return codes_block<kind, MR, kCodeRows>(x, K, qv, sp, mp, n, out, N);
+  codes_block<kind, MR, 1>(x, K, qv, sp, mp, n, out, N);
+}
+
+// y = x W^T for 2..16 input rows (a decode step of a few sequences): the weights are read
+// from their codes once per 8 input rows, kCodeRows rows at a time across threads, with no
+// dequantized copy (the panel path's unpacking and packing cost as much as the FMAs here).
+template <int kind>
+void gemm_codes_small(const float* x, int64_t M, const void* qv, const float* sp,
+                      const float* mp, int64_t N, int64_t K, float* out) {
+  const int64_t row_bytes = kind == 4 ? K / 2 : K;
+  at::parallel_for(0, (N + kCodeRows - 1) / kCodeRows, 8, [&](int64_t p0, int64_t p1) {
+    for (int64_t n = kCodeRows * p0; n < std::min(N, kCodeRows * p1); n += kCodeRows) {
+      const int64_t nr = std::min<int64_t>(kCodeRows, N - n);
+      const int64_t ahead = std::min(n + 4, N - 1);
+      const char* next = static_cast<const char*>(qv) + ahead * row_bytes;
+      for (int64_t off = 0; off < kCodeRows * row_bytes && ahead + off / row_bytes < N; off += 64)
+        _mm_prefetch(next + off, _MM_HINT_T0);
+      for (int64_t m = 0; m < M; m += 8) {
+        const float* xm = x + m * K;
+        float* om = out + m * N;
+        with_rows<8>(static_cast<int>(std::min<int64_t>(8, M - m)), [&](auto R) {
+          codes_rows<kind, R>(xm, K, qv, sp, mp, n, nr, om, N);
+        });
+      }
+    }
+  });
+}
 
 // out[r * N + n + j] = x[r] . w[n + j] for MR input rows and NR weight rows from row n, each
 // computed by exactly the operations gemv_codes applies to one input row, in the same order
@@ -584,7 +681,8 @@ void gemm_codes_exact(const float* x, int64_t M, const void* qv, const float* sp
   });
 }
 
-// out = x W^T straight from the codes for 1-16 input rows (gemv_codes, gemm_codes_exact);
+// out = x W^T straight from the codes for 1-16 input rows (gemv_codes; gemm_codes_small, or
+// gemm_codes_exact while exact_rows() is on);
 // false, with nothing done, where that path does not apply: more rows, x or out strided, or K
 // not whole groups.
 template <int kind>
@@ -595,8 +693,10 @@ bool gemm_from_codes(const at::Tensor& x, const void* qv, const float* sp, const
     return false;
   if (M == 1)
     gemv_codes<kind>(x.data_ptr<float>(), qv, sp, mp, N, K, out.data_ptr<float>());
-  else
+  else if (exact_rows())
     gemm_codes_exact<kind>(x.data_ptr<float>(), M, qv, sp, mp, N, K, out.data_ptr<float>());
+  else
+    gemm_codes_small<kind>(x.data_ptr<float>(), M, qv, sp, mp, N, K, out.data_ptr<float>());
   return true;
 }
 #else
@@ -609,6 +709,15 @@ bool gemm_from_codes(const at::Tensor&, const void*, const float*, const float*,
 #endif
 
 }  // namespace
+
+namespace {
+std::atomic<bool> g_exact_rows{false};
+}  // namespace
+
+bool exact_rows() { return g_exact_rows.load(std::memory_order_relaxed); }
+
+// Turn exact_rows() on or off (the model runner, around a step that verifies drafts).
+void set_exact_rows(bool on) { g_exact_rows.store(on, std::memory_order_relaxed); }
 
 void q4_gemm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
              const at::Tensor& minv, const at::Tensor& out) {
@@ -685,6 +794,7 @@ TORCH_LIBRARY_FRAGMENT(radixserve, m) {
   m.def("q8_gemm(Tensor x, Tensor qs, Tensor scale, Tensor(a!) out) -> ()");
   m.def("q4_dequant(Tensor qs, Tensor scale, Tensor minv, Tensor(a!) out) -> ()");
   m.def("q8_dequant(Tensor qs, Tensor scale, Tensor(a!) out) -> ()");
+  m.def("set_exact_rows(bool on) -> ()", &radixserve::set_exact_rows);  // no tensors: no key
 }
 
 TORCH_LIBRARY_IMPL(radixserve, CPU, m) {

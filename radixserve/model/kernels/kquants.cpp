@@ -4,8 +4,8 @@
 //
 // Every format is read 32 weights at a time ("a sub-block"): its codes become float32 weights
 // in registers (scale * code + offset, as gguf's dequantization computes them), then meet the
-// input rows. 1-16 input rows (decode steps) use the codes straight from registers, each input
-// row by the same arithmetic whatever the other rows (row_dot1, row_dot_exact); more
+// input rows. 1-16 input rows (decode steps) use the weights straight from registers (while
+// exact_rows() is on, each input row by one row's arithmetic: row_dot1, row_dot_exact); more
 // rows (prefill) dequantize 16 weight rows at a time into a packed panel for gemm.cpp's
 // register-tiled GEMM (quant_gemm_panels: with AVX-512, its 8x32 tile).
 //
@@ -370,6 +370,47 @@ void dequant_block_rows(const uint8_t* blocks, int64_t row_bytes, int64_t n, int
 }
 
 #ifdef RS_AVX2
+// out[r * ldo] = x[r] . row for 2 <= MR input rows (x rows K apart), the row's weights made in
+// registers one sub-block at a time and used by every input row (AVX-512: 16 lanes, half the
+// FMAs).
+template <typename B, int MR>
+inline void row_dot(const float* x, int64_t K, const uint8_t* row, float* out, int64_t ldo) {
+#ifdef RS_AVX512
+  __m512 acc[MR];
+  RS_UNROLL for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
+  visit_subs<B>(row, K, [&](int64_t s, const Sub& u) {
+    const __m512 off = _mm512_set1_ps(u.off);
+    const __m512 w0 = _mm512_fmadd_ps(
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(u.codes))),
+        _mm512_set1_ps(u.s0), off);
+    const __m512 w1 = _mm512_fmadd_ps(
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(u.codes, 1))),
+        _mm512_set1_ps(u.s1), off);
+    RS_UNROLL for (int r = 0; r < MR; ++r) {
+      const float* xs = x + r * K + 32 * s;
+      acc[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xs + 16),
+                               _mm512_fmadd_ps(w0, _mm512_loadu_ps(xs), acc[r]));
+    }
+  });
+  RS_UNROLL for (int r = 0; r < MR; ++r) out[r * ldo] = _mm512_reduce_add_ps(acc[r]);
+#else
+  __m256 acc[MR][2];
+  RS_UNROLL for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  visit_subs<B>(row, K, [&](int64_t s, const Sub& u) {
+    __m256 w[4];
+    weights(u, w);
+    RS_UNROLL for (int r = 0; r < MR; ++r) {
+      const float* xs = x + r * K + 32 * s;
+      acc[r][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xs), acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xs + 8), acc[r][1]);
+      acc[r][0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xs + 16), acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xs + 24), acc[r][1]);
+    }
+  });
+  RS_UNROLL for (int r = 0; r < MR; ++r) out[r * ldo] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
+#endif
+}
+
 // x . row for one input row (a decode step of one sequence), bound by turning codes into
 // floats: the factored form sum_s scale_s (codes_s . x_s) + off_s sum(x_s), with each
 // sub-block's code products summed before its scale (`xsum`: sum(x_s), for formats with mins).
@@ -469,14 +510,16 @@ inline void row_dot_exact(const float* x, const float* xsum, int64_t K, const ui
 }
 
 // out [M, N] = x [M, K] W^T for M <= 16 input rows (decode steps): weight rows spread over the
-// threads; one input row by row_dot1, more by row_dot_exact (the same arithmetic per row) with
-// each weight row's codes widened once per 8 input rows.
+// threads; one input row by row_dot1, more by row_dot (each row's weights made once per 8 of
+// them), or while exact_rows() is on by row_dot_exact (row_dot1's arithmetic per row).
 template <typename B>
 void gemm_block_rows_small(const float* x, int64_t M, const uint8_t* blocks, int64_t row_bytes,
                            int64_t N, int64_t K, float* out) {
   const int64_t S = K / 32;
-  std::vector<float> xsum(M * S, 0.f);  // per input row, as row_dot1 sums them
-  for (int64_t r = 0; r < M; ++r)
+  const bool exact = M > 1 && exact_rows();
+  // Per input row, as row_dot1 sums them (row_dot, the many-row default, needs none).
+  std::vector<float> xsum(M == 1 || exact ? M * S : 0, 0.f);
+  for (int64_t r = 0; r < (xsum.empty() ? 0 : M); ++r)
     for (int64_t s = 0; s < S; ++s)
       for (int j = 0; j < 32; ++j) xsum[r * S + s] += x[r * K + 32 * s + j];
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
@@ -491,7 +534,10 @@ void gemm_block_rows_small(const float* x, int64_t M, const uint8_t* blocks, int
       }
       for (int64_t m = 0; m < M; m += 8) {
         with_rows<8>(static_cast<int>(std::min<int64_t>(8, M - m)), [&](auto R) {
-          row_dot_exact<B, R>(x + m * K, xsum.data() + m * S, K, row, out + m * N + n, N);
+          if (exact)
+            row_dot_exact<B, R>(x + m * K, xsum.data() + m * S, K, row, out + m * N + n, N);
+          else
+            row_dot<B, R>(x + m * K, K, row, out + m * N + n, N);
         });
       }
     }

@@ -32,6 +32,10 @@ void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
                             const at::Tensor& context_lens, double sm_scale,
                             const at::Tensor& out, int64_t window);
 
+// Whether the 2-16-row GEMMs compute each row exactly as the one-row GEMV does (set per step
+// by the model runner for steps that verify speculative drafts; see gemm.cpp).
+bool exact_rows();
+
 #pragma GCC visibility pop
 
 }  // namespace radixserve
