@@ -160,7 +160,7 @@ class ModelRunner:
             row = sampling[index[r]]
             rows.append(row if row is not None else SamplingRow(temperature=0.0))
         drawn = logits if len(sample_at) == len(index) else logits[sample_at]
-        if not verifying:
+        if drafts is None or not verifying:
             ids = sample_rows(drawn, rows).tolist()  # the step's one device-to-host copy of ids
         else:
             drawn_ids = _verify_chains(drawn, rows, [index[r] for r in sample_at], drafts)
