@@ -404,6 +404,20 @@ inline void load_codes16(const void* qv, int64_t n, int64_t K, int64_t g, __m512
 }
 #endif
 
+// The int4 min term's sum(x_g) of each group g of each of M input rows, [M, K / 32], each summed
+// element by element in order: the one-row GEMV and its exact many-row twin must get the same
+// bits. Empty for int8 (no min term).
+template <int kind>
+std::vector<float> group_sums(const float* x, int64_t M, int64_t K) {
+  const int64_t G = K / kGroup;
+  std::vector<float> sums(kind == 4 ? M * G : 0, 0.f);
+  if (kind == 4)
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t g = 0; g < G; ++g)
+        for (int j = 0; j < kGroup; ++j) sums[r * G + g] += x[r * K + g * kGroup + j];
+  return sums;
+}
+
 // One input row (decode of a single sequence): the GEMM is bound by turning codes into
 // floats, so each weight row is used straight from its codes in the factored form
 // sum_g scale_g * (q_g . x_g) + min_g * sum(x_g), with no dequantized copy. int4: two weight
@@ -412,10 +426,7 @@ template <int kind>
 void gemv_codes(const float* x, const void* qv, const float* sp, const float* mp, int64_t N,
                 int64_t K, float* out) {
   const int64_t G = K / kGroup;
-  std::vector<float> xsum_buf(G, 0.f);  // the min term's sum(x_g), once per call
-  if (kind == 4)
-    for (int64_t g = 0; g < G; ++g)
-      for (int j = 0; j < kGroup; ++j) xsum_buf[g] += x[g * kGroup + j];
+  const std::vector<float> xsum_buf = group_sums<kind>(x, 1, K);  // once per call
   const float* xsum = xsum_buf.data();
   constexpr int64_t rows = kind == 4 ? 2 : 1;  // int8 rows one at a time: 2 spill registers
   const int64_t row_bytes = kind == 4 ? K / 2 : K;
@@ -547,6 +558,22 @@ inline void codes_block(const float* x, int64_t K, const void* qv, const float* 
 #endif
 }
 
+// f(n, nr) for every block of kCodeRows weight rows from row n (nr of them, fewer at the end),
+// the blocks spread over the threads, each asking for the codes 4 rows ahead: the loop the
+// few-row GEMMs share.
+template <typename F>
+void for_code_row_blocks(const void* qv, int64_t row_bytes, int64_t N, F&& f) {
+  at::parallel_for(0, (N + kCodeRows - 1) / kCodeRows, 8, [&](int64_t p0, int64_t p1) {
+    for (int64_t n = kCodeRows * p0; n < std::min(N, kCodeRows * p1); n += kCodeRows) {
+      const int64_t ahead = std::min(n + 4, N - 1);
+      const char* next = static_cast<const char*>(qv) + ahead * row_bytes;
+      for (int64_t off = 0; off < kCodeRows * row_bytes && ahead + off / row_bytes < N; off += 64)
+        _mm_prefetch(next + off, _MM_HINT_T0);
+      f(n, std::min<int64_t>(kCodeRows, N - n));
+    }
+  });
+}
+
 template <int kind, int MR>
 inline void codes_rows(const float* x, int64_t K, const void* qv, const float* sp,
                        const float* mp, int64_t n, int64_t nr, float* out, int64_t N) {
@@ -561,21 +588,13 @@ inline void codes_rows(const float* x, int64_t K, const void* qv, const float* s
 template <int kind>
 void gemm_codes_small(const float* x, int64_t M, const void* qv, const float* sp,
                       const float* mp, int64_t N, int64_t K, float* out) {
-  const int64_t row_bytes = kind == 4 ? K / 2 : K;
-  at::parallel_for(0, (N + kCodeRows - 1) / kCodeRows, 8, [&](int64_t p0, int64_t p1) {
-    for (int64_t n = kCodeRows * p0; n < std::min(N, kCodeRows * p1); n += kCodeRows) {
-      const int64_t nr = std::min<int64_t>(kCodeRows, N - n);
-      const int64_t ahead = std::min(n + 4, N - 1);
-      const char* next = static_cast<const char*>(qv) + ahead * row_bytes;
-      for (int64_t off = 0; off < kCodeRows * row_bytes && ahead + off / row_bytes < N; off += 64)
-        _mm_prefetch(next + off, _MM_HINT_T0);
-      for (int64_t m = 0; m < M; m += 8) {
-        const float* xm = x + m * K;
-        float* om = out + m * N;
-        with_rows<8>(static_cast<int>(std::min<int64_t>(8, M - m)), [&](auto R) {
-          codes_rows<kind, R>(xm, K, qv, sp, mp, n, nr, om, N);
-        });
-      }
+  for_code_row_blocks(qv, kind == 4 ? K / 2 : K, N, [&](int64_t n, int64_t nr) {
+    for (int64_t m = 0; m < M; m += 8) {
+      const float* xm = x + m * K;
+      float* om = out + m * N;
+      with_rows<8>(static_cast<int>(std::min<int64_t>(8, M - m)), [&](auto R) {
+        codes_rows<kind, R>(xm, K, qv, sp, mp, n, nr, om, N);
+      });
     }
   });
 }
@@ -653,30 +672,18 @@ template <int kind>
 void gemm_codes_exact(const float* x, int64_t M, const void* qv, const float* sp,
                       const float* mp, int64_t N, int64_t K, float* out) {
   const int64_t G = K / kGroup;
-  std::vector<float> xsum(M * G, 0.f);  // as gemv_codes sums them, per input row
-  if (kind == 4)
-    for (int64_t r = 0; r < M; ++r)
-      for (int64_t g = 0; g < G; ++g)
-        for (int j = 0; j < kGroup; ++j) xsum[r * G + g] += x[r * K + g * kGroup + j];
-  const int64_t row_bytes = kind == 4 ? K / 2 : K;
-  at::parallel_for(0, (N + kCodeRows - 1) / kCodeRows, 8, [&](int64_t p0, int64_t p1) {
-    for (int64_t n = kCodeRows * p0; n < std::min(N, kCodeRows * p1); n += kCodeRows) {
-      const int64_t nr = std::min<int64_t>(kCodeRows, N - n);
-      const int64_t ahead = std::min(n + 4, N - 1);
-      const char* next = static_cast<const char*>(qv) + ahead * row_bytes;
-      for (int64_t off = 0; off < kCodeRows * row_bytes && ahead + off / row_bytes < N; off += 64)
-        _mm_prefetch(next + off, _MM_HINT_T0);
-      for (int64_t m = 0; m < M; m += kExactRows) {
-        const float* xm = x + m * K;
-        const float* sm = xsum.data() + m * G;
-        float* om = out + m * N;
-        with_rows<kExactRows>(static_cast<int>(std::min<int64_t>(kExactRows, M - m)), [&](auto R) {
-          if (kCodeRows == 2 && nr == 2)
-            exact_block<kind, R, kCodeRows>(xm, sm, K, qv, sp, mp, n, om, N);
-          else
-            exact_block<kind, R, 1>(xm, sm, K, qv, sp, mp, n, om, N);
-        });
-      }
+  const std::vector<float> xsum = group_sums<kind>(x, M, K);  // as gemv_codes sums them
+  for_code_row_blocks(qv, kind == 4 ? K / 2 : K, N, [&](int64_t n, int64_t nr) {
+    for (int64_t m = 0; m < M; m += kExactRows) {
+      const float* xm = x + m * K;
+      const float* sm = kind == 4 ? xsum.data() + m * G : nullptr;
+      float* om = out + m * N;
+      with_rows<kExactRows>(static_cast<int>(std::min<int64_t>(kExactRows, M - m)), [&](auto R) {
+        if (kCodeRows == 2 && nr == 2)
+          exact_block<kind, R, kCodeRows>(xm, sm, K, qv, sp, mp, n, om, N);
+        else
+          exact_block<kind, R, 1>(xm, sm, K, qv, sp, mp, n, om, N);
+      });
     }
   });
 }
