@@ -36,6 +36,7 @@ def serve_ray(args: argparse.Namespace) -> int:
         from ray import serve
 
         from radixserve.ray.deployments import APP_NAME, build_app
+        from radixserve.ray.events import stop_following
     except ImportError as e:
         log.error("--ray needs Ray Serve: pip install 'radixserve[ray]' (%s)", e)
         return 2
@@ -65,6 +66,7 @@ def serve_ray(args: argparse.Namespace) -> int:
         return 0
     finally:
         log.info("shutting down the Ray Serve app")
+        stop_following()
         if started_here:
             serve.shutdown()
             ray.shutdown()

@@ -27,6 +27,7 @@ import logging
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -208,6 +209,42 @@ def get_event_log(app_name: str, deployment: str) -> Any:
         controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
         controller._register_shutdown_cleanup_actor.remote(handle)
     return handle
+
+
+# The routers of this process that follow a log, with the loop each runs on. Kept here and not
+# in the router's module: Serve pickles a custom router's module by value, so each process's
+# router class has module globals of its own, while this module is imported by reference.
+_followers: weakref.WeakKeyDictionary[Any, asyncio.AbstractEventLoop] = weakref.WeakKeyDictionary()
+
+
+def add_follower(router: Any, loop: asyncio.AbstractEventLoop) -> None:
+    """Record a router that follows a log on `loop`; `await router.stop_following()` on that
+    loop ends its following."""
+    _followers[router] = loop
+
+
+def stop_following(timeout_s: float = 10.0) -> int:
+    """Stop every router of this process from following its log; how many were stopped.
+
+    A driver holding a handle to the engine deployment runs a router on Serve's loop thread.
+    Call this before `ray.shutdown()`, from another thread: a pull that outlives Ray either
+    starts a new local Ray instance (Ray connects automatically on first use) or, at exit,
+    makes Ray end the whole process with status 1.
+    """
+    try:
+        here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        here = None
+    stopped = 0
+    for router, loop in list(_followers.items()):
+        if loop.is_closed() or not loop.is_running():
+            continue
+        if loop is here:
+            raise RuntimeError("stop_following() would wait on the loop it runs on")
+        asyncio.run_coroutine_threadsafe(router.stop_following(), loop).result(timeout_s)
+        stopped += 1
+    _followers.clear()
+    return stopped
 
 
 class EventPublisher:

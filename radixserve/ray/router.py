@@ -19,7 +19,7 @@ import ray
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from radixserve.ray.bridge import EngineCall
-from radixserve.ray.events import ReplicaUpdate, apply, get_event_log, new_mirror
+from radixserve.ray.events import ReplicaUpdate, add_follower, apply, get_event_log, new_mirror
 from radixserve.router.policy import PolicyConfig, WorkerView, rank_cache_aware
 from radixserve.router.trie import WorkerTrie
 
@@ -49,6 +49,8 @@ class RadixRequestRouter(RequestRouter):
         self._epoch: str | None = None
         self._log: Any = None
         self._follower: asyncio.Task[None] | None = None
+        self._stopped = False
+        add_follower(self, self._event_loop)
         # Follow from the start, not from the first request: the mirrors must be warm by the
         # time a conversation's second turn arrives.
         self._event_loop.call_soon_threadsafe(self._follow_events)
@@ -56,6 +58,8 @@ class RadixRequestRouter(RequestRouter):
     # ---- the mirrors -----------------------------------------------------------------------
     def _follow_events(self) -> None:
         """Start (or restart) the task that keeps the mirrors up to date, on this loop."""
+        if self._stopped:
+            return
         if self._follower is None or self._follower.done():
             d = self._deployment_id
             self._log = get_event_log(d.app_name, d.name)
@@ -63,7 +67,9 @@ class RadixRequestRouter(RequestRouter):
 
     async def _follow(self) -> None:
         failing = False  # one warning an outage, not one a retry
-        while True:
+        while not self._stopped:
+            if not ray.is_initialized():  # Ray has shut down: a pull would start a new instance
+                return
             try:
                 epoch, updates = await self._log.pull.remote(
                     self._epoch, dict(self._cursors), self.poll_timeout_s
@@ -86,6 +92,17 @@ class RadixRequestRouter(RequestRouter):
             for replica, upd in updates.items():
                 if replica not in self._gone:
                     self.apply_update(replica, upd)
+
+    async def stop_following(self) -> None:
+        """Stop following the log, once the pull in flight (if any) has returned."""
+        self._stopped = True
+        task = self._follower
+        if task is None or task.done():
+            return
+        try:  # a pull returns within its poll timeout: wait rather than leave it dangling
+            await asyncio.wait_for(asyncio.shield(task), self.poll_timeout_s + 5)
+        except Exception:
+            task.cancel()
 
     def apply_update(self, replica: str, upd: ReplicaUpdate) -> None:
         """Bring one replica's mirror up to `upd.seq`."""

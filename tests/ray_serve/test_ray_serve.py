@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -102,14 +101,18 @@ def ray_app(tmp_path_factory: pytest.TempPathFactory, default_model_files: Any) 
         handle = serve.get_deployment_handle(ENGINE_DEPLOYMENT, app_name=APP_NAME)
         yield RayApp(f"http://127.0.0.1:{port}", handle, get_event_log(APP_NAME, ENGINE_DEPLOYMENT))
     finally:
-        serve.shutdown()
-        ray.shutdown()
-        # Handles left for garbage collection would otherwise start a fresh local Ray
-        # instance at exit (Ray connects automatically on first use).
         import ray._private.auto_init_hook as auto_init
 
+        from radixserve.ray.events import stop_following
+
+        # This driver's handle runs a router on Serve's loop thread: its pulls must end before
+        # Ray does, or one would start a fresh local Ray instance from that thread (Ray
+        # connects automatically on first use) whose shutdown at exit ends pytest with
+        # status 1. Handles left for garbage collection would do the same.
+        assert stop_following() >= 1
         auto_init.enable_auto_connect = False
-        time.sleep(1)
+        serve.shutdown()
+        ray.shutdown()
 
 
 def client(app: RayApp, key: str = API_KEY) -> openai.OpenAI:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from types import SimpleNamespace
 from typing import Any
 
@@ -15,7 +16,7 @@ from ray.serve._private.common import DeploymentHandleSource, DeploymentID, Repl
 
 from radixserve.engine.params import SamplingParams  # noqa: E402
 from radixserve.ray.bridge import EngineCall  # noqa: E402
-from radixserve.ray.events import ReplicaUpdate  # noqa: E402
+from radixserve.ray.events import ReplicaUpdate, stop_following  # noqa: E402
 from radixserve.ray.router import RadixRequestRouter  # noqa: E402
 
 DEP = DeploymentID(name="RadixEngine", app_name="test")
@@ -145,11 +146,62 @@ def test_the_follower_stops_quietly_once_ray_has_shut_down(
 ) -> None:
     monkeypatch.setattr("radixserve.ray.router.ray.is_initialized", lambda: False)
 
+    log_ = FlakyLog(1, AttributeError("'Worker' object has no attribute 'core_worker'"))
+
     async def go() -> None:
         r = await make_router()
-        # What a pull raises once ray.shutdown() has torn this process's worker down.
-        r._log = FlakyLog(1, AttributeError("'Worker' object has no attribute 'core_worker'"))
+        r._log = log_
         await asyncio.wait_for(r._follow(), timeout=5)
 
     asyncio.run(go())
     assert "cannot pull cache events" not in caplog.text
+    # No pull was even tried: one would start a fresh local Ray instance (auto-connect).
+    assert log_.failures == 1
+
+
+class SlowLog:
+    """An event log whose pulls each take `seconds`, counting pulls started and returned."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.started, self.returned = seconds, 0, 0
+        self.pull = SimpleNamespace(remote=self._pull)
+
+    async def _pull(self, epoch: str | None, cursors: dict[str, int], timeout: float) -> Any:
+        self.started += 1
+        await asyncio.sleep(self.seconds)
+        self.returned += 1
+        return "epoch-1", {}
+
+
+def test_stop_following_waits_for_the_pull_in_flight_and_the_follower_stays_stopped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("radixserve.ray.router.ray.is_initialized", lambda: True)
+    # As in a driver holding a handle: the router lives on Serve's loop in another thread.
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        log_ = SlowLog(0.3)
+
+        async def start() -> RadixRequestRouter:
+            r = await make_router()
+            r._log = log_
+            r._follower = asyncio.create_task(r._follow())
+            return r
+
+        r = asyncio.run_coroutine_threadsafe(start(), loop).result(5)
+        for _ in range(500):
+            if log_.started:
+                break
+            threading.Event().wait(0.01)
+        assert stop_following(timeout_s=5) == 1
+        assert r._follower is not None and r._follower.done()
+        assert log_.returned == log_.started >= 1  # the last pull returned, not cancelled
+        a, b = replica("a"), replica("b")
+        asyncio.run_coroutine_threadsafe(r.choose_replicas([a, b], request(CHAT)), loop).result(5)
+        threading.Event().wait(0.5)
+        assert r._follower.done() and log_.started == log_.returned  # no new pull began
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
