@@ -116,6 +116,38 @@ def test_a_masked_row_draws_only_allowed_tokens_and_its_neighbour_is_free() -> N
         assert ids == [7, int(logits[1].argmax())]
 
 
+def test_random_bitmasks_unpack_bit_for_bit_sign_bits_included() -> None:
+    g = torch.Generator().manual_seed(3)
+    mask = torch.randint(-(2**31), 2**31 - 1, (3, 4), dtype=torch.int32, generator=g)
+    unpacked = unpack_bitmask(mask, 4 * 32 - 5)
+    for r in range(3):
+        for t in range(4 * 32 - 5):
+            word = int(mask[r, t // 32]) & 0xFFFFFFFF
+            assert bool(unpacked[r, t]) == bool((word >> (t % 32)) & 1)
+
+
+def test_when_every_row_is_masked_each_keeps_only_its_allowed_tokens() -> None:
+    logits = _logits(2, vocab=64, seed=5)
+    before = logits.clone()
+    allowed = [{3, 40}, {63}]
+    rows = []
+    for toks in allowed:
+        bits = torch.zeros(2, dtype=torch.int64)
+        for t in toks:
+            bits[t // 32] |= 1 << (t % 32)
+        rows.append(SamplingRow(temperature=0.0, allowed=_to_int32(bits)))
+    out = process_logits(logits, rows)
+    for r, toks in enumerate(allowed):
+        finite = set(torch.nonzero(torch.isfinite(out[r])).flatten().tolist())
+        assert finite == toks
+        assert torch.equal(out[r, sorted(toks)], logits[r, sorted(toks)])
+    assert sample_rows(logits, rows).tolist() == [
+        max(allowed[0], key=lambda t: float(logits[0, t])),
+        63,
+    ]
+    assert torch.equal(logits, before)
+
+
 def test_token_logprobs_equal_a_float32_log_softmax_with_the_top_tokens_best_first() -> None:
     logits = _logits(3, vocab=40, seed=11)
     scored = token_logprobs(logits, [0, 2], [5, 9], [3, 0])
