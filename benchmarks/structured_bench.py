@@ -23,6 +23,7 @@ import dataclasses
 import json
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 from radixserve.bench.tools import AGENT_TOOLS
@@ -67,6 +68,26 @@ def _us(xs: list[float]) -> str:
     return f"{statistics.median(xs) * 1e6:.1f} us (p90 {sorted(xs)[int(0.9 * len(xs))] * 1e6:.1f})"
 
 
+def _time_tokens(
+    outputs: list[list[int]],
+    repeats: int,
+    start: Callable[[], Any],
+    step: Callable[[Any, int], bool],
+) -> list[float]:
+    """Seconds of each `step(matcher, token)` (fill the next bitmask, accept the token) over
+    every output, `repeats` times, a fresh `start()` matcher per output."""
+    times: list[float] = []
+    for _ in range(repeats):
+        for out in outputs:
+            m = start()
+            for t in out:
+                a = time.perf_counter()
+                ok = step(m, t)
+                times.append(time.perf_counter() - a)
+                assert ok, "a grammar engine refused a valid call"
+    return times
+
+
 def case_engines(llm: LLM, repeats: int = 50) -> None:
     """(a): compile time and per-token mask + accept time, llguidance and (if present) xgrammar."""
     tok = llm.engine.tokenizer
@@ -83,16 +104,12 @@ def case_engines(llm: LLM, repeats: int = 50) -> None:
     compiled = grammars._build(StructuredOutput.json_schema(schema))  # uncached: timed
     compile_s = time.perf_counter() - t0
     row = torch.zeros(grammars.bitmask_words, dtype=torch.int32)
-    per_token: list[float] = []
-    for _ in range(repeats):
-        for out in outputs:
-            m = compiled.matcher()
-            for t in out:
-                a = time.perf_counter()
-                m.fill_bitmask(row)
-                ok = m.accept(t)
-                per_token.append(time.perf_counter() - a)
-                assert ok, "llguidance refused a valid call"
+
+    def ll_step(m: Any, t: int) -> bool:
+        m.fill_bitmask(row)
+        return bool(m.accept(t))
+
+    per_token = _time_tokens(outputs, repeats, compiled.matcher, ll_step)
     print(f"| llguidance (radixserve) | compile {compile_s * 1e3:.0f} ms | mask + accept per "
           f"token {_us(per_token)} |")  # fmt: skip
     try:
@@ -109,16 +126,12 @@ def case_engines(llm: LLM, repeats: int = 50) -> None:
     )
     compile_x = time.perf_counter() - t0
     mask = xgr.allocate_token_bitmask(1, grammars.vocab_size)
-    per_token_x: list[float] = []
-    for _ in range(repeats):
-        for out in outputs:
-            xm = xgr.GrammarMatcher(xc)
-            for t in out:
-                a = time.perf_counter()
-                xm.fill_next_token_bitmask(mask)
-                ok = xm.accept_token(t)
-                per_token_x.append(time.perf_counter() - a)
-                assert ok, "xgrammar refused a valid call"
+
+    def xg_step(m: Any, t: int) -> bool:
+        m.fill_next_token_bitmask(mask)
+        return bool(m.accept_token(t))
+
+    per_token_x = _time_tokens(outputs, repeats, lambda: xgr.GrammarMatcher(xc), xg_step)
     print(f"| xgrammar {getattr(xgr, '__version__', '')} | compile {compile_x * 1e3:.0f} ms | "
           f"mask + accept per token {_us(per_token_x)} |")  # fmt: skip
 
