@@ -165,7 +165,7 @@ def case_constrained_vs_free(llm: LLM, trials: int) -> None:
         lengths = [len(o.token_ids) for o in outs]
         on += _tpot(outs)
         free = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in lengths]
-        outs_free = _generate_each(llm, prompts, free)
+        outs_free = llm.generate(prompts, free)
         assert [len(o.token_ids) for o in outs_free] == lengths
         off += _tpot(outs_free)
     a, b = statistics.median(on), statistics.median(off)
@@ -173,28 +173,6 @@ def case_constrained_vs_free(llm: LLM, trials: int) -> None:
     print(f"| constrained (call grammar) | TPOT p50 {a * 1e3:.2f} ms |")
     print(f"| free, same lengths | TPOT p50 {b * 1e3:.2f} ms |")
     print(f"| constrained / free | {a / b:.3f}x ({a / b - 1:+.1%} per output token) |")
-
-
-def _generate_each(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]) -> list[Any]:
-    """Like LLM.generate, but each prompt with its own parameters, all submitted at once."""
-    import threading
-
-    results: list[Any] = [None] * len(prompts)
-    done = threading.Semaphore(0)
-
-    def cb(i: int) -> Any:
-        def on_output(out: Any) -> None:
-            if out.finished:
-                results[i] = out
-                done.release()
-
-        return on_output
-
-    for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
-        llm.engine.add_request(p, sp, on_output=cb(i))
-    for _ in prompts:
-        done.acquire()
-    return results
 
 
 def case_n(llm: LLM, trials: int, n: int = 8, prompt_tokens: int = 1024) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
@@ -37,52 +38,64 @@ class LLM:
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt],
-        params: SamplingParams | None = None,
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
         namespace: Hashable = None,
     ) -> list[RequestOutput]:
-        """Complete every prompt (text or token ids); outputs come back in prompt order."""
+        """Complete every prompt (text or token ids) with `params`, or with one SamplingParams
+        per prompt as vLLM's LLM.generate takes them; outputs come back in prompt order."""
         batch: Sequence[Prompt]
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             batch = [prompts]  # type: ignore[list-item]
         else:
             batch = prompts  # type: ignore[assignment]
         token_lists = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in batch]
-        return self._run(token_lists, params or SamplingParams(), namespace)
+        return self._run(token_lists, params, namespace)
 
     def chat(
         self,
         messages: Sequence[dict[str, Any]] | Sequence[Sequence[dict[str, Any]]],
-        params: SamplingParams | None = None,
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
         namespace: Hashable = None,
     ) -> list[RequestOutput]:
-        """Answer one conversation (a list of messages) or several, via the chat template."""
+        """Answer one conversation (a list of messages) or several, via the chat template;
+        `params` as for `generate`."""
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
         token_lists = [self.tokenizer.apply_chat_template(c) for c in convs]  # type: ignore[arg-type]
-        return self._run(token_lists, params or SamplingParams(), namespace)
+        return self._run(token_lists, params, namespace)
 
     def _run(
-        self, token_lists: list[list[int]], params: SamplingParams, namespace: Hashable
+        self,
+        token_lists: list[list[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None,
+        namespace: Hashable,
     ) -> list[RequestOutput]:
         """Outputs in prompt order; with n > 1, the n choices of each prompt in a row."""
-        n = params.n
-        results: list[RequestOutput | None] = [None] * (len(token_lists) * n)
+        if params is None or isinstance(params, SamplingParams):
+            per_prompt = [params or SamplingParams()] * len(token_lists)
+        else:
+            per_prompt = list(params)
+            if len(per_prompt) != len(token_lists):
+                raise ValueError(
+                    f"{len(per_prompt)} SamplingParams for {len(token_lists)} prompts: give "
+                    "one for all, or one per prompt"
+                )
+        first = list(itertools.accumulate((p.n for p in per_prompt), initial=0))
+        results: list[RequestOutput | None] = [None] * first[-1]
         done = threading.Semaphore(0)
 
         def callback(i: int) -> Callable[[RequestOutput], None]:
             def on_output(out: RequestOutput) -> None:
                 if out.finished:
-                    results[i * n + out.index] = out
+                    results[first[i] + out.index] = out
                     done.release()
 
             return on_output
 
         ids = []
         try:
-            for i, toks in enumerate(token_lists):
+            for i, (toks, p) in enumerate(zip(token_lists, per_prompt, strict=True)):
                 ids.append(
-                    self.engine.add_request(
-                        toks, params, namespace=namespace, on_output=callback(i)
-                    )
+                    self.engine.add_request(toks, p, namespace=namespace, on_output=callback(i))
                 )
             for _ in range(len(results)):
                 done.acquire()

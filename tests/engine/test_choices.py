@@ -89,3 +89,28 @@ def test_aborting_a_request_aborts_every_choice(make_tiny_engine) -> None:
     run_until_idle(engine)
     assert [c.finish_reason for c in col.choices(rid)] == ["abort"] * 3
     assert engine.kv.pool.num_free + engine.kv.cache.stats().evictable_blocks == engine.num_blocks
+
+
+def test_llm_generate_takes_one_params_per_prompt_with_each_prompts_own_choices(
+    make_tiny_engine,
+) -> None:
+    import pytest
+
+    from radixserve.engine.llm import LLM
+
+    llm = LLM.from_engine(make_tiny_engine())
+    try:
+        prompts = [PROMPT, PROMPT[:20], PROMPT[:10]]
+        params = [sampled(2), sampled(1, max_tokens=3), sampled(3, max_tokens=5)]
+        outs = llm.generate(prompts, params)
+        assert [(o.prompt_token_ids, o.index, len(o.token_ids)) for o in outs] == [
+            (PROMPT, 0, 6), (PROMPT, 1, 6), (PROMPT[:20], 0, 3),
+            (PROMPT[:10], 0, 5), (PROMPT[:10], 1, 5), (PROMPT[:10], 2, 5),
+        ]  # fmt: skip
+        alone = llm.generate([PROMPT[:10]], sampled(3, max_tokens=5))
+        assert [o.token_ids for o in alone] == [o.token_ids for o in outs[3:]]
+        with pytest.raises(ValueError, match="2 SamplingParams for 3 prompts"):
+            llm.generate(prompts, params[:2])
+        assert llm.engine.stats().num_running == 0  # the refused call added nothing
+    finally:
+        llm.shutdown()
