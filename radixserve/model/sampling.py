@@ -112,7 +112,7 @@ def process_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.T
     masked = [i for i, r in enumerate(rows) if r.allowed is not None]
     if not (penalized or biased or masked):
         return logits
-    if penalized or biased:
+    if penalized or biased or len(masked) < len(rows):  # a select over every row copies anyway
         logits = logits.clone()
     if penalized:
         _apply_penalties(logits, rows, penalized)
@@ -124,8 +124,6 @@ def process_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.T
         neg_inf = torch.tensor(float("-inf"), device=logits.device)
         if len(masked) == len(rows):  # every row constrained: one select, no row indexing
             return torch.where(allowed, logits, neg_inf)
-        if not (penalized or biased):
-            logits = logits.clone()
         sel = torch.tensor(masked, device=logits.device)
         logits[sel] = torch.where(allowed, logits[sel], neg_inf)
     return logits
