@@ -155,11 +155,14 @@ class RadixRequestRouter(RequestRouter):
             name = r.replica_id.to_full_id_str()
             trie = self.tries.get(name)
             queued = self._replica_queue_len_cache.get(r.replica_id)
+            ids, ns = call.prompt_token_ids, call.namespace
+            matched = trie.match(ids, ns) if trie else 0
             views.append(
                 WorkerView(
                     index=i,
                     in_flight=queued or 0,
-                    matched_tokens=trie.match(call.prompt_token_ids, call.namespace) if trie else 0,
+                    matched_tokens=matched,
+                    continues=bool(trie and trie.continues(ids, ns, matched)),
                     cached_blocks=trie.num_blocks if trie else 0,
                     total_blocks=self.pool_blocks.get(name, 0),
                 )

@@ -206,13 +206,13 @@ class Proxy:
         self, route: Route, path: str, raw: bytes, headers: dict[str, str]
     ) -> Response | Failure:
         w = route.worker
-        w.begin()
+        pending = route.begin()
         try:
             r = await self.client.post(w.url + path, content=raw, headers=headers)
         except TRANSPORT_ERRORS as e:
             return self._failed(route, e)
         finally:
-            w.end()
+            w.end(pending)
         if r.status_code >= 500:
             return self._bad_status(route, r, r.content)
         if r.status_code == 200:
@@ -241,7 +241,7 @@ class Proxy:
         self, route: Route, path: str, raw: bytes, headers: dict[str, str]
     ) -> Response | Failure:
         w = route.worker
-        w.begin()
+        pending = route.begin()
         req = self.client.build_request("POST", w.url + path, content=raw, headers=headers)
         upstream: httpx.Response | None = None
         try:
@@ -249,7 +249,7 @@ class Proxy:
             if upstream.status_code != 200:
                 content = await upstream.aread()
                 await upstream.aclose()
-                w.end()
+                w.end(pending)
                 if upstream.status_code >= 500:
                     return self._bad_status(route, upstream, content)
                 media = upstream.headers.get("content-type", "application/json")
@@ -259,7 +259,7 @@ class Proxy:
         except (*TRANSPORT_ERRORS, StopAsyncIteration) as e:
             if upstream is not None:
                 await upstream.aclose()
-            w.end()
+            w.end(pending)
             if isinstance(e, StopAsyncIteration):
                 self.metrics.upstream_errors.labels(w.name, "empty_stream").inc()
                 return Failure(502, f"worker {w.url} closed the stream without data")
@@ -272,7 +272,7 @@ class Proxy:
             if not closed:
                 closed = True
                 await resp.aclose()
-                w.end()
+                w.end(pending)
 
         async def body() -> AsyncIterator[bytes]:
             tail = first[-16384:]

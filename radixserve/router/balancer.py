@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from radixserve.router.metrics import RouterMetrics
@@ -17,19 +17,24 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class Route:
-    """Where one attempt of a request goes, and what the router expects there."""
-
-    worker: Worker
-    decision: Decision
-
-
-@dataclass
 class Prompt:
     """What routing needs from a request body (tokens only under cache_aware)."""
 
     token_ids: list[int] | None
     namespace: str | None
+
+
+@dataclass
+class Route:
+    """Where one attempt of a request goes, and what the router expects there."""
+
+    worker: Worker
+    decision: Decision
+    prompt: Prompt = field(default_factory=lambda: Prompt(None, None))
+
+    def begin(self) -> int:
+        """The attempt is sent: the worker counts it in flight and its prompt as pending."""
+        return self.worker.begin(self.prompt.token_ids, self.prompt.namespace)
 
 
 class Balancer:
@@ -95,10 +100,10 @@ class Balancer:
         self._counter += 1
         worker = self.workers[decision.index]
         if not record:
-            return Route(worker, decision)
+            return Route(worker, decision, prompt)
         self.metrics.decisions.labels(decision.reason).inc()
         if prompt.token_ids is not None:
             self.metrics.prompt_tokens.labels(worker.name).inc(n_tokens)
             self.metrics.matched_tokens.labels(worker.name).inc(decision.matched_tokens)
             worker.record_routed(prompt.token_ids, prompt.namespace)
-        return Route(worker, decision)
+        return Route(worker, decision, prompt)

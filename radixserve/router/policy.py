@@ -12,7 +12,7 @@ POLICIES = ("cache_aware", "round_robin", "least_load", "random")
 
 # Reasons a decision gives; they label the router's `decisions_total` metric.
 CACHE_HIT = "cache_hit"  # longest cached prefix won
-LEAST_LOAD = "least_load"  # no useful prefix anywhere: fewest in-flight, most free cache
+LEAST_LOAD = "least_load"  # no useful prefix anywhere: most free cache, then fewest in-flight
 LOAD_IMBALANCE = "load_imbalance"  # loads too uneven: least loaded first, cache second
 ROUND_ROBIN = "round_robin"
 RANDOM = "random"
@@ -26,7 +26,10 @@ class WorkerView:
     index: int
     in_flight: int
     matched_tokens: int = 0  # longest prefix of this prompt cached on the worker
-    cached_blocks: int = 0  # blocks in the worker's cache (router's mirror)
+    # The match follows a cached path to its end (a later turn, a repeat); False when the
+    # prompt only shares a prefix (a system prompt) with paths that go on elsewhere.
+    continues: bool = True
+    cached_blocks: int = 0  # blocks in the worker's cache (router's mirror and prompts in flight)
     total_blocks: int = 0  # the worker's KV pool size; 0 when unknown
 
     @property
@@ -75,15 +78,23 @@ def is_imbalanced(loads: Sequence[int], cfg: PolicyConfig) -> bool:
     return hi - lo > cfg.balance_abs_threshold and hi > cfg.balance_rel_threshold * lo
 
 
-def least_loaded(views: Sequence[WorkerView]) -> WorkerView:
-    """Fewest in-flight requests, then most free cache, then lowest index."""
-    return min(views, key=lambda v: (v.in_flight, -v.free_blocks, v.index))
+def placement(views: Sequence[WorkerView]) -> WorkerView:
+    """Where a prompt no worker has useful cache for goes: the most free cache blocks, then
+    the fewest in-flight requests, then the lowest index.
+
+    Free cache, not in-flight count, is what spreads conversations: a worker that answers
+    faster has fewer requests in flight at any moment, and placing by load alone sends it
+    nearly every new conversation until its cache overflows (measured in docs/kv-events.md).
+    The imbalance guard of `choose_cache_aware` still bounds the load this may leave uneven.
+    """
+    return min(views, key=lambda v: (-v.free_blocks, v.in_flight, v.index))
 
 
 def choose_cache_aware(
     views: Sequence[WorkerView], prompt_len: int, cfg: PolicyConfig = PolicyConfig()
 ) -> Decision:
-    """Longest cached prefix when it saves enough prefill, else least load; load first if uneven."""
+    """Longest cached prefix when it saves enough prefill, else most free cache; load first if
+    uneven."""
     if not views:
         raise NoWorkerError("no healthy worker")
     if len(views) > 1 and is_imbalanced([v.in_flight for v in views], cfg):
@@ -93,15 +104,16 @@ def choose_cache_aware(
             key=lambda v: (v.matched_tokens, v.free_blocks, -v.index),
         )
         return Decision(pick.index, LOAD_IMBALANCE, pick.matched_tokens)
-    balanced = least_loaded(views)
-    best = max(views, key=lambda v: (v.matched_tokens, -v.in_flight, v.free_blocks, -v.index))
+    placed = placement(views)
     need = cfg.cache_threshold * prompt_len
-    if prompt_len > 0 and best.matched_tokens > 0:
-        if best.matched_tokens - balanced.matched_tokens >= need:
+    own = [v for v in views if v.continues and v.matched_tokens > 0]
+    if prompt_len > 0 and own:
+        best = max(own, key=lambda v: (v.matched_tokens, -v.in_flight, v.free_blocks, -v.index))
+        if best.matched_tokens - placed.matched_tokens >= need:
             return Decision(best.index, CACHE_HIT, best.matched_tokens)
-        if balanced.matched_tokens >= need:
-            return Decision(balanced.index, CACHE_HIT, balanced.matched_tokens)
-    return Decision(balanced.index, LEAST_LOAD, balanced.matched_tokens)
+    if prompt_len > 0 and placed.matched_tokens > 0 and placed.matched_tokens >= need:
+        return Decision(placed.index, CACHE_HIT, placed.matched_tokens)
+    return Decision(placed.index, LEAST_LOAD, placed.matched_tokens)
 
 
 def rank_cache_aware(

@@ -35,6 +35,22 @@ class WorkerTrie:
         """Tokens of the longest cached prefix of `token_ids` (whole blocks). Read-only."""
         return self.cache.peek_prefix(token_ids, namespace)
 
+    def continues(self, token_ids: Sequence[int], namespace: Hashable, matched: int) -> bool:
+        """Whether `token_ids`, whose first `matched` tokens are cached, follows a cached path
+        to within one block of where that path ends (a conversation's next turn, a repeat),
+        rather than branching off a prefix that a cached path takes elsewhere (a system
+        prompt or document that another request began with).
+        """
+        if matched <= 0:
+            return False
+        rest = token_ids[matched:]
+        probe = min(len(rest), self.block_size)
+        ahead = self.cache.continuation(token_ids[:matched], namespace, probe + self.block_size + 1)
+        common = 0
+        while common < probe and common < len(ahead) and ahead[common] == rest[common]:
+            common += 1
+        return common == len(rest) or len(ahead) - common <= self.block_size
+
     def insert(self, token_ids: Sequence[int], namespace: Hashable = None) -> None:
         """Record that the worker caches `token_ids` (cut to whole blocks and to capacity).
 

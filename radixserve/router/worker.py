@@ -105,6 +105,7 @@ class Worker:
         self.metrics = metrics
         self.healthy = False
         self.in_flight = 0
+        self.pending_blocks = 0  # blocks of prompts in flight that the mirror did not hold
         self.events_live = False
         self.events_supported = cfg.cache_events
         self.block_size = cfg.block_size or 16
@@ -367,13 +368,18 @@ class Worker:
 
     # ---- routing ---------------------------------------------------------------------------
     def view(self, token_ids: list[int] | None, namespace: str | None) -> WorkerView:
-        """The policy's snapshot of this worker for one prompt."""
+        """The policy's snapshot of this worker for one prompt.
+
+        Its cache counts the prompts in flight to it as well: the worker caches them once
+        prefilled, and its events tell the mirror only then.
+        """
         matched = self.trie.match(token_ids, namespace) if token_ids else 0
         return WorkerView(
             index=self.index,
             in_flight=self.in_flight,
             matched_tokens=matched,
-            cached_blocks=self.trie.num_blocks,
+            continues=bool(token_ids and self.trie.continues(token_ids, namespace, matched)),
+            cached_blocks=self.trie.num_blocks + self.pending_blocks,
             total_blocks=self.num_blocks,
         )
 
@@ -383,15 +389,21 @@ class Worker:
             self.trie.insert(token_ids, namespace)
             self.metrics.tree_blocks.labels(self.name).set(self.trie.num_blocks)
 
-    def begin(self) -> None:
-        """A request was sent to this worker."""
+    def begin(self, token_ids: list[int] | None = None, namespace: str | None = None) -> int:
+        """A request (with this prompt, if known) was sent; give `end` what this returns."""
         self.in_flight += 1
         self.metrics.in_flight.labels(self.name).set(self.in_flight)
+        if not token_ids or not self.events_live:  # without events the mirror has it already
+            return 0
+        fresh = (len(token_ids) - self.trie.match(token_ids, namespace)) // self.block_size
+        self.pending_blocks += fresh
+        return fresh
 
-    def end(self) -> None:
-        """A request to this worker finished (any way)."""
+    def end(self, pending: int = 0) -> None:
+        """A request to this worker finished (any way); `pending` is what `begin` returned."""
         self.in_flight = max(0, self.in_flight - 1)
         self.metrics.in_flight.labels(self.name).set(self.in_flight)
+        self.pending_blocks = max(0, self.pending_blocks - pending)
 
     def state(self) -> dict[str, Any]:
         """JSON-able state for /health and /v1/router/workers."""
@@ -404,6 +416,7 @@ class Worker:
             "block_size": self.block_size,
             "num_blocks": self.num_blocks,
             "mirror_blocks": self.trie.num_blocks,
+            "pending_blocks": self.pending_blocks,
             "kv_events": None if self.kv_events is None else self.kv_events.endpoint,
             "kv_events_stats": (
                 None if self.kv_subscriber is None else vars(self.kv_subscriber.stats)

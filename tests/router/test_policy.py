@@ -129,3 +129,35 @@ def test_rank_starts_with_the_cache_aware_pick_and_lists_every_worker_once() -> 
     assert ranked[0] == choose_cache_aware(views, 100)
     assert [d.index for d in ranked] == [1, 2, 0]
     assert ranked[0].reason == CACHE_HIT
+
+
+def test_no_match_goes_to_the_most_free_cache_before_the_fewest_in_flight() -> None:
+    # A faster worker has fewer requests in flight; its cache, not its load, says whether a
+    # new conversation still fits there.
+    vs = [
+        WorkerView(0, in_flight=0, cached_blocks=90, total_blocks=100),
+        WorkerView(1, in_flight=2, cached_blocks=20, total_blocks=100),
+    ]
+    d = choose_cache_aware(vs, prompt_len=50, cfg=CFG)
+    assert (d.index, d.reason) == (1, LEAST_LOAD)
+
+
+def test_a_prefix_only_one_worker_holds_does_not_pin_new_conversations() -> None:
+    # Worker 0 holds the system prompt (160 of 200 tokens) as the start of another
+    # conversation's path: the new conversation goes where there is room, which then caches
+    # the system prompt too.
+    vs = [
+        WorkerView(0, 0, 160, continues=False, cached_blocks=30, total_blocks=100),
+        WorkerView(1, 0, 0, cached_blocks=5, total_blocks=100),
+    ]
+    d = choose_cache_aware(vs, prompt_len=200, cfg=CFG)
+    assert (d.index, d.reason) == (1, LEAST_LOAD)
+
+
+def test_a_conversations_next_turn_stays_where_its_history_is() -> None:
+    vs = [
+        WorkerView(0, 0, 160, continues=True, cached_blocks=90, total_blocks=100),
+        WorkerView(1, 0, 32, continues=False, cached_blocks=5, total_blocks=100),
+    ]
+    d = choose_cache_aware(vs, prompt_len=200, cfg=CFG)
+    assert (d.index, d.reason, d.matched_tokens) == (0, CACHE_HIT, 160)

@@ -67,6 +67,38 @@ def _converse(cluster: FakeCluster) -> None:
     assert len(set.union(*workers)) == 2, "unrelated conversations spread over both workers"
 
 
+def test_sequential_conversations_sharing_a_system_prompt_spread_and_stay() -> None:
+    # One client at a time: no load to balance, and the system prompt is cached on the
+    # first worker before the second conversation starts. It must not pin every
+    # conversation there.
+    cluster = FakeCluster(num_blocks=1024)
+    system = {"role": "system", "content": "You are a helpful assistant. " * 4}
+    convs = [[system, {"role": "user", "content": f"question {c} " * 12}] for c in range(4)]
+    workers: list[set[str]] = [set() for _ in convs]
+    try:
+        for c, msgs in enumerate(convs):
+            for turn in range(3):
+                r = cluster.http.post("/v1/chat/completions", json={"model": "f", "messages": msgs})
+                assert r.status_code == 200
+                workers[c].add(r.headers["x-radixserve-worker"])
+                msgs += [
+                    {"role": "assistant", "content": "ok"},
+                    {"role": "user", "content": f"and part {turn}?"},
+                ]
+                wait_for(lambda: _mirrors_caught_up(cluster), what="mirrors caught up")
+    finally:
+        cluster.close()
+    assert all(len(w) == 1 for w in workers), workers
+    assert len(set.union(*workers)) == 2, workers
+
+
+def _mirrors_caught_up(cluster: FakeCluster) -> bool:
+    return all(
+        w.trie.num_blocks == a.state.trie.num_blocks
+        for w, a in zip(cluster.balancer.workers, cluster.apps, strict=True)
+    )
+
+
 def test_failed_attempt_is_retried_on_the_other_worker(cluster: FakeCluster) -> None:
     cluster.states[0].fail_next = [503]  # idle and empty workers: worker 0 is tried first
     r = cluster.chat("retry me")

@@ -87,3 +87,23 @@ def test_clear_forgets_everything() -> None:
     t.insert(seq(0, 8))
     t.clear()
     assert t.num_blocks == 0 and t.paths() == []
+
+
+def test_continues_tells_a_next_turn_from_a_branch_off_a_shared_prefix() -> None:
+    t = WorkerTrie(BS, 64)
+    system, first = seq(0, 12), seq(100, 10)
+    t.insert(system + first)  # one conversation so far: 5 whole blocks
+    matched = t.match(system + first + seq(200, 6))
+    assert matched == 20
+    # Its next turn follows the cached path to the end, partial last block aside.
+    assert t.continues(system + first + seq(200, 6), None, matched)
+    # An exact repeat of the cached prompt is on the path too.
+    assert t.continues(system + first, None, t.match(system + first))
+    # A new conversation only shares the system prompt: the path goes on for 8 more tokens.
+    other = system + seq(300, 10)
+    assert t.match(other) == 12
+    assert not t.continues(other, None, 12)
+    # Leaving the path less than a block before its end is a next turn (a template that
+    # renders the last answer's end differently from how it was generated).
+    assert t.continues(system + first[:8] + seq(400, 9), None, 20)
+    assert not t.continues(seq(500, 8), None, 0)
