@@ -31,11 +31,17 @@ class WorkerView:
     continues: bool = True
     cached_blocks: int = 0  # blocks in the worker's cache (router's mirror and prompts in flight)
     total_blocks: int = 0  # the worker's KV pool size; 0 when unknown
+    block_size: int = 1  # tokens a block, to compare workers whose blocks differ
 
     @property
     def free_blocks(self) -> int:
         """Blocks the worker's cache could still take without evicting (negative if unknown)."""
         return self.total_blocks - self.cached_blocks if self.total_blocks else -self.cached_blocks
+
+    @property
+    def free_tokens(self) -> int:
+        """`free_blocks` in tokens."""
+        return self.free_blocks * self.block_size
 
 
 @dataclass(frozen=True)
@@ -79,7 +85,7 @@ def is_imbalanced(loads: Sequence[int], cfg: PolicyConfig) -> bool:
 
 
 def placement(views: Sequence[WorkerView]) -> WorkerView:
-    """Where a prompt no worker has useful cache for goes: the most free cache blocks, then
+    """Where a prompt no worker has useful cache for goes: the most free cache (in tokens), then
     the fewest in-flight requests, then the lowest index.
 
     Free cache, not in-flight count, is what spreads conversations: a worker that answers
@@ -87,7 +93,7 @@ def placement(views: Sequence[WorkerView]) -> WorkerView:
     nearly every new conversation until its cache overflows (measured in docs/kv-events.md).
     The imbalance guard of `choose_cache_aware` still bounds the load this may leave uneven.
     """
-    return min(views, key=lambda v: (-v.free_blocks, v.in_flight, v.index))
+    return min(views, key=lambda v: (-v.free_tokens, v.in_flight, v.index))
 
 
 def choose_cache_aware(
@@ -101,14 +107,14 @@ def choose_cache_aware(
         lo = min(v.in_flight for v in views)
         pick = max(
             (v for v in views if v.in_flight == lo),
-            key=lambda v: (v.matched_tokens, v.free_blocks, -v.index),
+            key=lambda v: (v.matched_tokens, v.free_tokens, -v.index),
         )
         return Decision(pick.index, LOAD_IMBALANCE, pick.matched_tokens)
     placed = placement(views)
     need = cfg.cache_threshold * prompt_len
     own = [v for v in views if v.continues and v.matched_tokens > 0]
     if prompt_len > 0 and own:
-        best = max(own, key=lambda v: (v.matched_tokens, -v.in_flight, v.free_blocks, -v.index))
+        best = max(own, key=lambda v: (v.matched_tokens, -v.in_flight, v.free_tokens, -v.index))
         if best.matched_tokens - placed.matched_tokens >= need:
             return Decision(best.index, CACHE_HIT, best.matched_tokens)
     if prompt_len > 0 and placed.matched_tokens > 0 and placed.matched_tokens >= need:

@@ -381,6 +381,7 @@ class Worker:
             continues=bool(token_ids and self.trie.continues(token_ids, namespace, matched)),
             cached_blocks=self.trie.num_blocks + self.pending_blocks,
             total_blocks=self.num_blocks,
+            block_size=self.block_size,
         )
 
     def record_routed(self, token_ids: list[int], namespace: str | None) -> None:

@@ -161,3 +161,12 @@ def test_a_conversations_next_turn_stays_where_its_history_is() -> None:
     ]
     d = choose_cache_aware(vs, prompt_len=200, cfg=CFG)
     assert (d.index, d.reason, d.matched_tokens) == (0, CACHE_HIT, 160)
+
+
+def test_free_cache_is_compared_in_tokens_across_block_sizes() -> None:
+    # A worker with 16-token blocks reports twice the blocks of one with 32-token blocks.
+    vs = [
+        WorkerView(0, 0, cached_blocks=20, total_blocks=100, block_size=32),  # 2,560 free
+        WorkerView(1, 0, cached_blocks=60, total_blocks=200, block_size=16),  # 2,240 free
+    ]
+    assert choose_cache_aware(vs, prompt_len=50, cfg=CFG).index == 0
