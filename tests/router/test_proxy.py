@@ -56,15 +56,20 @@ def _converse(cluster: FakeCluster) -> None:
     workers: list[set[str]] = [set() for _ in convs]
     for turn in range(4):
         for c, msgs in enumerate(convs):  # interleaved, like concurrent users
-            r = cluster.http.post("/v1/chat/completions", json={"model": "f", "messages": msgs})
-            assert r.status_code == 200
-            workers[c].add(r.headers["x-radixserve-worker"])
-            msgs += [
-                {"role": "assistant", "content": "ok"},
-                {"role": "user", "content": f"and what about part {turn}?"},
-            ]
+            workers[c].add(_turn(cluster, msgs, f"and what about part {turn}?"))
     assert all(len(w) == 1 for w in workers), workers
     assert len(set.union(*workers)) == 2, "unrelated conversations spread over both workers"
+
+
+def _turn(cluster: FakeCluster, msgs: list[dict[str, str]], next_question: str) -> str:
+    """Send the conversation so far; append the answer and `next_question`; return the worker."""
+    r = cluster.http.post("/v1/chat/completions", json={"model": "f", "messages": msgs})
+    assert r.status_code == 200
+    msgs += [
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": next_question},
+    ]
+    return str(r.headers["x-radixserve-worker"])
 
 
 def test_sequential_conversations_sharing_a_system_prompt_spread_and_stay() -> None:
@@ -78,13 +83,7 @@ def test_sequential_conversations_sharing_a_system_prompt_spread_and_stay() -> N
     try:
         for c, msgs in enumerate(convs):
             for turn in range(3):
-                r = cluster.http.post("/v1/chat/completions", json={"model": "f", "messages": msgs})
-                assert r.status_code == 200
-                workers[c].add(r.headers["x-radixserve-worker"])
-                msgs += [
-                    {"role": "assistant", "content": "ok"},
-                    {"role": "user", "content": f"and part {turn}?"},
-                ]
+                workers[c].add(_turn(cluster, msgs, f"and part {turn}?"))
                 wait_for(lambda: _mirrors_caught_up(cluster), what="mirrors caught up")
     finally:
         cluster.close()
