@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from radixserve.router.metrics import RouterMetrics
@@ -30,11 +30,12 @@ class Route:
 
     worker: Worker
     decision: Decision
-    prompt: Prompt = field(default_factory=lambda: Prompt(None, None))
+    prompt: Prompt
 
     def begin(self) -> int:
         """The attempt is sent: the worker counts it in flight and its prompt as pending."""
-        return self.worker.begin(self.prompt.token_ids, self.prompt.namespace)
+        ids = self.prompt.token_ids
+        return self.worker.begin(len(ids) if ids else 0, self.decision.matched_tokens)
 
 
 class Balancer:

@@ -390,13 +390,14 @@ class Worker:
             self.trie.insert(token_ids, namespace)
             self.metrics.tree_blocks.labels(self.name).set(self.trie.num_blocks)
 
-    def begin(self, token_ids: list[int] | None = None, namespace: str | None = None) -> int:
-        """A request (with this prompt, if known) was sent; give `end` what this returns."""
+    def begin(self, prompt_tokens: int = 0, matched_tokens: int = 0) -> int:
+        """A request was sent (a prompt of `prompt_tokens`, if known, of which the mirror holds
+        `matched_tokens`, as the routing decision saw); give `end` what this returns."""
         self.in_flight += 1
         self.metrics.in_flight.labels(self.name).set(self.in_flight)
-        if not token_ids or not self.events_live:  # without events the mirror has it already
+        if not self.events_live:  # without events the mirror has the prompt already
             return 0
-        fresh = (len(token_ids) - self.trie.match(token_ids, namespace)) // self.block_size
+        fresh = max(0, prompt_tokens - matched_tokens) // self.block_size
         self.pending_blocks += fresh
         return fresh
 
