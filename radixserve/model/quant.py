@@ -1,5 +1,5 @@
-"""Weight-only quantized linears: int4 and int8 in groups of 32 (llama.cpp's Q4_1 and Q8_0,
-repacked), and GGUF blocks as the file stores them (kind "gguf": Q4_0 ... Q6_K, several kinds
+"""Weight-only quantized linears: int4 and int8 in groups of 32 (GGUF blocks whose values they
+hold, repacked), and GGUF blocks as the file stores them (kind "gguf": Q4_0 ... Q6_K, several kinds
 in one matrix where the file mixed them).
 
 A GGUF checkpoint's own blocks load as they are (model/gguf_quant.py), so the default model
@@ -152,31 +152,84 @@ def _merged_layout(layout: torch.Tensor) -> torch.Tensor:
     return torch.tensor(merged, dtype=torch.int64)
 
 
-# GGML's numbers of the two block types gemm.cpp's int4 / int8 kernels hold split apart.
-_GGML_Q4_1, _GGML_Q8_0 = 3, 8
+# The GGML block types (by GGML's numbers) whose values gemm.cpp's int8 / int4 codes hold
+# exactly: w = d q (Q8_0; Q5_0 with q - 16 in [-16, 15]) or w = s q + m with q a nibble (Q4_0:
+# m = -8 d; Q4_1; Q4_K: s = d sc, m = -(dmin m) of each sub-block of 32).
+_GGML_Q4_0, _GGML_Q4_1, _GGML_Q5_0, _GGML_Q8_0, _GGML_Q4_K = 2, 3, 6, 8, 12
+_AS_INT8 = (_GGML_Q8_0, _GGML_Q5_0)
+_AS_INT4 = (_GGML_Q4_0, _GGML_Q4_1, _GGML_Q4_K)
+_BLOCK_BYTES = {_GGML_Q4_0: 18, _GGML_Q4_1: 20, _GGML_Q5_0: 22, _GGML_Q8_0: 34, _GGML_Q4_K: 144}
+_BLOCK_WEIGHTS = {_GGML_Q4_K: 256}  # the others: GROUP
 
 
 def repacked(w: QuantizedWeight) -> QuantizedWeight:
-    """A GGUF weight wholly of Q4_1 or Q8_0 blocks as int4 / int8: the same values, each
-    block's float16 scale (and min) widened to float32 beside its codes, for gemm.cpp's
-    kernels (tuned further than the block kernels); any other weight as it is."""
-    if w.kind != "gguf" or w.layout is None or w.layout.shape[0] != 1 or w.cols % GROUP:
+    """A GGUF weight whose every part is Q8_0 / Q5_0 blocks as int8, or Q4_0 / Q4_1 / Q4_K
+    blocks as int4: the same values, each group's scale (and min) as float32 beside its codes,
+    for gemm.cpp's kernels (tuned further than the block kernels; docs/models.md has the
+    gain and the memory it costs); any other weight as it is."""
+    if w.kind != "gguf" or w.layout is None or w.cols % GROUP:
         return w
-    rows, kind = (int(v) for v in w.layout[0])
-    groups = w.cols // GROUP
+    parts = [(int(rows), int(kind)) for rows, kind in w.layout.tolist()]
+    kinds = {kind for _, kind in parts}
+    if kinds <= set(_AS_INT8):
+        target = "int8"
+    elif kinds <= set(_AS_INT4):
+        target = "int4"
+    else:
+        return w
+    if any(w.cols % _BLOCK_WEIGHTS.get(kind, GROUP) for kind in kinds):
+        return w
+    codes, scales, mins, at = [], [], [], 0
+    for rows, kind in parts:
+        nbytes = rows * w.cols // _BLOCK_WEIGHTS.get(kind, GROUP) * _BLOCK_BYTES[kind]
+        q, s, m = _as_codes(w.qs[at : at + nbytes].view(rows, -1), kind, w.cols)
+        codes.append(q)
+        scales.append(s)
+        mins.append(m)
+        at += nbytes
+    minv = torch.cat(mins).contiguous() if target == "int4" else None
+    return QuantizedWeight(
+        target, torch.cat(codes).contiguous(), torch.cat(scales).contiguous(), minv
+    )
 
-    def halves(b: torch.Tensor, at: int) -> torch.Tensor:
-        return b[..., at : at + 2].contiguous().view(torch.float16).float().view(rows, groups)
 
-    if kind == _GGML_Q4_1:
-        b = w.qs.view(rows, groups, 20)
-        qs = b[..., 4:].reshape(rows, groups * 16).contiguous()
-        return QuantizedWeight("int4", qs, halves(b, 0), halves(b, 2))
+def _f16(b: torch.Tensor) -> torch.Tensor:
+    """The float16 in the last dimension's 2 bytes of `b`, as float32."""
+    return b.contiguous().view(torch.float16).float().squeeze(-1)
+
+
+def _as_codes(
+    b: torch.Tensor, kind: int, cols: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows of GGML blocks `b` [rows, bytes] as (codes, scale, min): int8 codes [rows, cols]
+    (min zeros), or int4 codes [rows, cols / 2] in QuantizedWeight's nibble order."""
+    rows, groups = b.shape[0], cols // GROUP
+    if kind == _GGML_Q4_K:
+        k = b.view(rows, cols // 256, 144)
+        d, dmin, sc = _f16(k[..., 0:2]), _f16(k[..., 2:4]), k[..., 4:16].int()
+        # Sub-block j's 6-bit scale and min (llama.cpp's get_scale_min_k4).
+        low, high = sc[..., 0:4], sc[..., 4:8]
+        scale = torch.cat([low & 63, (sc[..., 8:12] & 0x0F) | ((low >> 6) << 4)], -1)
+        minimum = torch.cat([high & 63, (sc[..., 8:12] >> 4) | ((high >> 6) << 4)], -1)
+        s = (d[..., None] * scale.float()).reshape(rows, groups)
+        m = (-(dmin[..., None] * minimum.float())).reshape(rows, groups)
+        # Bytes 32p + e: sub-block 2p's weight e in the low nibble, sub-block 2p + 1's in the high.
+        qs = k[..., 16:].reshape(rows, cols // 256, 4, 1, 32)
+        q = torch.cat([qs & 0x0F, qs >> 4], dim=3).reshape(rows, groups, 32)
+        return (q[..., :16] | (q[..., 16:] << 4)).reshape(rows, cols // 2), s, m
+    k = b.view(rows, groups, _BLOCK_BYTES[kind])
+    d = _f16(k[..., 0:2])
     if kind == _GGML_Q8_0:
-        b = w.qs.view(rows, groups, 34)
-        qs = b[..., 2:].contiguous().view(torch.int8).reshape(rows, w.cols)
-        return QuantizedWeight("int8", qs, halves(b, 0), None)
-    return w
+        return k[..., 2:].contiguous().view(torch.int8).reshape(rows, cols), d, torch.zeros_like(d)
+    if kind == _GGML_Q5_0:
+        qh = k[..., 2:6].contiguous().view(torch.int32)  # bit e: weight e's fifth bit
+        high = (qh >> torch.arange(32, dtype=torch.int32)) & 1
+        nibbles = torch.cat([k[..., 6:] & 0x0F, k[..., 6:] >> 4], -1).int()
+        q = (nibbles | (high << 4)) - 16
+        return q.to(torch.int8).reshape(rows, cols), d, torch.zeros_like(d)
+    if kind == _GGML_Q4_1:
+        return k[..., 4:].reshape(rows, cols // 2), d, _f16(k[..., 2:4])
+    return k[..., 2:].reshape(rows, cols // 2), d, -8.0 * d  # Q4_0: w = d (q - 8)
 
 
 def quantize(w: torch.Tensor, kind: str) -> QuantizedWeight:

@@ -89,8 +89,9 @@ def quantize_model(
 
     "gguf": every projection whose transformers tensors are all in `stored` (a GGUF's own
     blocks, model/gguf_quant.py) computes with those blocks as they are, several kinds in one
-    matrix where the file mixed them (wholly Q4_1 / Q8_0 ones as the int4 / int8 repacking of
-    the same values); the others keep their dense weights.
+    matrix where the file mixed them (ones wholly of Q8_0 / Q5_0, or of Q4_0 / Q4_1 / Q4_K, as
+    the int8 / int4 repacking of the same values: `repacked`); the others keep their dense
+    weights.
     "int4" / "int8": stored codes are used where they are that kind (or int8, as precise),
     the rest is quantized from the current dense weights, except matrices that groups of 32
     do not tile, which stay dense.

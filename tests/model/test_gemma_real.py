@@ -55,8 +55,16 @@ def test_the_gguf_runs_on_its_own_blocks_with_decode_in_one_kernel_call(engines)
     model = engine.runner.model
     assert model.config.architecture == "Gemma3ForCausalLM"
     assert model.fused_decode_unavailable() is None
-    kinds = {w.kind for _, w in model.quantized_weights()}
-    assert kinds == {"gguf", "int8"}  # the blocks as stored; the Q8_0 head as int8
+    kinds = {name.rpartition(".")[2]: w.kind for name, w in model.quantized_weights()}
+    # The file's values throughout: Q5_0 q/k with Q8_0 v, Q5_0 gate/up and the Q8_0 head as
+    # int8 codes, the Q4_K output projection as int4 codes, the Q6_K down projection as stored.
+    assert kinds == {
+        "qkv_lin": "int8",
+        "o_lin": "int4",
+        "gate_up_lin": "int8",
+        "down_lin": "gguf",
+        "head_lin": "int8",
+    }
 
 
 def test_32_greedy_tokens_equal_transformers_on_the_same_gguf(engines, gemma_gguf: Path) -> None:

@@ -115,18 +115,48 @@ def test_a_matrix_of_mixed_block_types_equals_its_parts(rows: int) -> None:
     assert_product_equals_dequantized(QuantLinear(fused)(x), x, want_w)
 
 
-@pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0"])
-def test_q4_1_and_q8_0_repack_into_the_int4_and_int8_codes_exactly(type_name: str) -> None:
-    """Wholly Q4_1 / Q8_0 matrices run on gemm.cpp's int4 / int8 kernels: the same values."""
-    blocks = random_blocks(type_name, 16, 128, seed=5)
-    w = repacked(weight_of([(type_name, blocks)], 128))
-    assert w.kind == ("int4" if type_name == "Q4_1" else "int8")
-    torch.testing.assert_close(w.dequantize(), dequantized(blocks, type_name), rtol=0, atol=1e-7)
-    x = torch.randn(8, 128)
+REPACKED = {"Q4_0": "int4", "Q4_1": "int4", "Q4_K": "int4", "Q5_0": "int8", "Q8_0": "int8"}
+
+
+@pytest.mark.parametrize("type_name", sorted(REPACKED))
+@pytest.mark.parametrize("rows", [1, 8, 64])
+def test_blocks_whose_values_int4_or_int8_codes_hold_repack_into_them_exactly(
+    type_name: str, rows: int
+) -> None:
+    """Q8_0 / Q5_0 matrices run on gemm.cpp's int8 kernels, Q4_0 / Q4_1 / Q4_K ones on its
+    int4 kernels: the same values (bit for bit), so the same products."""
+    blocks = random_blocks(type_name, 16, 512, seed=5)
+    w = repacked(weight_of([(type_name, blocks)], 512))
+    assert w.kind == REPACKED[type_name]
+    assert torch.equal(w.dequantize(), dequantized(blocks, type_name))
+    torch.manual_seed(rows)
+    x = torch.randn(rows, 512)
     assert_product_equals_dequantized(QuantLinear(w)(x), x, dequantized(blocks, type_name))
 
 
-@pytest.mark.parametrize("type_name", [*SERVED_TYPES, "Q4_1 as int4", "Q8_0 as int8"])
+def test_fused_parts_repack_together_only_into_one_kind_of_codes() -> None:
+    """Q4_K_M's q/k in Q5_0 with v in Q8_0 fuse into one int8 matrix; Q4_K with Q4_0 into one
+    int4 matrix; a part no codes hold (Q6_K) keeps the fused matrix in its blocks."""
+    cols = 256
+    made = {t: random_blocks(t, 8, cols, seed=i) for i, t in enumerate(REPACKED)}
+    made["Q6_K"] = random_blocks("Q6_K", 8, cols, seed=9)
+    for parts, kind in (
+        (["Q5_0", "Q8_0", "Q5_0"], "int8"),
+        (["Q4_K", "Q4_0", "Q4_1"], "int4"),
+        (["Q4_K", "Q6_K"], "gguf"),
+        (["Q5_0", "Q4_0"], "gguf"),
+    ):
+        fused = weight_of([(parts[0], made[parts[0]])], cols)
+        for t in parts[1:]:
+            fused = fused.concat(weight_of([(t, made[t])], cols))
+        w = repacked(fused)
+        assert w.kind == kind, parts
+        assert torch.equal(w.dequantize(), torch.cat([dequantized(made[t], t) for t in parts]))
+
+
+@pytest.mark.parametrize(
+    "type_name", [*SERVED_TYPES, *(f"{t} as {kind}" for t, kind in sorted(REPACKED.items()))]
+)
 def test_exact_rows_give_each_row_its_result_alone(type_name: str) -> None:
     """Within kernels.exact_rows() (a step verifying speculative drafts), up to 16 input rows
     each get bit for bit their output alone: a drafted row never changes a greedy token."""
