@@ -57,6 +57,14 @@ inline void q4_group_to_ps(const uint8_t* q, __m256* c) {
   c[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(b0, 4));   // 16-23
   c[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(b1, 4));   // 24-31
 }
+
+// One group's code products c . x, 8 lanes, summed in element order by one chain of FMAs:
+// the one-row GEMV and its exact many-row twin (gemv_codes, exact_block) both sum a group so,
+// then scale it into a row's one accumulator (five FP operations a group and input row).
+inline __m256 group_dot(const __m256* c, __m256 x0, __m256 x1, __m256 x2, __m256 x3) {
+  const __m256 t = _mm256_fmadd_ps(c[1], x1, _mm256_mul_ps(c[0], x0));
+  return _mm256_fmadd_ps(c[3], x3, _mm256_fmadd_ps(c[2], x2, t));
+}
 #endif
 
 // Unpack one group of 32 weights (without scale/min) into w[32].
@@ -457,7 +465,7 @@ void gemv_codes(const float* x, const void* qv, const float* sp, const float* mp
       }
       const float sum_a = _mm512_reduce_add_ps(a), sum_b = _mm512_reduce_add_ps(b);
 #else
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
+      __m256 a = _mm256_setzero_ps(), b = a;
       for (int64_t g = 0; g < G; ++g) {
         const float* xg = x + g * kGroup;
         const __m256 x0 = _mm256_loadu_ps(xg), x1 = _mm256_loadu_ps(xg + 8);
@@ -465,20 +473,11 @@ void gemv_codes(const float* x, const void* qv, const float* sp, const float* mp
         __m256 c[4], d[4];
         load_codes<kind>(qv, n, K, g, c);
         if (rows == 2) load_codes<kind>(qv, m, K, g, d);
-        const __m256 ta = _mm256_fmadd_ps(c[2], x2, _mm256_mul_ps(c[0], x0));
-        const __m256 ua = _mm256_fmadd_ps(c[3], x3, _mm256_mul_ps(c[1], x1));
-        const __m256 sa = _mm256_set1_ps(sp[n * G + g]);
-        a0 = _mm256_fmadd_ps(sa, ta, a0);
-        a1 = _mm256_fmadd_ps(sa, ua, a1);
-        if (rows == 2) {
-          const __m256 tb = _mm256_fmadd_ps(d[2], x2, _mm256_mul_ps(d[0], x0));
-          const __m256 ub = _mm256_fmadd_ps(d[3], x3, _mm256_mul_ps(d[1], x1));
-          const __m256 sb = _mm256_set1_ps(sp[m * G + g]);
-          b0 = _mm256_fmadd_ps(sb, tb, b0);
-          b1 = _mm256_fmadd_ps(sb, ub, b1);
-        }
+        a = _mm256_fmadd_ps(_mm256_set1_ps(sp[n * G + g]), group_dot(c, x0, x1, x2, x3), a);
+        if (rows == 2)
+          b = _mm256_fmadd_ps(_mm256_set1_ps(sp[m * G + g]), group_dot(d, x0, x1, x2, x3), b);
       }
-      const float sum_a = hsum(_mm256_add_ps(a0, a1)), sum_b = hsum(_mm256_add_ps(b0, b1));
+      const float sum_a = hsum(a), sum_b = hsum(b);
 #endif
       // int4's min term: sum_g min_g * sum(x_g), one dot product per row.
       const float mins_a = kind == 4 ? dot(mp + n * G, xsum, G) : 0.f;
@@ -635,24 +634,22 @@ inline void exact_block(const float* x, const float* xsum, int64_t K, const void
     }
 #else
   static_assert(NR == 1, "AVX2: one weight row a block");
-  __m256 acc[MR][2];
-  RS_UNROLL for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  __m256 acc[MR];
+  RS_UNROLL for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < G; ++g) {
     __m256 c[4];
     load_codes<kind>(qv, n, K, g, c);
     const __m256 sc = _mm256_set1_ps(sp[n * G + g]);
     RS_UNROLL for (int r = 0; r < MR; ++r) {
       const float* xg = x + r * K + g * kGroup;
-      const __m256 t = _mm256_fmadd_ps(c[2], _mm256_loadu_ps(xg + 16),
-                                       _mm256_mul_ps(c[0], _mm256_loadu_ps(xg)));
-      const __m256 u = _mm256_fmadd_ps(c[3], _mm256_loadu_ps(xg + 24),
-                                       _mm256_mul_ps(c[1], _mm256_loadu_ps(xg + 8)));
-      acc[r][0] = _mm256_fmadd_ps(sc, t, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(sc, u, acc[r][1]);
+      acc[r] = _mm256_fmadd_ps(sc,
+                               group_dot(c, _mm256_loadu_ps(xg), _mm256_loadu_ps(xg + 8),
+                                         _mm256_loadu_ps(xg + 16), _mm256_loadu_ps(xg + 24)),
+                               acc[r]);
     }
   }
   RS_UNROLL for (int r = 0; r < MR; ++r) {
-    const float sum = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
+    const float sum = hsum(acc[r]);
     const float mins = kind == 4 ? dot(mp + n * G, xsum + r * G, G) : 0.f;
     out[r * N + n] = sum + mins;
   }
@@ -662,7 +659,7 @@ inline void exact_block(const float* x, const float* xsum, int64_t K, const void
 #ifdef RS_AVX512
 constexpr int kExactRows = 8;  // input rows a block: 2 x 8 accumulators + 4 code vectors
 #else
-constexpr int kExactRows = 4;  // 16 registers: 8 accumulators + 4 code vectors + x
+constexpr int kExactRows = 8;  // 16 registers: 8 accumulators + 4 code vectors + the scale
 #endif
 
 // y = x W^T for 2..16 input rows, each row exactly as gemv_codes computes it alone (see
