@@ -268,7 +268,9 @@ void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
   int64_t max_chunks = 1;
   for (int64_t b = 0; b < B; ++b)
     max_chunks = std::max<int64_t>(max_chunks, (lens[b] - chunk_base(b) + chunk - 1) / chunk);
-  // Partial results per (b, kvh, chunk, head in group): max, sum, acc[D].
+  // Partial results per (chunk, b, kvh, head in group): max, sum, acc[D]. A chunk's units are
+  // neighbours: rows of one sequence (a step verifying drafts) share its K and V rows, which
+  // then come from L2 for all but the first.
   const int64_t units = B * KVH * max_chunks, stride = D + 2;
   std::vector<float> part(units * GQ * stride);
   const float scale = static_cast<float>(sm_scale);
@@ -281,7 +283,7 @@ void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
       std::vector<const T*> krows(chunk), vrows(chunk), knext(chunk), vnext(chunk);
       // Unit u's K and V rows into k and v; returns their count.
       auto unit_rows = [&](int64_t u, const T** k, const T** v) -> int64_t {
-        const int64_t h = u % KVH, c = (u / KVH) % max_chunks, b = u / (max_chunks * KVH);
+        const int64_t h = u % KVH, b = (u / KVH) % B, c = u / (B * KVH);
         const int64_t c0 = chunk_base(b) + c * chunk, t1 = std::min<int64_t>(lens[b], c0 + chunk);
         const int64_t t0 = std::max(c0, first_key(b));
         // Walk the keys block by block (no division per key).
@@ -297,8 +299,8 @@ void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
       };
       int64_t n = unit_rows(u0, krows.data(), vrows.data());
       for (int64_t u = u0; u < u1; ++u) {
-        // The KV heads of one chunk are neighbours in memory, so they are neighbouring units.
-        const int64_t h = u % KVH, b = u / (max_chunks * KVH);
+        // The KV heads of one chunk are neighbours in memory, and neighbouring units.
+        const int64_t h = u % KVH, b = (u / KVH) % B;
         const int64_t n_next = u + 1 < u1 ? unit_rows(u + 1, knext.data(), vnext.data()) : 0;
         float* pu = part.data() + u * GQ * stride;
         if (n == 0)
@@ -327,9 +329,9 @@ void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
   at::parallel_for(0, B * H, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t b = r / H, hq = r % H, h = hq / GQ, g = hq % GQ;
-      // Unit (b, c, h) is b * max_chunks * KVH + c * KVH + h; chunks of one head are KVH apart.
-      const int64_t step = KVH * GQ * stride;
-      const float* first = part.data() + (b * max_chunks * KVH + h) * GQ * stride + g * stride;
+      // Unit (c, b, h) is (c * B + b) * KVH + h; chunks of one head are B * KVH apart.
+      const int64_t step = B * KVH * GQ * stride;
+      const float* first = part.data() + (b * KVH + h) * GQ * stride + g * stride;
       merge_partials(first, max_chunks, step, D, op + r * D);
     }
   });
