@@ -436,7 +436,7 @@ void gemv_codes(const float* x, const void* qv, const float* sp, const float* mp
   const int64_t G = K / kGroup;
   const std::vector<float> xsum_buf = group_sums<kind>(x, 1, K);  // once per call
   const float* xsum = xsum_buf.data();
-  constexpr int64_t rows = kind == 4 ? 2 : 1;  // int8 rows one at a time: 2 spill registers
+  constexpr int64_t rows = 2;  // two weight rows share each load of x
   const int64_t row_bytes = kind == 4 ? K / 2 : K;
   at::parallel_for(0, (N + rows - 1) / rows, 8, [&](int64_t p0, int64_t p1) {
     for (int64_t n = rows * p0; n < std::min(N, rows * p1); n += rows) {
