@@ -156,10 +156,8 @@ def _merged_layout(layout: torch.Tensor) -> torch.Tensor:
 # exactly: w = d q (Q8_0; Q5_0 with q - 16 in [-16, 15]) or w = s q + m with q a nibble (Q4_0:
 # m = -8 d; Q4_1; Q4_K: s = d sc, m = -(dmin m) of each sub-block of 32).
 _GGML_Q4_0, _GGML_Q4_1, _GGML_Q5_0, _GGML_Q8_0, _GGML_Q4_K = 2, 3, 6, 8, 12
-_AS_INT8 = (_GGML_Q8_0, _GGML_Q5_0)
-_AS_INT4 = (_GGML_Q4_0, _GGML_Q4_1, _GGML_Q4_K)
-_BLOCK_BYTES = {_GGML_Q4_0: 18, _GGML_Q4_1: 20, _GGML_Q5_0: 22, _GGML_Q8_0: 34, _GGML_Q4_K: 144}
-_BLOCK_WEIGHTS = {_GGML_Q4_K: 256}  # the others: GROUP
+_AS_INT8 = frozenset({_GGML_Q8_0, _GGML_Q5_0})
+_AS_INT4 = frozenset({_GGML_Q4_0, _GGML_Q4_1, _GGML_Q4_K})
 
 
 def repacked(w: QuantizedWeight) -> QuantizedWeight:
@@ -169,24 +167,30 @@ def repacked(w: QuantizedWeight) -> QuantizedWeight:
     gain and the memory it costs); any other weight as it is."""
     if w.kind != "gguf" or w.layout is None or w.cols % GROUP:
         return w
+    import gguf
+
     parts = [(int(rows), int(kind)) for rows, kind in w.layout.tolist()]
     kinds = {kind for _, kind in parts}
-    if kinds <= set(_AS_INT8):
+    if kinds <= _AS_INT8:
         target = "int8"
-    elif kinds <= set(_AS_INT4):
+    elif kinds <= _AS_INT4:
         target = "int4"
     else:
         return w
-    if any(w.cols % _BLOCK_WEIGHTS.get(kind, GROUP) for kind in kinds):
+    # (weights, bytes) of one block of each kind, as the gguf package knows them.
+    sizes = {kind: gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kind)] for kind in kinds}
+    if any(w.cols % weights for weights, _ in sizes.values()):
         return w
     codes, scales, mins, at = [], [], [], 0
     for rows, kind in parts:
-        nbytes = rows * w.cols // _BLOCK_WEIGHTS.get(kind, GROUP) * _BLOCK_BYTES[kind]
-        q, s, m = _as_codes(w.qs[at : at + nbytes].view(rows, -1), kind, w.cols)
+        weights, nbytes = sizes[kind]
+        size = rows * w.cols // weights * nbytes
+        q, s, m = _as_codes(w.qs[at : at + size].view(rows, -1), kind, w.cols, nbytes)
         codes.append(q)
         scales.append(s)
-        mins.append(m)
-        at += nbytes
+        if m is not None:
+            mins.append(m)
+        at += size
     minv = torch.cat(mins).contiguous() if target == "int4" else None
     return QuantizedWeight(
         target, torch.cat(codes).contiguous(), torch.cat(scales).contiguous(), minv
@@ -199,13 +203,14 @@ def _f16(b: torch.Tensor) -> torch.Tensor:
 
 
 def _as_codes(
-    b: torch.Tensor, kind: int, cols: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Rows of GGML blocks `b` [rows, bytes] as (codes, scale, min): int8 codes [rows, cols]
-    (min zeros), or int4 codes [rows, cols / 2] in QuantizedWeight's nibble order."""
+    b: torch.Tensor, kind: int, cols: int, block_bytes: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Rows of GGML blocks `b` [rows, bytes] of `block_bytes` a block as (codes, scale, min):
+    int8 codes [rows, cols] (no min), or int4 codes [rows, cols / 2] in QuantizedWeight's
+    nibble order."""
     rows, groups = b.shape[0], cols // GROUP
     if kind == _GGML_Q4_K:
-        k = b.view(rows, cols // 256, 144)
+        k = b.view(rows, -1, block_bytes)
         d, dmin, sc = _f16(k[..., 0:2]), _f16(k[..., 2:4]), k[..., 4:16].int()
         # Sub-block j's 6-bit scale and min (llama.cpp's get_scale_min_k4).
         low, high = sc[..., 0:4], sc[..., 4:8]
@@ -214,19 +219,19 @@ def _as_codes(
         s = (d[..., None] * scale.float()).reshape(rows, groups)
         m = (-(dmin[..., None] * minimum.float())).reshape(rows, groups)
         # Bytes 32p + e: sub-block 2p's weight e in the low nibble, sub-block 2p + 1's in the high.
-        qs = k[..., 16:].reshape(rows, cols // 256, 4, 1, 32)
+        qs = k[..., 16:].reshape(rows, -1, 4, 1, 32)
         q = torch.cat([qs & 0x0F, qs >> 4], dim=3).reshape(rows, groups, 32)
         return (q[..., :16] | (q[..., 16:] << 4)).reshape(rows, cols // 2), s, m
-    k = b.view(rows, groups, _BLOCK_BYTES[kind])
+    k = b.view(rows, groups, block_bytes)
     d = _f16(k[..., 0:2])
     if kind == _GGML_Q8_0:
-        return k[..., 2:].contiguous().view(torch.int8).reshape(rows, cols), d, torch.zeros_like(d)
+        return k[..., 2:].contiguous().view(torch.int8).reshape(rows, cols), d, None
     if kind == _GGML_Q5_0:
         qh = k[..., 2:6].contiguous().view(torch.int32)  # bit e: weight e's fifth bit
         high = (qh >> torch.arange(32, dtype=torch.int32)) & 1
         nibbles = torch.cat([k[..., 6:] & 0x0F, k[..., 6:] >> 4], -1).int()
         q = (nibbles | (high << 4)) - 16
-        return q.to(torch.int8).reshape(rows, cols), d, torch.zeros_like(d)
+        return q.to(torch.int8).reshape(rows, cols), d, None
     if kind == _GGML_Q4_1:
         return k[..., 4:].reshape(rows, cols // 2), d, _f16(k[..., 2:4])
     return k[..., 2:].reshape(rows, cols // 2), d, -8.0 * d  # Q4_0: w = d (q - 8)

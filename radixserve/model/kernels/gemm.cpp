@@ -428,8 +428,8 @@ std::vector<float> group_sums(const float* x, int64_t M, int64_t K) {
 
 // One input row (decode of a single sequence): the GEMM is bound by turning codes into
 // floats, so each weight row is used straight from its codes in the factored form
-// sum_g scale_g * (q_g . x_g) + min_g * sum(x_g), with no dequantized copy. int4: two weight
-// rows share each load of x (1.7x on L3-resident weights). `kind` 4 or 8.
+// sum_g scale_g * (q_g . x_g) + min_g * sum(x_g), with no dequantized copy. Two weight rows
+// share each load of x (int4: 1.7x on L3-resident weights). `kind` 4 or 8.
 template <int kind>
 void gemv_codes(const float* x, const void* qv, const float* sp, const float* mp, int64_t N,
                 int64_t K, float* out) {
