@@ -393,6 +393,20 @@ inline void load_codes(const void* qv, int64_t n, int64_t K, int64_t g, __m256* 
   }
 }
 
+// A row's result from its 8-lane group accumulator `acc`: with int4 codes the min term
+// sum_g min_g * sum(x_g) joins the accumulator 8 groups at a time before the one horizontal
+// sum, its last G % 8 groups after it. gemv_codes and exact_block finish every row so.
+template <int kind>
+inline float finish_row(__m256 acc, const float* mins, const float* xsum, int64_t G) {
+  if (kind != 4) return hsum(acc);
+  int64_t g = 0;
+  for (; g + 8 <= G; g += 8)
+    acc = _mm256_fmadd_ps(_mm256_loadu_ps(mins + g), _mm256_loadu_ps(xsum + g), acc);
+  float sum = hsum(acc);
+  for (; g < G; ++g) sum = std::fma(mins[g], xsum[g], sum);  // explicit, as in dot()
+  return sum;
+}
+
 #ifdef RS_AVX512
 // load_codes in 16 lanes: c[0] elements 0-15, c[1] elements 16-31 of group g of row n.
 template <int kind>
@@ -464,6 +478,11 @@ void gemv_codes(const float* x, const void* qv, const float* sp, const float* mp
                               _mm512_fmadd_ps(d[1], x1, _mm512_mul_ps(d[0], x0)), b);
       }
       const float sum_a = _mm512_reduce_add_ps(a), sum_b = _mm512_reduce_add_ps(b);
+      // int4's min term: sum_g min_g * sum(x_g), one dot product per row.
+      const float mins_a = kind == 4 ? dot(mp + n * G, xsum, G) : 0.f;
+      const float mins_b = kind == 4 ? dot(mp + m * G, xsum, G) : 0.f;
+      out[n] = sum_a + mins_a;
+      if (rows == 2) out[m] = sum_b + mins_b;
 #else
       __m256 a = _mm256_setzero_ps(), b = a;
       for (int64_t g = 0; g < G; ++g) {
@@ -477,13 +496,9 @@ void gemv_codes(const float* x, const void* qv, const float* sp, const float* mp
         if (rows == 2)
           b = _mm256_fmadd_ps(_mm256_set1_ps(sp[m * G + g]), group_dot(d, x0, x1, x2, x3), b);
       }
-      const float sum_a = hsum(a), sum_b = hsum(b);
+      out[n] = finish_row<kind>(a, mp + n * G, xsum, G);
+      if (rows == 2) out[m] = finish_row<kind>(b, mp + m * G, xsum, G);
 #endif
-      // int4's min term: sum_g min_g * sum(x_g), one dot product per row.
-      const float mins_a = kind == 4 ? dot(mp + n * G, xsum, G) : 0.f;
-      const float mins_b = kind == 4 ? dot(mp + m * G, xsum, G) : 0.f;
-      out[n] = sum_a + mins_a;
-      if (rows == 2) out[m] = sum_b + mins_b;
     }
   });
 }
@@ -564,9 +579,10 @@ template <typename F>
 void for_code_row_blocks(const void* qv, int64_t row_bytes, int64_t N, F&& f) {
   at::parallel_for(0, (N + kCodeRows - 1) / kCodeRows, 8, [&](int64_t p0, int64_t p1) {
     for (int64_t n = kCodeRows * p0; n < std::min(N, kCodeRows * p1); n += kCodeRows) {
+      // Past the last row the prefetch reads nothing useful, harmlessly (it never faults).
       const int64_t ahead = std::min(n + 4, N - 1);
       const char* next = static_cast<const char*>(qv) + ahead * row_bytes;
-      for (int64_t off = 0; off < kCodeRows * row_bytes && ahead + off / row_bytes < N; off += 64)
+      for (int64_t off = 0; off < kCodeRows * row_bytes; off += 64)
         _mm_prefetch(next + off, _MM_HINT_T0);
       f(n, std::min<int64_t>(kCodeRows, N - n));
     }
@@ -648,11 +664,8 @@ inline void exact_block(const float* x, const float* xsum, int64_t K, const void
                                acc[r]);
     }
   }
-  RS_UNROLL for (int r = 0; r < MR; ++r) {
-    const float sum = hsum(acc[r]);
-    const float mins = kind == 4 ? dot(mp + n * G, xsum + r * G, G) : 0.f;
-    out[r * N + n] = sum + mins;
-  }
+  RS_UNROLL for (int r = 0; r < MR; ++r)
+    out[r * N + n] = finish_row<kind>(acc[r], mp + n * G, xsum + r * G, G);
 #endif
 }
 
