@@ -554,9 +554,10 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
           }
           // Scores [rows, nk16] = q . k.
           for (int64_t s16 = 0; s16 < nk16; s16 += 16)
-            for (int64_t m = 0; m < rows; m += kTileRows) {
+            for (int64_t m = 0, step = 0; m < rows; m += step) {
               prefetch_ahead(2);
-              const int mr = static_cast<int>(std::min<int64_t>(kTileRows, rows - m));
+              const int mr = next_tile_rows(rows - m);
+              step = mr;
               const float* a = qt.data() + m * D;
               float* c = sc.data() + m * KT + s16;
               if (D == 64)  // the usual head size: q's row stride a constant
@@ -584,9 +585,10 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
           }
           // acc [rows, D] += p [rows, nk16] . v [nk16, D].
           for (int64_t d0 = 0; d0 < D; d0 += 16)
-            for (int64_t m = 0; m < rows; m += kTileRows) {
+            for (int64_t m = 0, step = 0; m < rows; m += step) {
               prefetch_ahead(2);
-              const int mr = static_cast<int>(std::min<int64_t>(kTileRows, rows - m));
+              const int mr = next_tile_rows(rows - m);
+              step = mr;
 #ifdef RS_AVX512
               tile_pv_rows<KT>(mr, sc.data() + m * KT, vrow, d0, nk16, acc.data() + m * D + d0,
                                D);

@@ -336,9 +336,9 @@ void quant_gemm_panels(const at::Tensor& x, int64_t N, const at::Tensor& out, De
       }
     }
 #else
-    for (int64_t m = 0; m < M; m += kTileRows) {
-      const int mr = static_cast<int>(std::min<int64_t>(kTileRows, M - m));
-      tile_rows(mr, xp + m * K, K, panel, kPanel, K, C + m * ldc, ldc);
+    for (int64_t m = 0, mr = 0; m < M; m += mr) {
+      mr = next_tile_rows(M - m);
+      tile_rows(static_cast<int>(mr), xp + m * K, K, panel, kPanel, K, C + m * ldc, ldc);
     }
 #endif
     if (!whole)

@@ -18,6 +18,16 @@ constexpr int kTileRows = 6;   // input rows per tile: 12 accumulators + 2 B + 1
 #endif
 constexpr int kPanel = 16;     // weight rows per packed panel (two 8-lane vectors)
 
+// Rows of the next tile when `left` input rows remain: kTileRows, except that a rest of
+// kTileRows + 1 to 2 kTileRows - 2 rows splits into two near-equal tiles (50 rows on AVX2:
+// 6 x 7 + 4 + 4, not 6 x 8 + 2), since a tile of a few rows waits on its FMAs' latency.
+// Each row's sums are its own, so the split changes no result.
+inline int next_tile_rows(int64_t left) {
+  if (left <= kTileRows || left >= 2 * kTileRows - 1)
+    return static_cast<int>(left < kTileRows ? left : kTileRows);
+  return static_cast<int>((left + 1) / 2);
+}
+
 // C[i, 0:16] (+)= sum_k A[i * lda + k] * B[k * ldb + 0:16] for i < MR (C row stride ldc).
 // LDA > 0: A's row stride known at compile time (lda ignored), so the broadcasts address one
 // pointer at constant offsets instead of a register per row.
