@@ -286,10 +286,16 @@ def test_a_killed_replica_loses_no_request_and_a_new_one_is_mirrored(ray_app: Ra
     now = set(replica_caches(ray_app))
     assert len(now) == 2 and victim not in now
     fresh = (now - before).pop()
-    for i in range(8):  # traffic until the new replica has cached something
-        ask(100 + i)
-        if log_mirrors(ray_app).get(fresh):
-            break
+    numbers = iter(range(100, 100_000))
+
+    def fresh_cached() -> bool:
+        """One more request; whether the new replica has cached something. Traffic reaches it
+        only once the router has pulled its empty pool from the event log, which may take
+        longer than a few short requests right after it started."""
+        ask(next(numbers))
+        return bool(log_mirrors(ray_app).get(fresh))
+
+    wait_for(fresh_cached, 120, "traffic to reach the new replica", every=0.2)
     wait_for(
         lambda: bool(log_mirrors(ray_app).get(fresh)) and mirrors_equal_caches(ray_app),
         30,
