@@ -118,6 +118,27 @@ void dequant_rows_q8(const int8_t* qp, const float* sp, int64_t n, int64_t nr, i
   }
 }
 
+#ifdef RS_AVX2
+// Rows n..n+15 of an int8 weight dequantized straight into the k-major panel [K, 16] (K % 32
+// == 0): each 8 codes of 8 rows become floats times their group's scale (as dequant_rows_q8
+// computes them) and are stored transposed, with no row-major copy between.
+void dequant_panel_q8(const int8_t* qp, const float* sp, int64_t n, int64_t K, float* panel) {
+  const int64_t G = K / kGroup;
+  for (int half = 0; half < 2; ++half) {
+    const int64_t r0 = n + half * 8;
+    for (int64_t g = 0; g < G; ++g) {
+      __m256 sc[8];
+      for (int i = 0; i < 8; ++i) sc[i] = _mm256_set1_ps(sp[(r0 + i) * G + g]);
+      for (int64_t k = g * kGroup; k < (g + 1) * kGroup; k += 8) {
+        __m256 v[8];
+        for (int i = 0; i < 8; ++i) v[i] = _mm256_mul_ps(sc[i], i8x8_at_ps(qp + (r0 + i) * K + k));
+        store_transposed8(v, panel + k * kPanel + half * 8);
+      }
+    }
+  }
+}
+#endif
+
 constexpr int64_t kRowBlock = 4;  // weight rows dequantized together (kept in L1)
 
 // out[m, n + r] = x[m, :] . w[r, :] for the nr <= 4 dequantized rows w = buf [nr, K].
@@ -772,9 +793,17 @@ void q8_gemm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
   auto dequant = [&](int64_t n, int64_t nr, float* buf) {
     dequant_rows_q8(qp, sp, n, nr, K, buf);
   };
-  auto no_panel_dequant = [](int64_t, float*) { return false; };
+  auto dequant_panel = [&]([[maybe_unused]] int64_t n, [[maybe_unused]] float* panel) {
+#ifdef RS_AVX2
+    if (K % kGroup == 0) {
+      dequant_panel_q8(qp, sp, n, K, panel);
+      return true;
+    }
+#endif
+    return false;
+  };
   if (x.size(0) >= kPanelMinRows && K % 8 == 0)
-    return quant_gemm_panels(x, qs.size(0), out, dequant, no_panel_dequant);
+    return quant_gemm_panels(x, qs.size(0), out, dequant, dequant_panel);
   quant_gemm(x, qs.size(0), out, dequant);
 }
 
