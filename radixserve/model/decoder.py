@@ -339,9 +339,9 @@ class DecoderModel(nn.Module):
                 path.value, len(fp32), 4 * len(self.decoder_layers()), ", ".join(fp32[:3]),
             )  # fmt: skip
         windowed = [i for i, layer in enumerate(self.decoder_layers()) if layer.window]
-        if path.attention_on_tiles and windowed:
+        if path.attention_unit and windowed:
             log.info(
-                "prefill attention of %d sliding-window layers stays float32 (the tiles' "
+                "prefill attention of %d sliding-window layers stays float32 (the bfloat16 "
                 "kernel has no window)",
                 len(windowed),
             )

@@ -182,15 +182,23 @@ def _pools(ctx: int, dtype: torch.dtype, kv_heads: int = 2, d: int = 64, bs: int
     return k, v, torch.randperm(blocks + 3)[:blocks]
 
 
+# The units the bfloat16 attention runs on, each with the path that says the CPU has it.
+BF16_ATTENTION_UNITS = [
+    pytest.param(PrefillPath.AMX_BF16, id="amx"),
+    pytest.param(PrefillPath.AVX512_BF16, id="avx512-bf16"),
+]
+
+
+@pytest.mark.parametrize("unit", BF16_ATTENTION_UNITS)
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("new,ctx", [(1, 1), (9, 9), (40, 40), (33, 300), (200, 1000)])
-def test_amx_prefill_attention_matches_the_float32_kernel_to_bf16_rounding(
-    new: int, ctx: int, kv_dtype: torch.dtype
+def test_bf16_prefill_attention_matches_the_float32_kernel_to_bf16_rounding(
+    new: int, ctx: int, kv_dtype: torch.dtype, unit: PrefillPath
 ) -> None:
     """Causal over the cached prefix as the float32 kernel is: a wrong mask, key or scale
     would miss by whole units; bfloat16 rounding of q, K, V and the probabilities stays within
-    0.03 of values of magnitude up to ~4, 0.003 on average (measured: 0.009 / 0.0012)."""
-    needs(PrefillPath.AMX_BF16)
+    0.03 of values of magnitude up to ~4, 0.003 on average (measured on AMX: 0.009 / 0.0012)."""
+    needs(unit)
     torch.manual_seed(new * 7 + ctx)
     heads, kv_heads, d = 6, 2, 64
     k_pool, v_pool, ids = _pools(ctx, kv_dtype, kv_heads, d)
@@ -199,24 +207,25 @@ def test_amx_prefill_attention_matches_the_float32_kernel_to_bf16_rounding(
     want, got = torch.empty(new, heads * d), torch.empty(new, heads * d)
     scale = 1 / math.sqrt(d)
     ops.paged_prefill_attention(q, k_pool, v_pool, ids, ctx, scale, want)
-    ops.paged_prefill_attention_amx(q, k_pool, v_pool, ids, ctx, scale, got)
+    ops.paged_prefill_attention_bf16(q, k_pool, v_pool, ids, ctx, scale, got, unit.unit)
     err = (got - want).abs()
     assert err.max().item() < 0.03 and err.mean().item() < 0.003
 
 
-def test_amx_attention_of_a_token_ignores_keys_after_it() -> None:
+@pytest.mark.parametrize("unit", BF16_ATTENTION_UNITS)
+def test_bf16_attention_of_a_token_ignores_keys_after_it(unit: PrefillPath) -> None:
     """Changing K and V after a chunk's first token leaves that token's output unchanged."""
-    needs(PrefillPath.AMX_BF16)
+    needs(unit)
     torch.manual_seed(3)
     k_pool, v_pool, ids = _pools(100, torch.float32, 1)
     q = torch.randn(40, 2, 64)
     a, b = torch.empty(40, 128), torch.empty(40, 128)
-    ops.paged_prefill_attention_amx(q, k_pool, v_pool, ids, 100, 0.125, a)
+    ops.paged_prefill_attention_bf16(q, k_pool, v_pool, ids, 100, 0.125, a, unit.unit)
     slots_after_first = [(int(ids[t // 16]), t % 16) for t in range(61, 100)]  # token 0 at 60
     for blk, off in slots_after_first:
         k_pool[blk, off] += 5.0
         v_pool[blk, off] -= 3.0
-    ops.paged_prefill_attention_amx(q, k_pool, v_pool, ids, 100, 0.125, b)
+    ops.paged_prefill_attention_bf16(q, k_pool, v_pool, ids, 100, 0.125, b, unit.unit)
     assert torch.equal(a[0], b[0]) and not torch.equal(a[-1], b[-1])
 
 
@@ -242,6 +251,23 @@ def test_without_amx_the_default_path_is_int8_vnni_where_the_cpu_has_it(monkeypa
     assert matrix.default_path() is PrefillPath.INT8_VNNI
     monkeypatch.setattr(matrix, "available_paths", lambda: (PrefillPath.FP32,))
     assert matrix.default_path() is PrefillPath.FP32
+
+
+def test_int8_vnni_attends_in_bf16_only_on_cpus_with_avx512_bf16_and_no_amx(monkeypatch) -> None:
+    """Where AMX exists (its permission refused) two 512-bit FMAs a cycle match vdpbf16ps, so
+    int8-vnni keeps float32 attention there; bf16 paths attend on their own unit."""
+    vectors = PrefillPath.AVX512_BF16.unit
+    monkeypatch.setattr(matrix, "available_paths", lambda: (PrefillPath.AVX512_BF16,))
+    monkeypatch.setattr(kernels, "has_amx", lambda: False)
+    assert PrefillPath.INT8_VNNI.attention_unit == vectors
+    monkeypatch.setattr(kernels, "has_amx", lambda: True)
+    assert PrefillPath.INT8_VNNI.attention_unit == 0
+    monkeypatch.setattr(kernels, "has_amx", lambda: False)
+    monkeypatch.setattr(matrix, "available_paths", lambda: (PrefillPath.INT8_VNNI,))
+    assert PrefillPath.INT8_VNNI.attention_unit == 0
+    assert PrefillPath.AVX512_BF16.attention_unit == vectors
+    assert PrefillPath.AMX_BF16.attention_unit == PrefillPath.AMX_BF16.unit
+    assert PrefillPath.FP32.attention_unit == 0
 
 
 def test_the_environment_variable_picks_a_path_the_cpu_runs(monkeypatch) -> None:

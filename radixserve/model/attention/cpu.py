@@ -11,7 +11,7 @@ import torch
 from radixserve.model import kernels
 from radixserve.model.attention.base import AttentionPlan, BackendCapabilities, prefill_attention
 from radixserve.model.batch import ForwardBatch
-from radixserve.model.kernels.matrix import ATTENTION_MIN_TOKENS, PrefillPath
+from radixserve.model.kernels.matrix import PrefillPath
 
 
 class CpuPagedBackend:
@@ -76,14 +76,16 @@ class CpuPagedBackend:
             prefill_attention(q, batch, k_blocks, v_blocks, out, window, scale)
             return out
         sm_scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
-        # The tiles' kernel has no sliding window: windowed layers stay on the float32 one.
-        tiles = self.prefill_path.attention_on_tiles and head_dim % 64 == 0 and not window
+        # The bfloat16 kernel has no sliding window: windowed layers stay on the float32 one.
+        path = self.prefill_path
+        unit = path.attention_unit if head_dim % 64 == 0 and not window else 0
         for p in batch.prefills:
             rows = slice(p.token_start, p.token_start + p.num_tokens)
-            if tiles and p.num_tokens >= ATTENTION_MIN_TOKENS:
-                kernels.op("paged_prefill_attention_amx")(
-                    q[rows], k_blocks, v_blocks, p.block_ids, p.context_len, sm_scale, out[rows]
-                )
+            if unit and p.num_tokens >= path.attention_min_tokens:
+                kernels.op("paged_prefill_attention_bf16")(
+                    q[rows], k_blocks, v_blocks, p.block_ids, p.context_len, sm_scale, out[rows],
+                    unit,
+                )  # fmt: skip
                 continue
             kernels.op("paged_prefill_attention")(
                 q[rows], k_blocks, v_blocks, p.block_ids, p.context_len, sm_scale, out[rows],

@@ -55,6 +55,12 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+@functools.cache
+def has_amx() -> bool:
+    """Whether the CPU has AMX's bfloat16 tiles in hardware (whether Linux grants them or not)."""
+    return {"amx_tile", "amx_bf16"} <= _cpu_flags()
+
+
 def kernel_cache_dir() -> Path:
     """Where built kernels live: $RADIXSERVE_KERNEL_CACHE_DIR or ~/.cache/radixserve/kernels
     (apart from the model cache, so a fresh model cache does not rebuild them)."""

@@ -1,10 +1,13 @@
-// Prefill attention on AMX tiles: a chunk of new tokens, causal over its cached prefix, with
-// QK^T and PV as bfloat16 tile products summed in float32 and the softmax in float32.
+// Prefill attention in bfloat16 (on AMX tiles, or AVX-512 BF16's vdpbf16ps where there is no
+// AMX): a chunk of new tokens, causal over its cached prefix, with QK^T and PV as bfloat16
+// products summed in float32 and the softmax in float32.
 //
 // Transposed, so the softmax needs no horizontal reductions: for 16 query tokens of one head,
 //   S^T [keys, 16] = K [keys, D] . (scale Q)^T   A: 16 keys x 32 dims of K, B: Q^T's pairs
 //   O^T [D, 16]   += V^T [D, keys] . P^T          A: 16 dims x 32 keys of V^T, B: P^T's pairs
-// A query is a lane of every vector: its running max, sum and rescaling are lane-wise.
+// A query is a lane of every vector: its running max, sum and rescaling are lane-wise. Without
+// AMX each row of A is a vector of accumulators: one of its pairs broadcast times B's vector of
+// that pair per vdpbf16ps (the same products and sums, in another order).
 // The context's K and V^T are first rounded to bfloat16 per KV head (once per call, every
 // layer: the pool stays in its own dtype), then every (head, 16-token tile) runs 128 keys a
 // step with an online softmax, heaviest tiles first.
@@ -26,7 +29,7 @@
 namespace radixserve {
 namespace {
 
-#ifdef RS_AMX
+#ifdef RS_AVX512_BF16
 constexpr int64_t kStepKeys = 128;  // keys per step of a unit (its scores: 8 KB)
 
 // A grow-only bfloat16 buffer kept by the calling thread: the context's copy is megabytes,
@@ -94,6 +97,7 @@ inline __m512 exp2_softmax(__m512 x) {
   return _mm512_scalef_ps(y, n);
 }
 
+#ifdef RS_AMX
 // Scores S^T [16 NK keys, 16 lanes] of the NK (2 or 4) key tiles from kc's row 0 (row stride
 // D) against Q^T's pairs qt: one accumulator tile per key tile (tmm0..), so NK chains run
 // side by side; K tiles rotate through tmm4-6, Q^T in tmm7.
@@ -158,6 +162,65 @@ inline void value_tiles(const uint16_t* vt, int64_t ctx_pad, int64_t D, int64_t 
   }
 }
 
+// The products of a unit on AMX tiles (each thread loads the tile configuration first).
+struct OnTiles {
+  static void begin() { amx_begin(); }
+  static void end() { amx_end(); }
+  static void scores(const uint16_t* kc, int64_t D, const uint32_t* qt, int64_t nk32,
+                     float* s) {
+    for (int64_t kt = 0; kt < nk32; kt += 64) {
+      if (nk32 - kt >= 64)
+        score_tiles<4>(kc + kt * D, D, qt, s + kt * 16);
+      else
+        score_tiles<2>(kc + kt * D, D, qt, s + kt * 16);
+    }
+  }
+  static void values(const uint16_t* vt, int64_t ctx_pad, int64_t D, int64_t nk32,
+                     const uint32_t* pt, float* pv) {
+    value_tiles(vt, ctx_pad, D, nk32, pt, pv);
+  }
+};
+#endif  // RS_AMX
+
+// The same products with vdpbf16ps: 16 rows of A at a time, each its own vector of 16
+// accumulators (one per query lane), a pair of the row broadcast against B's vector of it.
+struct OnVectors {
+  static void begin() {}
+  static void end() {}
+  // S^T [nk32 keys, 16] = K rows kc[0:nk32] (row stride D) . Q^T's pairs qt.
+  static void scores(const uint16_t* kc, int64_t D, const uint32_t* qt, int64_t nk32,
+                     float* s) {
+    const int64_t P = D / 2;  // pairs per K row; Q^T's vector of pair p is qt + 16 p
+    for (int64_t r0 = 0; r0 < nk32; r0 += 16) {
+      const uint32_t* k = reinterpret_cast<const uint32_t*>(kc + r0 * D);
+      __m512 acc[16];
+      for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+      for (int64_t p = 0; p < P; ++p) {
+        const __m512bh b = as_bh(_mm512_load_si512(qt + 16 * p));
+        for (int i = 0; i < 16; ++i)
+          acc[i] = _mm512_dpbf16_ps(acc[i], as_bh(_mm512_set1_epi32(k[i * P + p])), b);
+      }
+      for (int i = 0; i < 16; ++i) _mm512_store_ps(s + (r0 + i) * 16, acc[i]);
+    }
+  }
+  // pv [D, 16] = V^T [D, nk32 keys from vt] . P^T (pt: P^T's vector of key pair j at 16 j).
+  static void values(const uint16_t* vt, int64_t ctx_pad, int64_t D, int64_t nk32,
+                     const uint32_t* pt, float* pv) {
+    for (int64_t d0 = 0; d0 < D; d0 += 16) {
+      __m512 acc[16];
+      for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+      for (int64_t j = 0; j < nk32 / 2; ++j) {
+        const __m512bh b = as_bh(_mm512_load_si512(pt + 16 * j));
+        for (int i = 0; i < 16; ++i) {
+          const uint32_t* v = reinterpret_cast<const uint32_t*>(vt + (d0 + i) * ctx_pad);
+          acc[i] = _mm512_dpbf16_ps(acc[i], as_bh(_mm512_set1_epi32(v[j])), b);
+        }
+      }
+      for (int i = 0; i < 16; ++i) _mm512_store_ps(pv + (d0 + i) * 16, acc[i]);
+    }
+  }
+};
+
 // One unit: query tokens t0..t0+nt-1 (nt <= 16) of head hq over keys 0..their positions.
 struct Unit {
   const float* q;  // the tile's first query row of head hq
@@ -181,7 +244,8 @@ struct UnitBuffers {
 
 // The unit, software-pipelined over its steps of 128 keys: in iteration i the tiles compute
 // step i+1's scores and step i-1's P.V, the vector unit adds step i-2's P.V into the running
-// sums and runs step i's softmax.
+// sums and runs step i's softmax (Products: OnTiles or OnVectors).
+template <class Products>
 void attend_unit(const Unit& u, int64_t D, float scale, const uint16_t* kc, const uint16_t* vt,
                  int64_t ctx_pad, UnitBuffers& b) {
   // Q^T's pairs, scaled (with log2 e: the softmax is in base 2): per 32 dimensions, query i's
@@ -209,14 +273,7 @@ void attend_unit(const Unit& u, int64_t D, float scale, const uint16_t* kc, cons
   };
   auto scores = [&](int64_t j) {
     float* s = b.s.data() + (j & 1) * kStepKeys * 16;
-    const uint16_t* k = kc + j * kStepKeys * D;
-    const int64_t nk32 = keys32(j);
-    for (int64_t kt = 0; kt < nk32; kt += 64) {
-      if (nk32 - kt >= 64)
-        score_tiles<4>(k + kt * D, D, b.qt.data(), s + kt * 16);
-      else
-        score_tiles<2>(k + kt * D, D, b.qt.data(), s + kt * 16);
-    }
+    Products::scores(kc + j * kStepKeys * D, D, b.qt.data(), keys32(j), s);
   };
   __m512 run_max = _mm512_set1_ps(kMasked), run_sum = _mm512_setzero_ps();
   auto softmax = [&](int64_t j) {
@@ -248,8 +305,8 @@ void attend_unit(const Unit& u, int64_t D, float scale, const uint16_t* kc, cons
     run_sum = _mm512_fmadd_ps(run_sum, b.alpha[j & 1], _mm512_add_ps(sum0, sum1));
   };
   auto values = [&](int64_t j) {
-    value_tiles(vt + j * kStepKeys, ctx_pad, D, keys32(j),
-                b.pt.data() + (j & 1) * kStepKeys / 2 * 16, b.pv.data() + (j & 1) * D * 16);
+    Products::values(vt + j * kStepKeys, ctx_pad, D, keys32(j),
+                     b.pt.data() + (j & 1) * kStepKeys / 2 * 16, b.pv.data() + (j & 1) * D * 16);
   };
   float* acc = b.acc.data();
   auto combine = [&](int64_t j) {  // acc = acc * alpha_j + step j's P.V
@@ -278,19 +335,28 @@ void attend_unit(const Unit& u, int64_t D, float scale, const uint16_t* kc, cons
       _mm512_storeu_ps(u.o + i * u.o_row + d, _mm512_mul_ps(r[i], _mm512_set1_ps(inv[i])));
   }
 }
-#endif  // RS_AMX
+#endif  // RS_AVX512_BF16
 
-// paged_prefill_attention (attention.cpp) on AMX tiles: the same arguments and result up to
-// bfloat16 rounding of q (scaled), K, V and the probabilities. head_dim a multiple of 64.
-void paged_prefill_attention_amx([[maybe_unused]] const at::Tensor& q,
+// paged_prefill_attention (attention.cpp) in bfloat16 on `unit` (MatrixUnit: AVX-512 BF16 or
+// AMX): the same arguments and result up to bfloat16 rounding of q (scaled), K, V and the
+// probabilities. head_dim a multiple of 64.
+void paged_prefill_attention_bf16([[maybe_unused]] const at::Tensor& q,
                                  [[maybe_unused]] const at::Tensor& k_pool,
                                  [[maybe_unused]] const at::Tensor& v_pool,
                                  [[maybe_unused]] const at::Tensor& block_ids,
                                  [[maybe_unused]] int64_t context_len,
                                  [[maybe_unused]] double sm_scale,
-                                 [[maybe_unused]] const at::Tensor& out) {
+                                 [[maybe_unused]] const at::Tensor& out,
+                                 [[maybe_unused]] int64_t unit) {
+#ifdef RS_AVX512_BF16
+  const bool amx = unit == static_cast<int64_t>(MatrixUnit::kAmx);
+  check(amx || unit == static_cast<int64_t>(MatrixUnit::kAvx512Bf16), "unknown unit");
+  check(cpu_has_avx512_bf16(), "this CPU has no AVX-512 BF16");
 #ifdef RS_AMX
-  check(amx_ready(), "AMX is unavailable: Linux refused the tile permission");
+  check(!amx || amx_ready(), "AMX is unavailable: Linux refused the tile permission");
+#else
+  check(!amx, "this build has no AMX code");
+#endif
   check(q.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat, "float32 q and out");
   check(k_pool.scalar_type() == v_pool.scalar_type(), "K and V pools of one dtype");
   check(block_ids.scalar_type() == at::kLong && block_ids.is_contiguous(), "int64 block ids");
@@ -328,24 +394,33 @@ void paged_prefill_attention_amx([[maybe_unused]] const at::Tensor& q,
   float* op = out.data_ptr<float>();
   const float scale = static_cast<float>(sm_scale);
   std::atomic<int64_t> next{0};
-  at::parallel_for(0, nthreads, 1, [&](int64_t, int64_t) {
-    UnitBuffers buffers(D);
-    amx_begin();
-    for (;;) {
-      const int64_t w = next.fetch_add(1);
-      if (w >= units) break;
-      // One KV head's units at a time (its K and V^T stay in the caches), heaviest first.
-      const int64_t h = w / (tiles * GQ), r = w % (tiles * GQ);
-      const int64_t tile = tiles - 1 - r / GQ, hq = h * GQ + r % GQ;
-      const int64_t t0 = tile * 16;
-      const Unit u{qp + t0 * q.stride(0) + hq * D, q.stride(0), op + t0 * out.stride(0) + hq * D,
-                   out.stride(0), std::min<int64_t>(16, n - t0), start + t0};
-      attend_unit(u, D, scale, kc + h * ctx_pad * D, vt + h * ctx_pad * D, ctx_pad, buffers);
-    }
-    amx_end();
-  });
+  auto run = [&](auto products) {
+    using Products = decltype(products);
+    at::parallel_for(0, nthreads, 1, [&](int64_t, int64_t) {
+      UnitBuffers buffers(D);
+      Products::begin();
+      for (;;) {
+        const int64_t w = next.fetch_add(1);
+        if (w >= units) break;
+        // One KV head's units at a time (its K and V^T stay in the caches), heaviest first.
+        const int64_t h = w / (tiles * GQ), r = w % (tiles * GQ);
+        const int64_t tile = tiles - 1 - r / GQ, hq = h * GQ + r % GQ;
+        const int64_t t0 = tile * 16;
+        const Unit u{qp + t0 * q.stride(0) + hq * D, q.stride(0),
+                     op + t0 * out.stride(0) + hq * D, out.stride(0),
+                     std::min<int64_t>(16, n - t0), start + t0};
+        attend_unit<Products>(u, D, scale, kc + h * ctx_pad * D, vt + h * ctx_pad * D,
+                              ctx_pad, buffers);
+      }
+      Products::end();
+    });
+  };
+#ifdef RS_AMX
+  if (amx) return run(OnTiles{});
+#endif
+  run(OnVectors{});
 #else
-  check(false, "this build has no AMX code");
+  check(false, "this build has no AVX-512 BF16 code");
 #endif
 }
 
@@ -354,10 +429,10 @@ void paged_prefill_attention_amx([[maybe_unused]] const at::Tensor& q,
 
 TORCH_LIBRARY_FRAGMENT(radixserve, m) {
   m.def(
-      "paged_prefill_attention_amx(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_ids, "
-      "int context_len, float sm_scale, Tensor(a!) out) -> ()");
+      "paged_prefill_attention_bf16(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_ids, "
+      "int context_len, float sm_scale, Tensor(a!) out, int unit) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
-  m.impl("paged_prefill_attention_amx", &radixserve::paged_prefill_attention_amx);
+  m.impl("paged_prefill_attention_bf16", &radixserve::paged_prefill_attention_bf16);
 }

@@ -6,15 +6,18 @@ the CPU has.
   and prefill attention multiplies bfloat16 Q, K, V and probabilities on the tiles
   (attention_bf16.cpp); sums are float32 throughout. Linux must grant the process AMX's tile
   state (arch_prctl): where it refuses, this path is not offered.
-- `avx512-bf16`: the same GEMM panels through AVX-512 BF16's vdpbf16ps (attention stays
-  float32). Not picked by itself: on an Intel Xeon with AMX it ran at 95 against float32's
-  142 GFLOP/s (one vdpbf16ps a cycle against two FMAs); selectable for CPUs where it may pay.
+- `avx512-bf16`: the same GEMM panels and attention through AVX-512 BF16's vdpbf16ps. Not
+  picked by itself: on an Intel Xeon with AMX its GEMMs ran at 95 against float32's 142
+  GFLOP/s (one vdpbf16ps a cycle against two FMAs); selectable for CPUs where it may pay.
 - `int8-vnni`: on CPUs with AVX-512 VNNI but no AMX (Cascade Lake, Ice Lake, Zen 4), each
   prefill row is quantized to int8 per group of 32 (scale max|x| / 127, as llama.cpp's Q8
   activations) and meets the int4/int8 codes in vpdpbusd integer dot products
-  (gemm_vnni.cpp); sums of groups float32, attention float32. On the AMX Xeon a 2048 x 576 ->
-  3072 int4 GEMM ran 2.9x faster than float32's (66 against 189 ms; AMX 58 ms), one run at
-  load 10.
+  (gemm_vnni.cpp); sums of groups float32. On the AMX Xeon a 2048 x 576 -> 3072 int4 GEMM ran
+  2.9x faster than float32's (66 against 189 ms; AMX 58 ms), one run at load 10. Attention is
+  bf16 through vdpbf16ps on CPUs with AVX-512 BF16 and no AMX in hardware (Zen 4: 1.4x
+  float32's speed for 50 new tokens over 2k cached, 1.8x for a 2k prompt, single op, both
+  threads), float32 elsewhere (an Intel CPU with AMX runs two 512-bit FMAs a cycle against one
+  vdpbf16ps, so there it would not pay; not measured).
 - `fp32`: float32 everywhere (radixserve's float32 kernels, exact to float32 rounding): the
   choice on every other CPU (AVX2 ones included) and for `--dtype float32`.
 
@@ -70,19 +73,27 @@ class PrefillPath(Enum):
         return self in (PrefillPath.AVX512_BF16, PrefillPath.AMX_BF16)
 
     @property
-    def attention_on_tiles(self) -> bool:
-        """Whether prefill attention runs on the tiles too (AMX only)."""
-        return self is PrefillPath.AMX_BF16
+    def attention_unit(self) -> int:
+        """The unit prefill attention runs on in bfloat16 (the `unit` of
+        paged_prefill_attention_bf16); 0: the float32 kernel."""
+        if self is PrefillPath.INT8_VNNI:
+            on_vectors = PrefillPath.AVX512_BF16 in available_paths() and not kernels.has_amx()
+            return PrefillPath.AVX512_BF16.unit if on_vectors else 0
+        return self.unit
+
+    @property
+    def attention_min_tokens(self) -> int:
+        """Chunk tokens from which prefill attention takes the bfloat16 kernel (the context's
+        K and V are rounded to bfloat16 first, whatever the chunk's length). At 2k keys of
+        context: AMX tiles level with float32 at 4 tokens and 1.9x faster at 16 (the AMX Xeon);
+        vdpbf16ps 0.81x at 8 tokens, 1.44x at 16 (Zen 4)."""
+        return 8 if self is PrefillPath.AMX_BF16 else 16
 
 
 ENV = "RADIXSERVE_PREFILL_PATH"
 # int8-vnni from 8 prefill rows: the default model's four layer GEMMs (int4, one thread, load
 # 11 on the AMX Xeon) took 0.85x float32's time at 4 rows, 0.69x at 8, 0.42x at 16.
 VNNI_MIN_ROWS = 8
-# Prefill chunks of at least this many tokens attend on the tiles: at 2k keys of context the
-# tiles were level with the float32 kernel at 4 tokens and 1.9x faster at 16 (the context's
-# K and V are rounded to bfloat16 first, whatever the chunk's length).
-ATTENTION_MIN_TOKENS = 8
 
 
 @functools.cache
@@ -125,7 +136,7 @@ def describe(path: PrefillPath) -> str:
     """One line for the start-up log: what prefill and decode run on."""
     if path is PrefillPath.FP32:
         return "prefill path fp32: prefill and decode run the model dtype's matmuls"
-    attention = "bf16 on AMX tiles" if path.attention_on_tiles else "float32"
+    attention = {0: "float32", 1: "bf16 (vdpbf16ps)", 2: "bf16 on AMX tiles"}[path.attention_unit]
     how = (
         "weights dequantized to bf16 panels"
         if path.bf16
