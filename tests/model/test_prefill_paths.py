@@ -147,15 +147,18 @@ def test_int8_activations_are_per_32_codes_within_half_a_step() -> None:
 
 @pytest.mark.parametrize("kind", ["int4", "int8"])
 @pytest.mark.parametrize("rows", [1, 5, 17, 100])
+# 544 = 17 groups: panels pack 16 groups' scales at a time and 64 bytes of codes a row (4 int4
+# groups, 2 int8 ones), with a group left over for each; 192: 6 groups, scales one at a time
+@pytest.mark.parametrize("k", [192, 544])
 def test_vnni_gemm_is_the_exact_product_of_int8_activations_and_the_codes(
-    kind: str, rows: int
+    kind: str, rows: int, k: int
 ) -> None:
     """The integer dot products are exact: the result is x quantized per 32 (its codes times
     their scales) times the dequantized W, to float32 summation error. 48 columns: a pair of
     16-column panels and a single one; rows: every tail of the 6-row tile."""
     needs(PrefillPath.INT8_VNNI)
     torch.manual_seed(rows)
-    n, k = 48, 192
+    n = 48
     w = quantize(torch.randn(n, k) * 0.1, kind)
     x = torch.randn(rows, k)
     out = torch.empty(rows, n)

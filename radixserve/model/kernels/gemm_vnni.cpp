@@ -74,39 +74,68 @@ struct VnniPanel {
   explicit VnniPanel(int64_t G) : words(G * 128), scale(G * 16), minv(G * 16), offset(G * 16) {}
 };
 
-// Fill `p` with W's rows n..n+15 (N is a multiple of 16): one gather a word of codes for 16
-// rows at once (a panel is rebuilt every call, so this runs N x K / 4 lanes per call).
+// Group g of the panel from w[], the group's words of codes with lane r holding row n + r's
+// (int4: w[0..3], bytes of codes i | i + 16 << 4; int8: w[0..7]): int4 codes split into their
+// nibbles, int8 codes stored with 128 * their sum.
+template <bool Int4>
+inline void put_group_words(const __m512i* w, int64_t g, VnniPanel& p) {
+  uint32_t* dst = p.words.data() + g * 128;
+  if constexpr (Int4) {  // byte i of a group: code i (low nibble), code 16 + i (high nibble)
+    const __m512i nibble = _mm512_set1_epi8(0x0F);
+    for (int j = 0; j < 4; ++j) {
+      _mm512_storeu_si512(dst + j * 16, _mm512_and_si512(w[j], nibble));
+      _mm512_storeu_si512(dst + (j + 4) * 16, _mm512_and_si512(_mm512_srli_epi16(w[j], 4), nibble));
+    }
+  } else {
+    const __m512i ones = _mm512_set1_epi8(1);
+    __m512i sum = _mm512_setzero_si512();
+    for (int j = 0; j < 8; ++j) {
+      _mm512_storeu_si512(dst + j * 16, w[j]);
+      sum = _mm512_dpbusd_epi32(sum, ones, w[j]);  // the codes' sum, as signed bytes
+    }
+    _mm512_storeu_si512(&p.offset[g * 16], _mm512_slli_epi32(sum, 7));
+  }
+}
+
+// Fill `p` with W's rows n..n+15 (N is a multiple of 16; a panel is rebuilt every call, so
+// this runs N x K / 4 lanes per call): 64 bytes of codes of each row at a time (4 int4 groups,
+// 2 int8 ones) and the scales (and mins) of 16 groups, transposed in registers so that a
+// vector holds one word of every row; the groups left over are gathered a word at a time.
 template <bool Int4>
 void pack_panel(const uint8_t* qs, const float* sp, const float* mp, int64_t K, int64_t n,
                 VnniPanel& p) {
-  const int64_t G = K / 32, row_bytes = Int4 ? K / 2 : K;
+  const int64_t G = K / 32, row_bytes = Int4 ? K / 2 : K, group_bytes = Int4 ? 16 : 32;
+  constexpr int64_t kWords = Int4 ? 4 : 8, kLoadGroups = 16 / kWords;
+  const uint8_t* codes = qs + n * row_bytes;
+  int64_t g = 0;
+  for (; g + kLoadGroups <= G; g += kLoadGroups) {
+    __m512i r[16];
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(codes + i * row_bytes + g * group_bytes);
+    transpose16(r);  // r[w]: word w of the 64 bytes, of every row
+    for (int64_t l = 0; l < kLoadGroups; ++l) put_group_words<Int4>(r + l * kWords, g + l, p);
+  }
   const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   const __m512i by_row = _mm512_mullo_epi32(lane, _mm512_set1_epi32(static_cast<int>(row_bytes)));
-  const __m512i by_group = _mm512_mullo_epi32(lane, _mm512_set1_epi32(static_cast<int>(G)));
-  const __m512i nibble = _mm512_set1_epi8(0x0F), ones = _mm512_set1_epi8(1);
-  for (int64_t g = 0; g < G; ++g) {
-    uint32_t* dst = p.words.data() + g * 128;
-    if constexpr (Int4) {  // byte i of a group: code i (low nibble), code 16 + i (high nibble)
-      const uint8_t* base = qs + n * row_bytes + g * 16;
-      for (int j = 0; j < 4; ++j) {
-        const __m512i b = _mm512_i32gather_epi32(by_row, base + 4 * j, 1);
-        _mm512_storeu_si512(dst + j * 16, _mm512_and_si512(b, nibble));
-        _mm512_storeu_si512(dst + (j + 4) * 16,
-                            _mm512_and_si512(_mm512_srli_epi16(b, 4), nibble));
-      }
-      _mm512_storeu_ps(&p.minv[g * 16], _mm512_i32gather_ps(by_group, mp + n * G + g, 4));
-    } else {
-      const uint8_t* base = qs + n * row_bytes + g * 32;
-      __m512i sum = _mm512_setzero_si512();
-      for (int j = 0; j < 8; ++j) {
-        const __m512i w = _mm512_i32gather_epi32(by_row, base + 4 * j, 1);
-        _mm512_storeu_si512(dst + j * 16, w);
-        sum = _mm512_dpbusd_epi32(sum, ones, w);  // the codes' sum, as signed bytes
-      }
-      _mm512_storeu_si512(&p.offset[g * 16], _mm512_slli_epi32(sum, 7));
-    }
-    _mm512_storeu_ps(&p.scale[g * 16], _mm512_i32gather_ps(by_group, sp + n * G + g, 4));
+  for (; g < G; ++g) {
+    __m512i w[kWords];
+    for (int j = 0; j < kWords; ++j)
+      w[j] = _mm512_i32gather_epi32(by_row, codes + g * group_bytes + 4 * j, 1);
+    put_group_words<Int4>(w, g, p);
   }
+  const __m512i by_group = _mm512_mullo_epi32(lane, _mm512_set1_epi32(static_cast<int>(G)));
+  auto put_factors = [&](const float* f, float* dst) {  // f [N, G] -> dst [G][16]
+    int64_t h = 0;
+    for (; h + 16 <= G; h += 16) {
+      __m512 r[16];
+      for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(f + (n + i) * G + h);
+      transpose16(r);
+      for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + (h + i) * 16, r[i]);
+    }
+    for (; h < G; ++h)
+      _mm512_storeu_ps(dst + h * 16, _mm512_i32gather_ps(by_group, f + n * G + h, 4));
+  };
+  put_factors(sp, p.scale.data());
+  if constexpr (Int4) put_factors(mp, p.minv.data());
 }
 
 constexpr int kVnniRows = 6;  // 6 rows x 2 panels: 12 int32 + 12 float32 accumulators

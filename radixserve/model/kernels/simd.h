@@ -113,6 +113,32 @@ inline __m512 exp512(__m512 x) {
       _mm512_add_epi32(_mm512_cvttps_epi32(fx), _mm512_set1_epi32(127)), 23);
   return _mm512_maskz_mul_ps(static_cast<__mmask16>(~under), y, _mm512_castsi512_ps(e));
 }
+
+// r[16] x 16 lanes of 32 bits, transposed in place: lane j of r[i] <- lane i of r[j].
+inline void transpose16(__m512i* r) {
+  __m512i a[16], b[16];
+  for (int i = 0; i < 16; i += 2) {
+    a[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    a[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // b[i + c]: column c of each 128-bit lane, rows i..i+3
+    b[i] = _mm512_unpacklo_epi64(a[i], a[i + 2]);
+    b[i + 1] = _mm512_unpackhi_epi64(a[i], a[i + 2]);
+    b[i + 2] = _mm512_unpacklo_epi64(a[i + 1], a[i + 3]);
+    b[i + 3] = _mm512_unpackhi_epi64(a[i + 1], a[i + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {  // then the 128-bit lanes
+    const __m512i e0 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0x88);
+    const __m512i e1 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0xDD);
+    const __m512i f0 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0x88);
+    const __m512i f1 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0xDD);
+    r[c] = _mm512_shuffle_i32x4(e0, f0, 0x88);
+    r[4 + c] = _mm512_shuffle_i32x4(e1, f1, 0x88);
+    r[8 + c] = _mm512_shuffle_i32x4(e0, f0, 0xDD);
+    r[12 + c] = _mm512_shuffle_i32x4(e1, f1, 0xDD);
+  }
+}
+inline void transpose16(__m512* r) { transpose16(reinterpret_cast<__m512i*>(r)); }
 #endif
 
 }  // namespace
