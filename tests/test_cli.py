@@ -17,9 +17,12 @@ def test_help_lists_every_command() -> None:
 
 
 def test_chat_answers_with_the_default_model() -> None:
-    out = run_cli("chat", "What is the capital of France?", "--max-tokens", "12")
+    # Not "What is the capital of France?": its first token is a near tie (0.08 apart in
+    # float32) that int8 activations flip (the int8-vnni default on AVX-512 VNNI CPUs without
+    # AMX answers "L'Étoile, ...", as llama.cpp's server does on the same GGUF there).
+    out = run_cli("chat", "Who wrote Hamlet?", "--max-tokens", "12")
     assert out.returncode == 0, out.stderr
-    assert "Paris" in out.stdout
+    assert "Shakespeare" in out.stdout
 
 
 def test_unknown_model_is_a_clear_error() -> None:
