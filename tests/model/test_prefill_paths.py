@@ -185,14 +185,7 @@ def _pools(ctx: int, dtype: torch.dtype, kv_heads: int = 2, d: int = 64, bs: int
     return k, v, torch.randperm(blocks + 3)[:blocks]
 
 
-# The units the bfloat16 attention runs on, each with the path that says the CPU has it.
-BF16_ATTENTION_UNITS = [
-    pytest.param(PrefillPath.AMX_BF16, id="amx"),
-    pytest.param(PrefillPath.AVX512_BF16, id="avx512-bf16"),
-]
-
-
-@pytest.mark.parametrize("unit", BF16_ATTENTION_UNITS)
+@pytest.mark.parametrize("unit", UNITS, ids=lambda p: p.value)
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("new,ctx", [(1, 1), (9, 9), (40, 40), (33, 300), (200, 1000)])
 def test_bf16_prefill_attention_matches_the_float32_kernel_to_bf16_rounding(
@@ -215,7 +208,7 @@ def test_bf16_prefill_attention_matches_the_float32_kernel_to_bf16_rounding(
     assert err.max().item() < 0.03 and err.mean().item() < 0.003
 
 
-@pytest.mark.parametrize("unit", BF16_ATTENTION_UNITS)
+@pytest.mark.parametrize("unit", UNITS, ids=lambda p: p.value)
 def test_bf16_attention_of_a_token_ignores_keys_after_it(unit: PrefillPath) -> None:
     """Changing K and V after a chunk's first token leaves that token's output unchanged."""
     needs(unit)

@@ -341,13 +341,13 @@ void attend_unit(const Unit& u, int64_t D, float scale, const uint16_t* kc, cons
 // AMX): the same arguments and result up to bfloat16 rounding of q (scaled), K, V and the
 // probabilities. head_dim a multiple of 64.
 void paged_prefill_attention_bf16([[maybe_unused]] const at::Tensor& q,
-                                 [[maybe_unused]] const at::Tensor& k_pool,
-                                 [[maybe_unused]] const at::Tensor& v_pool,
-                                 [[maybe_unused]] const at::Tensor& block_ids,
-                                 [[maybe_unused]] int64_t context_len,
-                                 [[maybe_unused]] double sm_scale,
-                                 [[maybe_unused]] const at::Tensor& out,
-                                 [[maybe_unused]] int64_t unit) {
+                                  [[maybe_unused]] const at::Tensor& k_pool,
+                                  [[maybe_unused]] const at::Tensor& v_pool,
+                                  [[maybe_unused]] const at::Tensor& block_ids,
+                                  [[maybe_unused]] int64_t context_len,
+                                  [[maybe_unused]] double sm_scale,
+                                  [[maybe_unused]] const at::Tensor& out,
+                                  [[maybe_unused]] int64_t unit) {
 #ifdef RS_AVX512_BF16
   const bool amx = unit == static_cast<int64_t>(MatrixUnit::kAmx);
   check(amx || unit == static_cast<int64_t>(MatrixUnit::kAvx512Bf16), "unknown unit");

@@ -35,9 +35,13 @@ enum class MatrixUnit : int64_t { kAvx512Bf16 = 1, kAmx = 2 };
 #ifdef RS_AVX512_BF16
 // Whether the CPU runs AVX-512 BF16 (CPUID leaf 7, subleaf 1, EAX bit 5): the build's flags
 // come from /proc/cpuinfo, but a build directory may be shared between machines.
+// Asked once per process: CPUID traps to the hypervisor in a VM, and the ops check per call.
 inline bool cpu_has_avx512_bf16() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
+  static const bool has = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
+  }();
+  return has;
 }
 
 #ifdef RS_AMX

@@ -31,9 +31,13 @@ namespace {
 #ifdef RS_AVX512_VNNI
 // Whether the CPU runs AVX-512 VNNI (CPUID leaf 7, ECX bit 11): a build directory may be
 // shared between machines.
+// Asked once per process: CPUID traps to the hypervisor in a VM, and the ops check per call.
 inline bool cpu_has_avx512_vnni() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c & (1u << 11));
+  static const bool has = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c & (1u << 11));
+  }();
+  return has;
 }
 
 // x [M, K] float32 (row stride ldx) -> xq [M, K] int8 codes (xor 0x80 with `offset`: xq + 128
