@@ -90,6 +90,12 @@ def check_engine_args(args: argparse.Namespace) -> None:
     per_block = bytes_per_token(config, kv_dtype) * block_size
     num_blocks = max(1, parse_memory(args.kv_cache_memory) // per_block)
     check_pool_fits_memory(num_blocks * per_block, device, copies=workers)
+    from radixserve.engine.builder import window_pool
+    from radixserve.engine.config import EngineConfig
+
+    window = window_pool(from_args(EngineConfig, args), config, device, kv_dtype, quiet=True)
+    if window is not None:  # the sliding-window layers' own pool: more tokens per byte
+        num_blocks, per_block = window.num_blocks, window.block_bytes
     if max_model_len is not None:
         check_pool_holds_request(num_blocks, block_size, max_model_len, per_block)
 

@@ -246,3 +246,16 @@ def test_a_malformed_speculative_config_is_named() -> None:
         "--speculative-config",
     )
     assert "ngram, suffix, radix" in line
+
+
+def test_the_window_pool_holds_a_request_the_one_pool_cannot(tmp_path: Path) -> None:
+    # Tiny Gemma 3: 2 sliding-window layers and 1 global, 2 K/V heads x 16 in float32: a
+    # 16-token block is 12 KiB in one pool, 4 KiB + half a window slot's 8 KiB with a window
+    # pool. 180 KiB: 15 blocks (240 tokens) in one pool, 22 blocks (352 tokens) + 11 slots.
+    model = write_tiny_model(tmp_path / "gemma", arch="gemma3", vocab_size=64)
+    args = ("generate", "w1 w2", "--model", str(model), "--kv-cache-memory", "180KiB")
+    args += ("--max-model-len", "256", "--dtype", "float32", "--max-num-batched-tokens", "16")
+    res = run_cli(*args, "--disable-hybrid-swa-memory")
+    assert_one_error_line(res, "generate", "--max-model-len 256", "240 tokens")
+    res = run_cli(*args, "--max-tokens", "4")
+    assert res.returncode == 0, res.stderr

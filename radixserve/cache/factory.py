@@ -9,6 +9,7 @@ from radixserve.cache.pool import BlockPool
 from radixserve.cache.radix import RadixCache
 from radixserve.cache.tiered import TieredRadixCache
 from radixserve.cache.types import BlockMover
+from radixserve.cache.window import WindowSlots
 
 
 def make_prefix_cache(
@@ -22,10 +23,11 @@ def make_prefix_cache(
     refetch_window: float,
     tier_blocks: int,
     mover: BlockMover | None,
+    window: WindowSlots | None = None,
 ) -> PrefixCache:
     """A cache over a fresh pool of `num_blocks`: a `NullCache` when not `enabled`, else a
     `RadixCache`, tiered over a second pool of `tier_blocks` (0: none) whose bytes `mover`
-    copies.
+    copies. With `window`, the pool lends sliding-window layers' slots too (not with a tier).
 
     The policy is built (and an unknown `eviction_policy` or a negative `session_ttl`
     raises ValueError) even when the cache is off, so a bad setting never waits for the
@@ -34,7 +36,9 @@ def make_prefix_cache(
     policy = make_policy(eviction_policy, session_ttl)
     if (tier_blocks > 0) != (mover is not None):
         raise ValueError("an offload tier needs a mover, and a mover a tier")
-    pool = BlockPool(num_blocks)
+    if window is not None and tier_blocks > 0:
+        raise ValueError("a window pool does not go with an offload tier")
+    pool = BlockPool(num_blocks, window)
     if not enabled:
         return NullCache(pool, block_size, policy)
     if mover is None:

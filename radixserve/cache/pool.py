@@ -6,16 +6,19 @@ import threading
 from collections.abc import Iterable, Sequence
 
 from radixserve.cache.errors import CacheFullError
+from radixserve.cache.window import WindowSlots
 
 
 class BlockPool:
     """Hands out block ids 0..num_blocks-1; knows nothing of tokens or the tree.
 
     Every id is either free (here) or used (held by the tree or a running request).
-    Allocation is all or nothing. Thread-safe.
+    Allocation is all or nothing. Thread-safe. With `window` (a model with sliding-window
+    layers whose K/V live in a smaller pool), every allocated block also gets a window slot
+    and a freed one gives its slot back; allocation fails when slots run short too.
     """
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, window: WindowSlots | None = None) -> None:
         if num_blocks < 0:
             raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
         self._total = num_blocks
@@ -24,6 +27,7 @@ class BlockPool:
         self._free = list(range(num_blocks - 1, -1, -1))
         self._is_free = bytearray(b"\x01") * num_blocks
         self._lock = threading.Lock()
+        self.window = window
 
     @property
     def num_total(self) -> int:
@@ -63,8 +67,10 @@ class BlockPool:
             if n == 0:
                 return []
             ids = self._free[-n:]
-            del self._free[-n:]
             ids.reverse()
+            if self.window is not None:
+                self.window.take(ids)  # CacheFullError, taking nothing, if slots are short
+            del self._free[-n:]
             is_free = self._is_free
             for block_id in ids:
                 is_free[block_id] = 0
@@ -86,6 +92,8 @@ class BlockPool:
                     self._check_id(block_id)
                     raise ValueError(f"block {block_id} is already free (double free)")
                 is_free[block_id] = 1
+            if self.window is not None:
+                self.window.drop(ids)
             ids.reverse()
             self._free.extend(ids)
 

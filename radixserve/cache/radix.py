@@ -95,8 +95,7 @@ class RadixCache(PrefixCache):
             if root is None:
                 counters.missed_tokens += len(token_ids)
                 return MatchResult(0, [], RadixNode(b"", [], None, namespace))
-            query = LazyQuery(token_ids, len(token_ids) // self.block_size * self.block_size)
-            path, matched, child, k = walk(root, self._block_bytes, query)
+            path, matched, child, k = self._walk(root, token_ids)
             if child is not None:
                 path.append(self._split(child, k))
                 matched += k * self._block_bytes
@@ -126,8 +125,7 @@ class RadixCache(PrefixCache):
             root = self._roots.get(namespace)
             if root is None:
                 return 0
-            query = LazyQuery(token_ids, len(token_ids) // self.block_size * self.block_size)
-            _, matched, _, k = walk(root, self._block_bytes, query)
+            _, matched, _, k = self._walk(root, token_ids)
             return matched // TOKEN_BYTES + k * self.block_size
 
     def continuation(
@@ -439,6 +437,24 @@ class RadixCache(PrefixCache):
         self._check(num_private_blocks)
 
     # ----------------------------------------------------------------- internals
+
+    def _walk(
+        self, root: RadixNode, token_ids: TokenIds
+    ) -> tuple[list[RadixNode], int, RadixNode | None, int]:
+        """`walk` for the longest whole-block prefix of `token_ids` that is a hit: with
+        sliding-window layers in their own pool (`pool.window`), one whose last window of
+        tokens still has its window slots."""
+        query = LazyQuery(token_ids, len(token_ids) // self.block_size * self.block_size)
+        path, matched, child, k = walk(root, self._block_bytes, query)
+        window = self.pool.window
+        if window is None or not (path or k):
+            return path, matched, child, k
+        total = matched // TOKEN_BYTES + k * self.block_size
+        blocks = path_blocks(path) + (child.blocks[:k] if child is not None else [])
+        usable = window.usable(blocks, total)
+        if usable == total:
+            return path, matched, child, k
+        return walk(root, self._block_bytes, LazyQuery(token_ids, usable))
 
     def _split(self, node: RadixNode, k: int) -> RadixNode:
         """Split `node` after its first `k` blocks; return the new upper node.

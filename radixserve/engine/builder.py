@@ -11,14 +11,21 @@ from pathlib import Path
 import torch
 
 from radixserve.cache import make_prefix_cache
+from radixserve.cache.window import WindowSlots
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.kv_manager import KVCacheManager
 from radixserve.engine.kv_persist import KVPersistence
 from radixserve.engine.scheduler import Scheduler
 from radixserve.engine.tokenizer import Tokenizer
+from radixserve.model.config import ModelConfig
 from radixserve.model.decoder import DecoderModel
 from radixserve.model.files import resolve_model
-from radixserve.model.kv_pool import KVPool, bytes_per_token, check_pool_holds_request
+from radixserve.model.kv_pool import (
+    KVPool,
+    bytes_per_token,
+    check_pool_holds_request,
+    parse_memory,
+)
 from radixserve.model.kv_tier import KVTier, KVTierMover, open_kv_tier
 from radixserve.model.loader import (
     load_model,
@@ -93,11 +100,17 @@ def assemble(
     dtype = next(model.parameters()).dtype
     kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype)
     per_block = bytes_per_token(mc, kv_dtype) * config.block_size
-    if config.num_blocks:
+    window = window_pool(config, mc, next(model.parameters()).device, kv_dtype)
+    if window is not None:
+        num_blocks, per_block = window.num_blocks, window.block_bytes
+    elif config.num_blocks:
         num_blocks = config.num_blocks
     else:
         memory = config.kv_cache_memory or default_of(EngineConfig, "kv_cache_memory")
         num_blocks = KVPool.blocks_for_memory(mc, memory, config.block_size, kv_dtype)
+    slots = None
+    if window is not None:
+        slots = WindowSlots(num_blocks, window.num_slots, window.window, config.block_size)
     max_model_len = min(
         config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings
     )
@@ -113,6 +126,7 @@ def assemble(
         attention_backend=config.attention_backend,
         enforce_eager=config.enforce_eager,
         kv_cache_dtype=kv_dtype,
+        window=slots,
     )
     if runner.decode_mode != "eager":
         took = runner.warmup()
@@ -135,6 +149,7 @@ def assemble(
             refetch_window=config.refetch_window,
             tier_blocks=tier.num_blocks if tier is not None else 0,
             mover=mover,
+            window=slots,
         )
         return KVCacheManager(cache, runner.copy_block)
 
@@ -162,3 +177,85 @@ def assemble(
         config, model_name, tokenizer, runner, kv, scheduler, tier, persistence, max_model_len,
         frozenset(eos_ids),
     )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class WindowPool:
+    """How the KV memory is split when sliding-window layers keep their K/V in a pool of
+    their own (kv_pool.KVPool): blocks for every layer's block ids, slots for the window's."""
+
+    num_blocks: int
+    num_slots: int
+    window: int  # the widest sliding window: what a request's pins must cover
+    full_block_bytes: int  # one block of the full-attention layers' K/V
+    slot_bytes: int  # one block of the sliding-window layers' K/V
+
+    @property
+    def block_bytes(self) -> int:
+        """Memory per block, its share of the window pool included."""
+        return self.full_block_bytes + -(-self.slot_bytes * self.num_slots // self.num_blocks)
+
+
+def window_pool(
+    config: EngineConfig,
+    mc: ModelConfig,
+    device: torch.device,
+    kv_dtype: torch.dtype,
+    quiet: bool = False,
+) -> WindowPool | None:
+    """The window pool's size for a model of `mc` on `device` under `config` (logged unless
+    `quiet`), or None where its sliding-window layers keep their K/V in the one pool (no such
+    layers, or why it logs)."""
+    windows = [w for w in (mc.layer_window(i) for i in range(mc.num_layers)) if w]
+    if not windows:
+        return None
+    why = None
+    if config.disable_hybrid_swa_memory:
+        why = "--disable-hybrid-swa-memory"
+    elif device.type != "cpu":
+        why = "a window pool is built for CPU steps only"
+    elif config.kv_offload_memory or config.kv_offload_dir or config.kv_persist_dir:
+        why = "the offload tier and warm restart copy blocks of the one pool only"
+    if why is not None:
+        if not quiet:
+            log.info("sliding-window layers keep K/V for every token of the context: %s", why)
+        return None
+    bs, windowed = config.block_size, len(windows)
+    layer_block = bytes_per_token(mc, kv_dtype) // mc.num_layers * bs
+    full_bytes, slot_bytes = layer_block * (mc.num_layers - windowed), layer_block * windowed
+    window = max(windows)
+    # Enough for one request's window plus a full step of new tokens: slots never stop a
+    # request that has the pool to itself.
+    least = -(-(window + config.max_num_batched_tokens) // bs) + 2
+    ratio = config.swa_full_tokens_ratio
+    if config.num_blocks:
+        num_blocks = config.num_blocks
+        slots = config.window_slots or max(least, int(ratio * num_blocks))
+    else:
+        memory = parse_memory(config.kv_cache_memory or default_of(EngineConfig, "kv_cache_memory"))
+        num_blocks = max(1, int(memory / (full_bytes + ratio * slot_bytes)))
+        slots = config.window_slots or int(ratio * num_blocks)
+        if slots < least:
+            slots = least
+            num_blocks = max(1, (memory - slots * slot_bytes) // max(1, full_bytes))
+    slots = min(slots, num_blocks)
+    whole = (full_bytes + slot_bytes) / bs
+    if quiet:
+        return WindowPool(num_blocks, slots, window, full_bytes, slot_bytes)
+    log.info(
+        "sliding-window layers (%d of %d, window %d) keep K/V in a pool of %d slots (%d "
+        "tokens) beside %d blocks (%d tokens) of the full-attention layers: %.0f KiB per "
+        "token of context at 8k instead of %.0f",
+        windowed, mc.num_layers, window, slots, slots * bs, num_blocks, num_blocks * bs,
+        window_bytes_per_token(full_bytes, slot_bytes, bs, window, 8192) / 1024, whole / 1024,
+    )  # fmt: skip
+    return WindowPool(num_blocks, slots, window, full_bytes, slot_bytes)
+
+
+def window_bytes_per_token(
+    full_block_bytes: int, slot_bytes: int, block_size: int, window: int, context: int
+) -> float:
+    """K/V bytes per token of a `context`-token request whose window layers keep only the
+    blocks their window reads (the window and one partial block)."""
+    kept = min(context, -(-window // block_size) * block_size + block_size)
+    return (full_block_bytes * context + slot_bytes * kept) / block_size / context

@@ -38,6 +38,22 @@ class EngineConfig:
         None, "blocks in the KV pool, instead of kv_cache_memory (programs only)", flag=None
     )
     block_size: int = option(16, "tokens per KV block", type=types.block_size)
+    swa_full_tokens_ratio: float = option(
+        0.5,
+        "a model with sliding-window layers (Gemma 3, Mistral) keeps their K/V in a pool of "
+        "its own, holding this many tokens per token of the full-attention layers' pool (as "
+        "SGLang's flag); those layers keep only blocks a window still reads, or that a cached "
+        "prefix needs",
+        type=types.float_in(0.0, 1.0, lo_open=True),
+    )
+    disable_hybrid_swa_memory: bool = option(
+        False,
+        "keep sliding-window layers' K/V for the whole context in the one pool (as SGLang's flag)",
+    )
+    window_slots: int | None = option(
+        None, "slots in the window pool, instead of swa_full_tokens_ratio (programs only)",
+        flag=None,
+    )  # fmt: skip
     enable_prefix_cache: bool = option(
         True, "disable the radix prefix cache", flag="--no-prefix-cache"
     )

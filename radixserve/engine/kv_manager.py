@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from radixserve.cache import CacheEvent, CacheFullError, PrefixCache, RadixNode, SessionRetention
+from radixserve.cache.window import NO_SLOT
 from radixserve.engine.request import Request
 
 
@@ -25,11 +26,16 @@ class KVCacheManager:
     against. `copy_block(src, dst)` copies one block's K/V (all layers): how a prompt cached
     through its last token gets a private copy of its last block (see `admit`); without it
     the last token is never matched.
+
+    With sliding-window layers in their own pool (`pool.window`), a request pins the window
+    slots of the blocks its next step may read (`block_table[req.window_pinned_from:]`) and
+    lets go of each block its window has passed, which another block's slot may then take.
     """
 
     def __init__(self, cache: PrefixCache, copy_block: Callable[[int, int], None] | None) -> None:
         self.cache = cache
         self.pool = cache.pool
+        self.window = cache.pool.window
         self.block_size = cache.block_size
         self.copy_block = copy_block
         self.num_private_blocks = 0
@@ -98,6 +104,7 @@ class KVCacheManager:
                 req.num_shared_blocks = len(blocks)
                 self.num_private_blocks += 1
                 req.num_computed = n - 1
+                self._pin_window(req)
                 self.hit_tokens += n - 1
                 return n - 1
         req.block_table = blocks
@@ -105,8 +112,27 @@ class KVCacheManager:
         req.num_computed = cached
         if self._fork_tail(req):
             cached = req.num_computed
+        self._pin_window(req)
         self.hit_tokens += cached
         return cached
+
+    def _pin_window(self, req: Request) -> None:
+        """Pin the cached blocks a newly admitted `req` reads in the window pool (the blocks
+        it allocated were pinned for it when they got their slots)."""
+        if self.window is None:
+            return
+        lo = min(self.window.first_needed(req.num_computed), req.num_shared_blocks)
+        self.window.pin(req.block_table[lo : req.num_shared_blocks])
+        req.window_pinned_from = lo
+
+    def _unpin_passed(self, req: Request) -> None:
+        """Let go of the window slots of the blocks `req`'s window has passed."""
+        if self.window is None:
+            return
+        lo = self.window.first_needed(req.num_computed)
+        if lo > req.window_pinned_from:
+            self.window.unpin(req.block_table[req.window_pinned_from : lo])
+            req.window_pinned_from = lo
 
     def _fork_tail(self, req: Request) -> bool:
         """Copy-on-write of a shared prompt's last partial block: a choice i > 0 whose leader
@@ -166,6 +192,7 @@ class KVCacheManager:
         is complete its blocks are published, so later requests hit it while it decodes."""
         start = req.num_computed
         req.num_computed += num_tokens
+        self._unpin_passed(req)
         prompt_len = req.num_prompt_tokens
         if start < prompt_len:
             req.metrics.num_computed_prompt_tokens += min(req.num_computed, prompt_len) - start
@@ -194,18 +221,39 @@ class KVCacheManager:
         if req.lock_node is not None:
             self.cache.unlock(req.lock_node)
         req.lock_node = res.node
-        self.pool.free(res.duplicate_blocks)
         held = _path_blocks(res.node)  # the cache's blocks for `tokens`: all, or none if off
         shared = req.num_shared_blocks
+        if self.window is not None:
+            self._swap_window_slots(req, held)
+        self.pool.free(res.duplicate_blocks)
         req.block_table[shared : len(held)] = held[shared:]
         self.num_private_blocks -= len(held) - shared
         req.num_shared_blocks = len(held)
+
+    def _swap_window_slots(self, req: Request, held: list[int]) -> None:
+        """Before `req`'s duplicates of blocks the tree already held are freed: the tree's
+        block takes over `req`'s pins, and the duplicate's slot where it has none."""
+        window = self.window
+        assert window is not None
+        for j in range(req.num_shared_blocks, len(held)):
+            mine, tree = req.block_table[j], held[j]
+            if mine == tree:
+                continue
+            if window.slot_of(tree) == NO_SLOT:
+                if window.slot_of(mine) != NO_SLOT:
+                    window.move(mine, tree)
+            elif j >= req.window_pinned_from:
+                window.pin([tree])
+                window.unpin([mine])
 
     def release(self, req: Request, cache_computed: bool = True) -> None:
         """Give back everything `req` holds (blocks, lock); its computed whole blocks stay
         cached if asked. `req` is left with nothing computed."""
         if cache_computed:
             self.publish(req)
+        if self.window is not None:
+            self.window.unpin(req.block_table[req.window_pinned_from :])
+            req.window_pinned_from = 0
         if req.lock_node is not None:
             self.cache.unlock(req.lock_node)
         private = req.block_table[req.num_shared_blocks :]
@@ -228,6 +276,10 @@ class KVCacheManager:
     def check_invariants(self) -> None:
         """Raise InvariantError if the cache's invariants or the block accounting are broken."""
         self.cache.check_invariants(self.num_private_blocks)
+        if self.window is not None:
+            self.window.check_invariants(
+                b for b in range(self.pool.num_total) if not self.pool.is_free(b)
+            )
 
     def _match_key(self, req: Request) -> list[int]:
         return req.token_ids[: len(req.token_ids) - 1]

@@ -64,6 +64,7 @@ class Request:
     block_table: list[int] = field(default_factory=list)
     num_shared_blocks: int = 0
     lock_node: Any = None
+    window_pinned_from: int = 0  # block_table[this:] pinned in the window pool (if any)
     num_cached_tokens: int = 0  # tokens served from the cache at first admission
     admitted_seq: int = 0  # admission order, for choosing whom to preempt
     generator: torch.Generator | None = None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -71,6 +71,30 @@ class ForwardBatch:
     logits_rows: torch.Tensor  # rows of T whose logits are returned, in chunk order
     logits_chunk_index: list[int]  # caller's chunk index of each returned logits row
     block_size: int
+    # The same step as the layers whose K/V is in a window pool see it (kv_pool.KVPool):
+    # block ids replaced by the slots they hold there (`in_window_pool`); None without one.
+    window_view: ForwardBatch | None = None
+
+
+def in_window_pool(batch: ForwardBatch, slot_of: torch.Tensor, scratch: int) -> ForwardBatch:
+    """`batch` addressed in a window pool: `slot_of` [num_blocks + 1] int64 is each block's
+    slot there (negative where it has none: such a block is read as slot `scratch`, whose
+    keys lie outside every window that reads it, so they are skipped or masked)."""
+    bs = batch.block_size
+
+    def slots(block_ids: torch.Tensor) -> torch.Tensor:
+        s = slot_of[block_ids.long()]
+        return s.masked_fill_(s < 0, scratch)
+
+    d = batch.decode
+    mapping = slots(batch.slot_mapping // bs) * bs + batch.slot_mapping % bs
+    return replace(
+        batch,
+        slot_mapping=mapping,
+        decode=None if d is None else replace(d, block_table=slots(d.block_table).int()),
+        prefills=[replace(p, block_ids=slots(p.block_ids)) for p in batch.prefills],
+        window_view=None,
+    )
 
 
 class StepBuffers:
@@ -216,4 +240,8 @@ def narrow_to_outputs(batch: ForwardBatch) -> tuple[torch.Tensor, ForwardBatch] 
         logits_chunk_index=batch.logits_chunk_index,
         block_size=batch.block_size,
     )
+    if batch.window_view is not None:
+        narrowed = narrow_to_outputs(batch.window_view)
+        assert narrowed is not None  # the same rows as `batch`'s
+        narrow.window_view = narrowed[1]
     return rows, narrow

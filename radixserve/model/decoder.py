@@ -96,15 +96,22 @@ class DecoderModel(nn.Module):
         if path is ForwardPath.FUSED_DECODE:
             return self._fused_decode(batch, kv)
         attend = planned(backend, batch)
+        w = batch.window_view
+        window: tuple[torch.Tensor, AttendFn, AttendFn | None] | None = None
+        if w is not None:
+            window = (w.slot_mapping, planned(backend, w), None)
         logits_rows, last = batch.logits_rows, None
         narrowed = narrow_to_outputs(batch) if path is ForwardPath.NARROWED else None
         if narrowed is not None:
             rows, narrow = narrowed
             last, logits_rows = (rows, planned(backend, narrow)), narrow.logits_rows
+            if window is not None and narrow.window_view is not None:
+                window = (window[0], window[1], planned(backend, narrow.window_view))
         decode_rows = batch.decode.num_seqs if batch.decode is not None else 0
         h = self._layers(
-            batch.input_ids, batch.positions, batch.slot_mapping, kv, attend, last, decode_rows
-        )
+            batch.input_ids, batch.positions, batch.slot_mapping, kv, attend, last, decode_rows,
+            window,
+        )  # fmt: skip
         if logits_rows.numel() == 0:
             return torch.empty(0, self.config.vocab_size, device=h.device)
         return self._logits(h[logits_rows])
@@ -117,10 +124,13 @@ class DecoderModel(nn.Module):
         h = self._embed(batch.input_ids)
         cos, sin = self.rotary(batch.positions)
         c = self.config
+        w = batch.window_view or batch
+        assert w.decode is not None
         kernels.op("decode_layers")(
             h, weights, cos, sin, batch.slot_mapping, kv.k, kv.v,
             d.block_table, d.context_lens, self._layer_windows, self._layer_ropes,
             c.num_heads, c.rms_norm_eps, c.softmax_scale, ACT_CODES[c.hidden_act],
+            kv.k_window, kv.v_window, w.slot_mapping, w.decode.block_table, kv.layer_pool_ids,
         )  # fmt: skip
         return self._logits(h[batch.logits_rows])
 
@@ -162,22 +172,28 @@ class DecoderModel(nn.Module):
         attend: AttendFn,
         last: tuple[torch.Tensor, AttendFn] | None = None,
         decode_rows: int = 0,
+        window: tuple[torch.Tensor, AttendFn, AttendFn | None] | None = None,
     ) -> torch.Tensor:
         """Hidden states after every layer; with `last` = (rows, attend for them), the last
-        layer's output of those rows only. The first `decode_rows` rows are decode rows."""
+        layer's output of those rows only. The first `decode_rows` rows are decode rows.
+        Layers whose K/V is in the window pool (`kv.in_window_pool`) write and attend through
+        `window` = (their slot mapping, attend, attend for `last`'s rows)."""
         h = self._embed(input_ids)
         cos, sin = self.rotary(positions)
         layers = self.decoder_layers()
         for i, layer in enumerate(layers):
             k_blocks, v_blocks = kv.blocks(i)
             lc, ls = cos[layer.rope_table], sin[layer.rope_table]
+            slots, attend_all, attend_last = slot_mapping, attend, last[1] if last else None
+            if window is not None and kv.in_window_pool(i):
+                slots, attend_all, attend_last = window
             if last is not None and i == len(layers) - 1:
-                rows, attend_rows = last
+                assert attend_last is not None
                 out: torch.Tensor = layer(
-                    h, lc, ls, slot_mapping, attend_rows, k_blocks, v_blocks, rows, decode_rows
+                    h, lc, ls, slots, attend_last, k_blocks, v_blocks, last[0], decode_rows
                 )
                 return out
-            h = layer(h, lc, ls, slot_mapping, attend, k_blocks, v_blocks, None, decode_rows)
+            h = layer(h, lc, ls, slots, attend_all, k_blocks, v_blocks, None, decode_rows)
         return h
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:

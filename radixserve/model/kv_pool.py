@@ -107,6 +107,12 @@ class KVPool:
     Allocated once at construction; a block id indexes dim 1. Nothing is allocated later.
     Block `scratch_block` (= num_blocks, never handed out) takes the K/V that padding rows
     of a compiled or captured step write.
+
+    With `window_slots` (a model with sliding-window layers), those layers keep their K/V in
+    `k_window` / `v_window` [window layers, window_slots + 1, ...] instead, addressed by the
+    slot a block holds there (radixserve.cache.window); `k` / `v` hold the other layers, and
+    `layer_pools[i]` says where layer i's K/V is (p < len(k): k[p], else k_window[p - len(k)]).
+    Slot `window_slots` is the window pool's scratch slot.
     """
 
     def __init__(
@@ -116,29 +122,41 @@ class KVPool:
         block_size: int,
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
+        window_slots: int | None = None,
     ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.scratch_block = num_blocks
-        shape = (
-            config.num_layers,
-            num_blocks + 1,
-            block_size,
-            config.num_kv_heads,
-            config.head_dim,
-        )
-        nbytes = 2 * math.prod(shape) * torch.tensor([], dtype=dtype).element_size()
+        layers = range(config.num_layers)
+        windowed = [i for i in layers if window_slots and config.layer_window(i)]
+        full = [i for i in layers if i not in windowed]
+        self.window_slots = window_slots if windowed else None
+        self.layer_pools = [0] * config.num_layers
+        for p, i in enumerate(full + windowed):
+            self.layer_pools[i] = p
+        self.layer_pool_ids = torch.tensor(self.layer_pools, dtype=torch.long)  # for kernels
+        row = (block_size, config.num_kv_heads, config.head_dim)
+        shape = (len(full), num_blocks + 1, *row)
+        window_shape = (len(windowed), (self.window_slots or 0) + 1, *row)
+        elem = torch.tensor([], dtype=dtype).element_size()
+        nbytes = 2 * (math.prod(shape) + math.prod(window_shape)) * elem
         check_pool_fits_memory(nbytes, torch.device(device))
         try:
             self.k = zeros_on_huge_pages(shape, dtype, torch.device(device))
             self.v = zeros_on_huge_pages(shape, dtype, torch.device(device))
+            self.k_window = zeros_on_huge_pages(window_shape, dtype, torch.device(device))
+            self.v_window = zeros_on_huge_pages(window_shape, dtype, torch.device(device))
         except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
             raise KVPoolSizeError(
                 f"cannot allocate the KV pool ({format_size(nbytes)}): {str(e).splitlines()[0]}; "
                 "lower --kv-cache-memory"
             ) from e
+
+    def in_window_pool(self, i: int) -> bool:
+        """Whether layer i keeps its K/V in the window pool (by slot, not block id)."""
+        return self.layer_pools[i] >= self.k.shape[0]
 
     @staticmethod
     def blocks_for_memory(
@@ -149,5 +167,9 @@ class KVPool:
         return max(1, parse_memory(memory) // per_block)
 
     def blocks(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer i's K and V as [num_blocks, block_size, num_kv_heads, head_dim]."""
-        return self.k[i], self.v[i]
+        """Layer i's K and V as [num_blocks, block_size, num_kv_heads, head_dim] (in the
+        window pool: [window_slots + 1, ...])."""
+        p = self.layer_pools[i]
+        if p < self.k.shape[0]:
+            return self.k[p], self.v[p]
+        return self.k_window[p - self.k.shape[0]], self.v_window[p - self.k.shape[0]]

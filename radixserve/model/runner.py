@@ -18,9 +18,16 @@ from dataclasses import dataclass, field
 
 import torch
 
+from radixserve.cache.window import WindowSlots
 from radixserve.model import kernels
 from radixserve.model.attention import CpuPagedBackend, select_backend
-from radixserve.model.batch import ForwardBatch, SeqChunk, StepBuffers, build_batch
+from radixserve.model.batch import (
+    ForwardBatch,
+    SeqChunk,
+    StepBuffers,
+    build_batch,
+    in_window_pool,
+)
 from radixserve.model.decoder import DecoderModel
 from radixserve.model.kv_pool import KVPool
 from radixserve.model.sampling import SamplingRow, TokenLogprobs, sample_rows, token_logprobs
@@ -79,13 +86,23 @@ class ModelRunner:
         attention_backend: str = "auto",
         enforce_eager: bool = False,
         kv_cache_dtype: torch.dtype | None = None,
+        window: WindowSlots | None = None,
     ) -> None:
         p = next(model.parameters())
         self.model = model
         self.device, self.dtype = p.device, p.dtype
         self.kv_dtype = kv_cache_dtype or self.dtype
         self.block_size = block_size
-        self.kv_pool = KVPool(model.config, num_blocks, block_size, self.kv_dtype, self.device)
+        slots = window.num_slots if window is not None else None
+        self.kv_pool = KVPool(
+            model.config, num_blocks, block_size, self.kv_dtype, self.device, slots
+        )
+        # With sliding-window layers in a window pool: each block's slot there, as the cache's
+        # WindowSlots keeps it (a view of its array, current at every step).
+        self.window = window
+        self._slot_of = (
+            torch.frombuffer(window.slot_array, dtype=torch.int64) if window is not None else None
+        )
         windowed = model.config.sliding_window is not None
         self.attn = select_backend(
             attention_backend, self.device, self.dtype, self.kv_dtype, windowed
@@ -138,6 +155,8 @@ class ModelRunner:
         a chain with a seeded generator are drawn one at a time, in order, so the generator
         advances exactly as one decode step per kept token would advance it."""
         batch = build_batch(chunks, self.block_size, self.device, self.buffers)
+        if self._slot_of is not None and self.kv_pool.window_slots is not None:
+            batch.window_view = in_window_pool(batch, self._slot_of, self.kv_pool.window_slots)
         verifying = drafts is not None and any(d is not None for d in drafts)
         if verifying and self.device.type == "cpu":
             # Every drafted row must get the logits its own decode step would have had.
@@ -234,9 +253,16 @@ class ModelRunner:
         return logits
 
     def copy_block(self, src: int, dst: int) -> None:
-        """Copy block `src`'s K/V (every layer) into block `dst`."""
-        self.kv_pool.k[:, dst] = self.kv_pool.k[:, src]
-        self.kv_pool.v[:, dst] = self.kv_pool.v[:, src]
+        """Copy block `src`'s K/V (every layer) into block `dst` (in the window pool, from
+        `src`'s slot to `dst`'s, where both have one)."""
+        pool = self.kv_pool
+        pool.k[:, dst] = pool.k[:, src]
+        pool.v[:, dst] = pool.v[:, src]
+        if self.window is not None:
+            a, b = self.window.slot_of(src), self.window.slot_of(dst)
+            if a >= 0 and b >= 0:
+                pool.k_window[:, b] = pool.k_window[:, a]
+                pool.v_window[:, b] = pool.v_window[:, a]
 
     def _pad_rows(self, start: int, stop: int) -> None:
         """Make buffer rows [start, stop) harmless decode rows: token 0 at position 0,

@@ -285,10 +285,14 @@ def test_decode_layers_names_the_slot_of_a_weight_of_the_wrong_kind(tiny_pair_fa
     ints = torch.zeros(1, 1, dtype=torch.int32)
     per_layer = torch.zeros(c.num_layers, dtype=torch.long)
 
+    no_window = pools[:0]
+    layer_pools = torch.arange(c.num_layers)
+
     def step(ws: list[torch.Tensor]) -> None:
         slots = torch.zeros(1, dtype=torch.long)
         ops.decode_layers(h, ws, cos, sin, slots, pools, pools.clone(), ints, ints[0],
-                          per_layer, per_layer, c.num_heads, 1e-5, 0.25, 0)  # fmt: skip
+                          per_layer, per_layer, c.num_heads, 1e-5, 0.25, 0, no_window,
+                          no_window, slots, ints, layer_pools)  # fmt: skip
 
     slot = names.index("qkv.qs")
     with pytest.raises(RuntimeError, match=rf"layer 1's weight {slot} \(qkv.qs\) is a Float"):

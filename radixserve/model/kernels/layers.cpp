@@ -217,28 +217,39 @@ void add_bias(const at::Tensor& x, const at::Tensor& bias) {
 // LayerWeight's order (layer_weights.h). cos/sin [R, B, Dh]: R RoPE tables (full-attention
 // layers' and sliding layers' own), layer_ropes [L] int64 picks each layer's; layer_windows
 // [L] int64: each layer's sliding window (0: none). slots [B] int64; k_pools / v_pools
-// [layers, NB, BS, KVH, Dh]; block_table / context_lens as paged_decode_attention's. act: the
-// gate's activation (gate_act_mul's).
+// [Lf, NB, BS, KVH, Dh]; block_table / context_lens as paged_decode_attention's. A model
+// whose sliding-window layers keep their K/V in a smaller pool passes it as k_window /
+// v_window [Lw, NS, BS, KVH, Dh], with window_slots / window_table (slots and block_table in
+// that pool's slots); layer_pools [L] int64 says where each layer's K/V is: p < Lf is
+// k_pools[p], else k_window[p - Lf]. act: the gate's activation (gate_act_mul's).
 void decode_layers(const at::Tensor& h, at::TensorList weights, const at::Tensor& cos,
                    const at::Tensor& sin, const at::Tensor& slots, const at::Tensor& k_pools,
                    const at::Tensor& v_pools, const at::Tensor& block_table,
                    const at::Tensor& context_lens, const at::Tensor& layer_windows,
                    const at::Tensor& layer_ropes, int64_t num_heads, double eps,
-                   double sm_scale, int64_t act) {
-  const int64_t L = k_pools.size(0), KVH = k_pools.size(3), Dh = k_pools.size(4);
+                   double sm_scale, int64_t act, const at::Tensor& k_window,
+                   const at::Tensor& v_window, const at::Tensor& window_slots,
+                   const at::Tensor& window_table, const at::Tensor& layer_pools) {
+  const int64_t L = layer_pools.numel(), Lf = k_pools.size(0);
+  const int64_t KVH = k_pools.size(3), Dh = k_pools.size(4);
   check(h.scalar_type() == at::kFloat && h.is_contiguous() && h.dim() == 2, "h");
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == L * kLayerWeights,
               "radixserve kernel: decode_layers takes ", kLayerWeights, " weights per layer (",
               L, " layers), got ", weights.size(), "; see decode_layer_weight_names()");
   check(k_pools.is_contiguous() && v_pools.is_contiguous(), "pools must be contiguous");
+  check(k_window.is_contiguous() && v_window.is_contiguous(), "pools must be contiguous");
   check(cos.dim() == 3 && cos.is_contiguous() && sin.is_contiguous(), "cos/sin [R, B, Dh]");
   check(layer_windows.scalar_type() == at::kLong && layer_windows.numel() == L &&
-            layer_ropes.scalar_type() == at::kLong && layer_ropes.numel() == L,
-        "layer_windows and layer_ropes: one int64 per layer");
+            layer_ropes.scalar_type() == at::kLong && layer_ropes.numel() == L &&
+            layer_pools.scalar_type() == at::kLong,
+        "layer_windows, layer_ropes and layer_pools: one int64 per layer");
   for (int64_t i = 0; i < L; ++i) check_layer_weights(weights.data() + i * kLayerWeights, i);
   const int64_t* windows = layer_windows.data_ptr<int64_t>();
   const int64_t* ropes = layer_ropes.data_ptr<int64_t>();
+  const int64_t* pools = layer_pools.data_ptr<int64_t>();
   for (int64_t i = 0; i < L; ++i) check(ropes[i] >= 0 && ropes[i] < cos.size(0), "rope table");
+  for (int64_t i = 0; i < L; ++i)
+    check(pools[i] >= 0 && pools[i] < Lf + k_window.size(0), "layer_pools: a pool's layer");
   const int64_t B = h.size(0), hidden = h.size(1), H = num_heads;
   const int64_t qkv_width = (H + 2 * KVH) * Dh, gu_width = layout_rows(weights[kGateUpKind]);
   const auto f32 = h.options();
@@ -250,13 +261,16 @@ void decode_layers(const at::Tensor& h, at::TensorList weights, const at::Tensor
   const at::Tensor act_out = at::empty({B, gu_width / 2}, f32);
   for (int64_t i = 0; i < L; ++i) {
     const at::Tensor* w = weights.data() + i * kLayerWeights;
-    const at::Tensor kp = k_pools.select(0, i), vp = v_pools.select(0, i);
+    const bool full = pools[i] < Lf;
+    const at::Tensor kp = full ? k_pools.select(0, pools[i]) : k_window.select(0, pools[i] - Lf);
+    const at::Tensor vp = full ? v_pools.select(0, pools[i]) : v_window.select(0, pools[i] - Lf);
     rms_norm(h, w[kInputNorm], eps, x);
     quant_linear(x, w[kQkvCodes], w[kQkvScales], w[kQkvMins], w[kQkvKind], qkv);
     if (w[kQkvBias].numel() > 0) add_bias(qkv, w[kQkvBias]);
-    rope_kv_write(qkv, cos.select(0, ropes[i]), sin.select(0, ropes[i]), slots, kp, vp, H,
-                  w[kQNorm], w[kKNorm], eps);
-    paged_decode_attention(q, kp, vp, block_table, context_lens, sm_scale, att, windows[i]);
+    rope_kv_write(qkv, cos.select(0, ropes[i]), sin.select(0, ropes[i]),
+                  full ? slots : window_slots, kp, vp, H, w[kQNorm], w[kKNorm], eps);
+    paged_decode_attention(q, kp, vp, full ? block_table : window_table, context_lens, sm_scale,
+                           att, windows[i]);
     quant_linear(att_rows, w[kOCodes], w[kOScales], w[kOMins], w[kOKind], delta);
     if (w[kAttnOutNorm].numel() > 0) rms_norm(delta, w[kAttnOutNorm], eps, delta);
     add_into(h, delta);
@@ -294,7 +308,8 @@ TORCH_LIBRARY_FRAGMENT(radixserve, m) {
       "decode_layers(Tensor(a!) h, Tensor[] weights, Tensor cos, Tensor sin, Tensor slots, "
       "Tensor(b!) k_pools, Tensor(c!) v_pools, Tensor block_table, Tensor context_lens, "
       "Tensor layer_windows, Tensor layer_ropes, int num_heads, float eps, float sm_scale, "
-      "int act) -> ()");
+      "int act, Tensor(d!) k_window, Tensor(e!) v_window, Tensor window_slots, "
+      "Tensor window_table, Tensor layer_pools) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
