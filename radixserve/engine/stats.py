@@ -92,4 +92,11 @@ def cache_stats(kv: KVCacheManager) -> dict[str, object]:
         private_blocks=kv.num_private_blocks,
         **kv.policy_info(),
     )
+    if kv.window is not None:  # sliding-window layers in their own pool (cache/window.py)
+        out.update(
+            window_slots_total=kv.window.num_slots,
+            window_slots_free=kv.window.num_free,
+            window_slots_pinned=kv.window.num_pinned,
+            window_slots_evicted=kv.window.evicted,
+        )
     return out

@@ -12,6 +12,7 @@ import pytest
 
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.engine import LLMEngine
+from radixserve.engine.stats import cache_stats
 from radixserve.engine.tokenizer import Tokenizer
 from radixserve.model.weights import quantize_model
 from tests.engine.test_architectures import generate, prompts
@@ -65,6 +66,10 @@ def test_a_small_window_pool_gives_the_one_pools_tokens(windowed, default_tokeni
     slots = engine.kv.pool.window
     assert slots is not None and slots.num_slots == small.window_slots
     assert slots.evicted > 0  # the long prompts' early blocks gave their slots away
+    stats = cache_stats(engine.kv)
+    assert stats["window_slots_total"] == small.window_slots
+    assert stats["window_slots_evicted"] == slots.evicted and stats["window_slots_pinned"] == 0
+    assert "window_slots_total" not in cache_stats(plain.kv)
     # Hits still came from the tree, and none of them reads a block without its slot.
     assert sum(c > 0 for _, c in hybrid) >= 6
     assert all(c == 0 for _, c in off)
