@@ -237,7 +237,10 @@ def window_pool(
         slots = config.window_slots or int(ratio * num_blocks)
         if slots < least:
             slots = least
-            num_blocks = max(1, (memory - slots * slot_bytes) // max(1, full_bytes))
+            if full_bytes:
+                num_blocks = max(1, (memory - slots * slot_bytes) // full_bytes)
+            else:  # every layer windowed: a block id holds nothing without its slot
+                num_blocks = int(slots / ratio)
     slots = min(slots, num_blocks)
     whole = (full_bytes + slot_bytes) / bs
     if quiet:

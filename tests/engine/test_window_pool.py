@@ -5,17 +5,21 @@ prefix's window lost its slots, and the invariants after every step."""
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import replace
 
 import pytest
+import torch
 
+from radixserve.engine.builder import window_pool
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.engine import LLMEngine
 from radixserve.engine.stats import cache_stats
 from radixserve.engine.tokenizer import Tokenizer
 from radixserve.model.weights import quantize_model
 from tests.engine.test_architectures import generate, prompts
+from radixserve.values import parse_size
 from tests.support.models import TINY_WINDOW
 
 WINDOWED = ("gemma3", "mistral", "qwen2")  # local + global, every layer, the top layers
@@ -66,6 +70,7 @@ def test_a_small_window_pool_gives_the_one_pools_tokens(windowed, default_tokeni
     slots = engine.kv.pool.window
     assert slots is not None and slots.num_slots == small.window_slots
     assert slots.evicted > 0  # the long prompts' early blocks gave their slots away
+    assert engine.scheduler.num_preemptions > 0  # every slot pinned: requests made room
     stats = cache_stats(engine.kv)
     assert stats["window_slots_total"] == small.window_slots
     assert stats["window_slots_evicted"] == slots.evicted and stats["window_slots_pinned"] == 0
@@ -135,3 +140,39 @@ def test_fused_decode_steps_read_the_window_pool(tiny_pair_factory, default_toke
         one_pool, _ = run(model, default_tokenizer, replace(BASE, disable_hybrid_swa_memory=True))
         assert [t for t, _ in hybrid] == [t for t, _ in one_pool], arch
         assert model.decode_layer_weights() is not None  # the decode steps ran in one call
+
+
+def test_speculative_rows_read_and_write_the_window_pool(windowed, default_tokenizer) -> None:
+    """Drafted rows verified through the window pool (their blocks' slots, rolled back when
+    rejected) give the tokens decoding without drafts gives, regenerated answers drafted."""
+    arch, model = windowed
+    spec = json.dumps({"method": "radix", "num_speculative_tokens": 4})
+    small = replace(BASE, window_slots=-(-(TINY_WINDOW + 16) // 4) + 2)
+    batch = long_prompts() * 2  # the second round regenerates the first's answers
+    outs = {}
+    for name, config in (("plain", small), ("spec", replace(small, speculative_config=spec))):
+        engine = LLMEngine.from_parts(config, model, default_tokenizer, "tiny")
+        outs[name] = [t for t, _ in generate(engine, batch, one_by_one=True)]
+        outs[name] += [t for t, _ in generate(engine, batch[:4], one_by_one=False)]
+    assert outs["spec"] == outs["plain"]
+    assert engine.stats().spec_decode_num_accepted_tokens > 0
+
+
+@pytest.mark.parametrize("arch", WINDOWED)
+@pytest.mark.parametrize("memory", ["64KiB", "1MiB", "64MiB"])
+def test_the_window_pool_is_sized_within_the_memory(tiny_pair_factory, arch, memory) -> None:
+    """Blocks and slots split --kv-cache-memory (never fewer slots than one request's window
+    and a step), also where every layer is windowed (Mistral: a block id alone costs nothing)."""
+    _, model = tiny_pair_factory(arch=arch, max_position_embeddings=512)
+    config = EngineConfig(block_size=4, kv_cache_memory=memory, max_num_batched_tokens=16)
+    pool = window_pool(config, model.config, torch.device("cpu"), torch.float32, quiet=True)
+    assert pool is not None
+    least = -(-(TINY_WINDOW + 16) // 4) + 2
+    assert least <= pool.num_slots <= pool.num_blocks
+    used = pool.num_blocks * pool.full_block_bytes + pool.num_slots * pool.slot_bytes
+    if pool.num_slots > least:
+        assert used <= parse_size(memory)
+        assert pool.num_slots == int(0.5 * pool.num_blocks)
+    assert pool.num_blocks <= 2 * parse_size(memory)  # bounded, even with no full layers
+    off = replace(config, disable_hybrid_swa_memory=True)
+    assert window_pool(off, model.config, torch.device("cpu"), torch.float32, True) is None
