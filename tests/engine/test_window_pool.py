@@ -18,8 +18,8 @@ from radixserve.engine.engine import LLMEngine
 from radixserve.engine.stats import cache_stats
 from radixserve.engine.tokenizer import Tokenizer
 from radixserve.model.weights import quantize_model
-from tests.engine.test_architectures import generate, prompts
 from radixserve.values import parse_size
+from tests.engine.test_architectures import generate, prompts
 from tests.support.models import TINY_WINDOW
 
 WINDOWED = ("gemma3", "mistral", "qwen2")  # local + global, every layer, the top layers
