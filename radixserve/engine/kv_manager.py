@@ -89,7 +89,8 @@ class KVCacheManager:
             self.cache.lock(m.node)
             req.lock_node = m.node
         blocks = list(m.blocks)
-        cached = m.num_tokens
+        # Pin the hit's window before anything is allocated (which may take unpinned slots).
+        cached, pinned_from = self._pin_hit(blocks, m.num_tokens)
         if cached == n:  # matched through the last token: all of it is in the tree
             blocks.pop()
             cached -= self.block_size
@@ -100,30 +101,38 @@ class KVCacheManager:
                 copy = None
             if copy is not None:
                 self.copy_block(m.blocks[-1], copy)
+                if self.window is not None:
+                    self.window.unpin(m.blocks[-1:])  # the copy (pinned) stands in for it
                 req.block_table = blocks + [copy]
                 req.num_shared_blocks = len(blocks)
                 self.num_private_blocks += 1
                 req.num_computed = n - 1
-                self._pin_window(req)
+                req.window_pinned_from = pinned_from
                 self.hit_tokens += n - 1
                 return n - 1
+            if self.window is not None:  # a block shorter: its window may reach further back
+                self.window.unpin(m.blocks[pinned_from:])
+                cached, pinned_from = self._pin_hit(blocks, cached)
+        del blocks[cached // self.block_size :]
         req.block_table = blocks
         req.num_shared_blocks = len(blocks)
         req.num_computed = cached
+        req.window_pinned_from = pinned_from
         if self._fork_tail(req):
             cached = req.num_computed
-        self._pin_window(req)
         self.hit_tokens += cached
         return cached
 
-    def _pin_window(self, req: Request) -> None:
-        """Pin the cached blocks a newly admitted `req` reads in the window pool (the blocks
-        it allocated were pinned for it when they got their slots)."""
+    def _pin_hit(self, blocks: list[int], cached: int) -> tuple[int, int]:
+        """With a window pool: the part of a hit of `cached` tokens over `blocks` whose window
+        still has its slots (the tree matched so far already), and the first block pinned for
+        reading it (queries from its last token on); (cached, 0) without one."""
         if self.window is None:
-            return
-        lo = min(self.window.first_needed(req.num_computed), req.num_shared_blocks)
-        self.window.pin(req.block_table[lo : req.num_shared_blocks])
-        req.window_pinned_from = lo
+            return cached, 0
+        cached = self.window.usable(blocks, cached)
+        lo = self.window.first_needed(max(0, cached - 1))
+        self.window.pin(blocks[lo : cached // self.block_size])
+        return cached, lo
 
     def _unpin_passed(self, req: Request) -> None:
         """Let go of the window slots of the blocks `req`'s window has passed."""

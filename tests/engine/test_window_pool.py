@@ -176,3 +176,30 @@ def test_the_window_pool_is_sized_within_the_memory(tiny_pair_factory, arch, mem
     assert pool.num_blocks <= 2 * parse_size(memory)  # bounded, even with no full layers
     off = replace(config, disable_hybrid_swa_memory=True)
     assert window_pool(off, model.config, torch.device("cpu"), torch.float32, True) is None
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_traffic_on_the_fewest_slots_gives_the_one_pools_tokens(
+    windowed, default_tokenizer, seed
+) -> None:
+    """Prompts of whole blocks and not, sharing heads, repeated (whole-prompt hits copy their
+    last block, which allocates while the hit's window must keep its slots), one by one and
+    together, on the fewest slots: no error, the one pool's greedy tokens, invariants held."""
+    arch, model = windowed
+    rng = random.Random(seed)
+    heads = [
+        [rng.randrange(100, 40000) for _ in range(rng.choice([8, 16, 24, 40]))] for _ in range(3)
+    ]
+    batch = [
+        rng.choice(heads) + [rng.randrange(100, 40000) for _ in range(rng.choice([0, 4, 8, 13]))]
+        for _ in range(8)
+    ]
+    batch += [list(p) for p in rng.sample(batch, 4)]
+    small = replace(BASE, window_slots=-(-(TINY_WINDOW + 16) // 4) + 2)
+    engine = LLMEngine.from_parts(small, model, default_tokenizer, "tiny")
+    hybrid = generate(engine, batch, one_by_one=True) + generate(engine, batch, one_by_one=False)
+    plain = LLMEngine.from_parts(
+        replace(small, disable_hybrid_swa_memory=True), model, default_tokenizer, "tiny"
+    )
+    one_pool = generate(plain, batch, one_by_one=True) + generate(plain, batch, one_by_one=False)
+    assert [t for t, _ in hybrid] == [t for t, _ in one_pool]
