@@ -354,13 +354,6 @@ class DecoderModel(nn.Module):
                 "sizes the bfloat16 kernels do not take), e.g. %s",
                 path.value, len(fp32), 4 * len(self.decoder_layers()), ", ".join(fp32[:3]),
             )  # fmt: skip
-        windowed = [i for i, layer in enumerate(self.decoder_layers()) if layer.window]
-        if path.attention_unit and windowed:
-            log.info(
-                "prefill attention of %d sliding-window layers stays float32 (the bfloat16 "
-                "kernel has no window)",
-                len(windowed),
-            )
 
     def decoder_layers(self) -> list[DecoderLayer]:
         """The layers, typed."""

@@ -209,6 +209,38 @@ def test_bf16_prefill_attention_matches_the_float32_kernel_to_bf16_rounding(
 
 
 @pytest.mark.parametrize("unit", UNITS, ids=lambda p: p.value)
+@pytest.mark.parametrize(
+    "new,ctx,window",
+    [(9, 9, 4), (40, 300, 16), (33, 300, 200), (200, 1000, 128), (50, 2100, 512), (16, 40, 64)],
+)
+def test_bf16_windowed_prefill_attention_matches_the_float32_kernel(
+    new: int, ctx: int, window: int, unit: PrefillPath
+) -> None:
+    """With a sliding window (Gemma 3's local layers): each query attends only its window's
+    keys, as the float32 kernel does, to the same bfloat16 bound; windows that begin inside a
+    step of keys, span several, and exceed the context."""
+    needs(unit)
+    torch.manual_seed(new * 11 + window)
+    heads, kv_heads, d = 4, 1, 256  # Gemma 3 270M's heads
+    k_pool, v_pool, ids = _pools(ctx, torch.float32, kv_heads, d)
+    q = torch.randn(new, heads, d)
+    want, got = torch.empty(new, heads * d), torch.empty(new, heads * d)
+    ops.paged_prefill_attention(q, k_pool, v_pool, ids, ctx, 0.0625, want, window)
+    ops.paged_prefill_attention_bf16(q, k_pool, v_pool, ids, ctx, 0.0625, got, unit.unit, window)
+    err = (got - want).abs()
+    assert err.max().item() < 0.03 and err.mean().item() < 0.003
+    # Keys outside every window of the chunk may hold any finite values (a window pool's
+    # scratch slot, stale K/V): they are skipped or weigh exactly 0.
+    first = max(0, ctx - new - window + 1)
+    for t in range(first):
+        k_pool[int(ids[t // 16]), t % 16] = 1e4
+        v_pool[int(ids[t // 16]), t % 16] = -1e4
+    again = torch.empty(new, heads * d)
+    ops.paged_prefill_attention_bf16(q, k_pool, v_pool, ids, ctx, 0.0625, again, unit.unit, window)
+    assert torch.equal(again, got)
+
+
+@pytest.mark.parametrize("unit", UNITS, ids=lambda p: p.value)
 def test_bf16_attention_of_a_token_ignores_keys_after_it(unit: PrefillPath) -> None:
     """Changing K and V after a chunk's first token leaves that token's output unchanged."""
     needs(unit)

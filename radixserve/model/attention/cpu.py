@@ -76,15 +76,14 @@ class CpuPagedBackend:
             prefill_attention(q, batch, k_blocks, v_blocks, out, window, scale)
             return out
         sm_scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
-        # The bfloat16 kernel has no sliding window: windowed layers stay on the float32 one.
         path = self.prefill_path
-        unit = path.attention_unit if head_dim % 64 == 0 and not window else 0
+        unit = path.attention_unit if head_dim % 64 == 0 else 0
         for p in batch.prefills:
             rows = slice(p.token_start, p.token_start + p.num_tokens)
             if unit and p.num_tokens >= path.attention_min_tokens:
                 kernels.op("paged_prefill_attention_bf16")(
                     q[rows], k_blocks, v_blocks, p.block_ids, p.context_len, sm_scale, out[rows],
-                    unit,
+                    unit, window or 0,
                 )  # fmt: skip
                 continue
             kernels.op("paged_prefill_attention")(

@@ -221,14 +221,21 @@ struct OnVectors {
   }
 };
 
-// One unit: query tokens t0..t0+nt-1 (nt <= 16) of head hq over keys 0..their positions.
+// One unit: query tokens t0..t0+nt-1 (nt <= 16) of head hq over keys 0..their positions
+// (with a window, only the last `window` keys up to each one's position).
 struct Unit {
   const float* q;  // the tile's first query row of head hq
   int64_t q_row;   // q's row stride
   float* o;        // the tile's first output row of head hq
   int64_t o_row;
   int64_t nt, first_pos;  // tokens, and the first one's position (token i: first_pos + i)
+  int64_t window;         // 0: none
 };
+
+// The first step (of kStepKeys keys) that a token at `first_pos` or later reads.
+inline int64_t first_step(int64_t first_pos, int64_t window) {
+  return window > 0 ? std::max<int64_t>(0, first_pos - window + 1) / kStepKeys : 0;
+}
 
 // A thread's buffers for its units: two of each so that what the tiles store is read by
 // vector code (and the reverse) one phase later, never right after (a store -> load hand-off
@@ -267,7 +274,9 @@ void attend_unit(const Unit& u, int64_t D, float scale, const uint16_t* kc, cons
       _mm512_min_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                        _mm512_set1_epi32(static_cast<int>(u.nt - 1))));
   const int64_t kend = u.first_pos + u.nt;  // keys the last token sees
-  const int64_t steps = (kend + kStepKeys - 1) / kStepKeys;
+  const int64_t steps = (kend + kStepKeys - 1) / kStepKeys, j0 = first_step(u.first_pos, u.window);
+  // Keys at or before lane i's position - window are outside its window.
+  const __m512i pos_w = _mm512_sub_epi32(pos, _mm512_set1_epi32(static_cast<int>(u.window)));
   auto keys32 = [&](int64_t j) {  // step j's keys, rounded up to whole 32-key tiles
     return (std::min(kStepKeys, kend - j * kStepKeys) + 31) / 32 * 32;
   };
@@ -280,18 +289,22 @@ void attend_unit(const Unit& u, int64_t D, float scale, const uint16_t* kc, cons
     float* s = b.s.data() + (j & 1) * kStepKeys * 16;
     uint32_t* pt = b.pt.data() + (j & 1) * kStepKeys / 2 * 16;
     const int64_t k0 = j * kStepKeys, nk32 = keys32(j);
-    if (k0 + nk32 - 1 > u.first_pos)  // keys after some lane's token: masked out
+    const bool early = u.window > 0 && k0 <= kend - 1 - u.window;  // before some lane's window
+    if (k0 + nk32 - 1 > u.first_pos || early)  // keys after some lane's token: masked out
       for (int64_t r = 0; r < nk32; ++r) {
-        const __mmask16 late =
-            _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(static_cast<int>(k0 + r)), pos);
-        _mm512_mask_storeu_ps(s + r * 16, late, _mm512_set1_ps(kMasked));
+        const __m512i k = _mm512_set1_epi32(static_cast<int>(k0 + r));
+        __mmask16 out = _mm512_cmpgt_epi32_mask(k, pos);
+        if (early) out |= _mm512_cmple_epi32_mask(k, pos_w);
+        _mm512_mask_storeu_ps(s + r * 16, out, _mm512_set1_ps(kMasked));
       }
     __m512 m0 = run_max, m1 = run_max;
     for (int64_t r = 0; r < nk32; r += 2) {
       m0 = _mm512_max_ps(m0, _mm512_load_ps(s + r * 16));
       m1 = _mm512_max_ps(m1, _mm512_load_ps(s + (r + 1) * 16));
     }
-    const __m512 mx = _mm512_max_ps(m0, m1);  // finite: every lane sees key 0 in step 0
+    // Finite: every lane sees key 0 in step 0 (kMasked where a window has not begun: its
+    // probabilities of 1 are then scaled by alpha = 0 at its first key, which it has).
+    const __m512 mx = _mm512_max_ps(m0, m1);
     b.alpha[j & 1] = exp2_softmax(_mm512_sub_ps(run_max, mx));
     run_max = mx;
     __m512 sum0 = _mm512_setzero_ps(), sum1 = sum0;
@@ -317,11 +330,11 @@ void attend_unit(const Unit& u, int64_t D, float scale, const uint16_t* kc, cons
                                                     _mm512_load_ps(pv + d * 16)));
   };
   std::memset(acc, 0, D * 16 * sizeof(float));
-  scores(0);
-  for (int64_t i = 0; i <= steps + 1; ++i) {
+  scores(j0);
+  for (int64_t i = j0; i <= steps + 1; ++i) {
     if (i + 1 < steps) scores(i + 1);
-    if (i >= 1 && i <= steps) values(i - 1);
-    if (i >= 2) combine(i - 2);
+    if (i >= j0 + 1 && i <= steps) values(i - 1);
+    if (i >= j0 + 2) combine(i - 2);
     if (i < steps) softmax(i);
   }
   // O = (O^T)^T / sum, 16 dimensions at a time.
@@ -338,8 +351,8 @@ void attend_unit(const Unit& u, int64_t D, float scale, const uint16_t* kc, cons
 #endif  // RS_AVX512_BF16
 
 // paged_prefill_attention (attention.cpp) in bfloat16 on `unit` (MatrixUnit: AVX-512 BF16 or
-// AMX): the same arguments and result up to bfloat16 rounding of q (scaled), K, V and the
-// probabilities. head_dim a multiple of 64.
+// AMX): the same arguments (a sliding `window` too) and result up to bfloat16 rounding of q
+// (scaled), K, V and the probabilities. head_dim a multiple of 64.
 void paged_prefill_attention_bf16([[maybe_unused]] const at::Tensor& q,
                                   [[maybe_unused]] const at::Tensor& k_pool,
                                   [[maybe_unused]] const at::Tensor& v_pool,
@@ -347,7 +360,8 @@ void paged_prefill_attention_bf16([[maybe_unused]] const at::Tensor& q,
                                   [[maybe_unused]] int64_t context_len,
                                   [[maybe_unused]] double sm_scale,
                                   [[maybe_unused]] const at::Tensor& out,
-                                  [[maybe_unused]] int64_t unit) {
+                                  [[maybe_unused]] int64_t unit,
+                                  [[maybe_unused]] int64_t window) {
 #ifdef RS_AVX512_BF16
   const bool amx = unit == static_cast<int64_t>(MatrixUnit::kAmx);
   check(amx || unit == static_cast<int64_t>(MatrixUnit::kAvx512Bf16), "unknown unit");
@@ -380,12 +394,13 @@ void paged_prefill_attention_bf16([[maybe_unused]] const at::Tensor& q,
     using T = decltype(tag);
     const T* kp = static_cast<const T*>(k_pool.data_ptr());
     const T* vp = static_cast<const T*>(v_pool.data_ptr());
-    const int64_t blocks = ctx_pad / 16;
-    at::parallel_for(0, KVH * blocks, 8, [&](int64_t w0, int64_t w1) {
+    // Only the keys some step reads: with a window, from the first token's first step.
+    const int64_t first = first_step(start, window) * kStepKeys / 16, blocks = ctx_pad / 16;
+    at::parallel_for(0, KVH * (blocks - first), 8, [&](int64_t w0, int64_t w1) {
       for (int64_t w = w0; w < w1; ++w) {
-        const int64_t h = w / blocks;
-        context_block(kp, vp, bid, BS, KVH, D, h, (w % blocks) * 16, context_len, ctx_pad,
-                      kc + h * ctx_pad * D, vt + h * ctx_pad * D);
+        const int64_t h = w / (blocks - first);
+        context_block(kp, vp, bid, BS, KVH, D, h, (first + w % (blocks - first)) * 16,
+                      context_len, ctx_pad, kc + h * ctx_pad * D, vt + h * ctx_pad * D);
       }
     });
   });
@@ -408,7 +423,7 @@ void paged_prefill_attention_bf16([[maybe_unused]] const at::Tensor& q,
         const int64_t t0 = tile * 16;
         const Unit u{qp + t0 * q.stride(0) + hq * D, q.stride(0),
                      op + t0 * out.stride(0) + hq * D, out.stride(0),
-                     std::min<int64_t>(16, n - t0), start + t0};
+                     std::min<int64_t>(16, n - t0), start + t0, window};
         attend_unit<Products>(u, D, scale, kc + h * ctx_pad * D, vt + h * ctx_pad * D,
                               ctx_pad, buffers);
       }
@@ -430,7 +445,7 @@ void paged_prefill_attention_bf16([[maybe_unused]] const at::Tensor& q,
 TORCH_LIBRARY_FRAGMENT(radixserve, m) {
   m.def(
       "paged_prefill_attention_bf16(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_ids, "
-      "int context_len, float sm_scale, Tensor(a!) out, int unit) -> ()");
+      "int context_len, float sm_scale, Tensor(a!) out, int unit, int window=0) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
