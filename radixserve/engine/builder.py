@@ -101,16 +101,15 @@ def assemble(
     kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype)
     per_block = bytes_per_token(mc, kv_dtype) * config.block_size
     window = window_pool(config, mc, next(model.parameters()).device, kv_dtype)
+    slots = None
     if window is not None:
         num_blocks, per_block = window.num_blocks, window.block_bytes
+        slots = WindowSlots(num_blocks, window.num_slots, window.window, config.block_size)
     elif config.num_blocks:
         num_blocks = config.num_blocks
     else:
         memory = config.kv_cache_memory or default_of(EngineConfig, "kv_cache_memory")
         num_blocks = KVPool.blocks_for_memory(mc, memory, config.block_size, kv_dtype)
-    slots = None
-    if window is not None:
-        slots = WindowSlots(num_blocks, window.num_slots, window.window, config.block_size)
     max_model_len = min(
         config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings
     )
@@ -242,16 +241,15 @@ def window_pool(
             else:  # every layer windowed: a block id holds nothing without its slot
                 num_blocks = int(slots / ratio)
     slots = min(slots, num_blocks)
-    whole = (full_bytes + slot_bytes) / bs
-    if quiet:
-        return WindowPool(num_blocks, slots, window, full_bytes, slot_bytes)
-    log.info(
-        "sliding-window layers (%d of %d, window %d) keep K/V in a pool of %d slots (%d "
-        "tokens) beside %d blocks (%d tokens) of the full-attention layers: %.0f KiB per "
-        "token of context at 8k instead of %.0f",
-        windowed, mc.num_layers, window, slots, slots * bs, num_blocks, num_blocks * bs,
-        window_bytes_per_token(full_bytes, slot_bytes, bs, window, 8192) / 1024, whole / 1024,
-    )  # fmt: skip
+    if not quiet:
+        whole = (full_bytes + slot_bytes) / bs
+        log.info(
+            "sliding-window layers (%d of %d, window %d) keep K/V in a pool of %d slots (%d "
+            "tokens) beside %d blocks (%d tokens) of the full-attention layers: %.0f KiB per "
+            "token of context at 8k instead of %.0f",
+            windowed, mc.num_layers, window, slots, slots * bs, num_blocks, num_blocks * bs,
+            window_bytes_per_token(full_bytes, slot_bytes, bs, window, 8192) / 1024, whole / 1024,
+        )  # fmt: skip
     return WindowPool(num_blocks, slots, window, full_bytes, slot_bytes)
 
 
