@@ -131,6 +131,7 @@ class DecoderModel(nn.Module):
             d.block_table, d.context_lens, self._layer_windows, self._layer_ropes,
             c.num_heads, c.rms_norm_eps, c.softmax_scale, ACT_CODES[c.hidden_act],
             kv.k_window, kv.v_window, w.slot_mapping, w.decode.block_table, kv.layer_pool_ids,
+            self.prefill_path.int8_decode,
         )  # fmt: skip
         return self._logits(h[batch.logits_rows])
 

@@ -267,19 +267,21 @@ class QuantLinear:
 
     On the CPU with a `prefill_path` other than fp32, the rows after the first `fp32_rows`
     of a call (a step's prefill chunks; its decode rows come first) run on the matrix units
-    in bfloat16 when there are at least `prefill_path.min_rows` of them; the rest run the
-    float32 kernels, so a decode row's result never depends on what shares its step."""
+    when there are at least `prefill_path.min_rows` of them; the rest run the one-row kernels
+    (float32, or on int8-vnni its decode-row kernel), so a decode row's result never depends
+    on what shares its step."""
 
     def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None = None) -> None:
         self.weight, self.bias = weight, bias
         self.out_features, self.in_features = weight.shape
         self._kernel: Callable[[torch.Tensor, torch.Tensor], None] | None = None
         self._matrix: Callable[[torch.Tensor, torch.Tensor], None] | None = None
+        self._rows: Callable[[torch.Tensor, torch.Tensor], None] | None = None
         self.prefill_path = PrefillPath.FP32
 
     def use_weight(self, weight: QuantizedWeight) -> None:
         """Compute with `weight` (the same matrix, e.g. moved in memory) from now on."""
-        self.weight, self._kernel, self._matrix = weight, None, None
+        self.weight, self._kernel, self._matrix, self._rows = weight, None, None, None
 
     def use_prefill_path(self, path: PrefillPath) -> None:
         """Run prefill rows on `path` from now on (fp32 where this matrix's sizes do not fit
@@ -291,7 +293,7 @@ class QuantLinear:
             and self.out_features % 16 == 0
         )
         self.prefill_path = path if fits else PrefillPath.FP32
-        self._matrix = None
+        self._matrix, self._rows = None, None
 
     def _cpu_kernel(self) -> Callable[[torch.Tensor, torch.Tensor], None] | None:
         """kernel(x, out) for float32 x [M, in] on the CPU, bound to this weight once (a
@@ -308,6 +310,21 @@ class QuantLinear:
                 q8, qs, scale = kernels.op("q8_gemm"), w.qs, w.scale
                 self._kernel = lambda x, out: q8(x, qs, scale, out)
         return self._kernel
+
+    def _rows_kernel(self) -> Callable[[torch.Tensor, torch.Tensor], None] | None:
+        """kernel(x, out) for the rows that stay off the matrix units (decode rows, short
+        chunks): on int8-vnni its decode-row kernel, else the float32 one."""
+        if self._rows is None:
+            w = self.weight
+            if not self.prefill_path.int8_decode or self._cpu_kernel() is None:
+                self._rows = self._cpu_kernel()
+            elif w.kind == "int4":
+                v4, qs, scale, minv = kernels.op("q4_gemv_vnni"), w.qs, w.scale, w.minv
+                self._rows = lambda x, out: v4(x, qs, scale, minv, out)
+            else:
+                v8, qs, scale = kernels.op("q8_gemv_vnni"), w.qs, w.scale
+                self._rows = lambda x, out: v8(x, qs, scale, out)
+        return self._rows
 
     def _matrix_kernel(self, silu: bool = False) -> Callable[[torch.Tensor, torch.Tensor], None]:
         """kernel(x, out) on the matrix units of `prefill_path` (with `silu`: the gated
@@ -357,7 +374,7 @@ class QuantLinear:
         act = torch.empty(x2.shape[0], self.out_features // 2, dtype=torch.float32)
         self._matrix_kernel(silu=True)(x2[split:], act[split:])
         if split:
-            kernel = self._cpu_kernel()
+            kernel = self._rows_kernel()
             assert kernel is not None
             gate_up = torch.empty(split, self.out_features, dtype=torch.float32)
             kernel(x2[:split], gate_up)
@@ -369,11 +386,11 @@ class QuantLinear:
     ) -> torch.Tensor:
         """x [..., in] -> [..., out] in `out_dtype` (default: x's dtype). The CPU kernels sum
         in float32, so asking for float32 (logits of a bfloat16 model) skips a rounding.
-        `fp32_rows`: how many leading rows (decode rows) stay on the float32 kernels."""
+        `fp32_rows`: how many leading rows (decode rows) stay on the one-row kernels."""
         out_dtype = out_dtype or x.dtype
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
-        kernel = self._cpu_kernel() if x2.device.type == "cpu" else None
+        kernel = self._rows_kernel() if x2.device.type == "cpu" else None
         if kernel is not None:
             xf = x2 if x2.dtype == torch.float32 and x2.is_contiguous() else x2.float().contiguous()
             out = torch.empty(x2.shape[0], self.out_features, dtype=torch.float32)

@@ -77,6 +77,46 @@ def test_greedy_output_equals_decoding_without_drafts(
     assert engine.kv.num_private_blocks == 0
 
 
+@pytest.mark.parametrize("together", [False, True], ids=["one-by-one", "together"])
+def test_on_int8_vnni_greedy_output_equals_decoding_without_drafts(
+    tiny_pair_factory, default_tokenizer, together: bool
+) -> None:
+    """int8-vnni (the default on CPUs with AVX-512 VNNI and no AMX) decodes with int8
+    activations: a drafted row, one of up to 16 in its step, still computes exactly what it
+    would alone, so speculation changes no token (int4 codes, the fused decode step; every
+    request at once too: several sequences' rows share verification steps)."""
+    from radixserve.engine.config import EngineConfig
+    from radixserve.model import kernels
+    from radixserve.model.kernels import matrix
+    from radixserve.model.kernels.matrix import PrefillPath
+    from radixserve.model.weights import quantize_model
+
+    if not kernels.load() or PrefillPath.INT8_VNNI not in matrix.available_paths():
+        pytest.skip("this CPU or build does not run int8-vnni")
+    _, model = tiny_pair_factory(
+        vocab_size=49152, hidden_size=64, intermediate_size=128, tie_word_embeddings=True,
+        max_position_embeddings=1024,
+    )  # fmt: skip
+    quantize_model(model, "int4")
+    model.use_prefill_path(PrefillPath.INT8_VNNI)
+
+    def make(**kw: Any) -> LLMEngine:
+        cfg = EngineConfig(block_size=4, num_blocks=64, max_num_batched_tokens=64, **kw)
+        return LLMEngine.from_parts(cfg, model, default_tokenizer, "tiny-int4")
+
+    ps = prompts(seed=2)
+    run = run_together if together else run_each
+    plain = make()
+    assert plain.runner.model.prefill_path is PrefillPath.INT8_VNNI
+    want = run(plain, GREEDY, ps)
+    engine = make(speculative_config=spec("radix"))
+    got = run(engine, GREEDY, ps)
+    if together:
+        want, got = [o.token_ids for o in want], [o.token_ids for o in got]
+    assert got == want
+    assert accepted(engine) > 0
+
+
 def test_a_regenerated_answer_is_drafted_from_the_tree_and_mostly_accepted(
     make_tiny_engine: Make,
 ) -> None:

@@ -105,11 +105,24 @@ inline void put_group_words(const __m512i* w, int64_t g, VnniPanel& p) {
 // this runs N x K / 4 lanes per call): 64 bytes of codes of each row at a time (4 int4 groups,
 // 2 int8 ones) and the scales (and mins) of 16 groups, transposed in registers so that a
 // vector holds one word of every row; the groups left over are gathered a word at a time.
+// Asks for the panel `kAheadRows` rows on (where N has it) into L2 first: a panel's 16 rows are
+// too short a stream each for the hardware prefetchers, and few input rows (decode) leave the
+// packing bound by memory.
 template <bool Int4>
-void pack_panel(const uint8_t* qs, const float* sp, const float* mp, int64_t K, int64_t n,
-                VnniPanel& p) {
+void pack_panel(const uint8_t* qs, const float* sp, const float* mp, int64_t K, int64_t N,
+                int64_t n, VnniPanel& p) {
   const int64_t G = K / 32, row_bytes = Int4 ? K / 2 : K, group_bytes = Int4 ? 16 : 32;
-  constexpr int64_t kWords = Int4 ? 4 : 8, kLoadGroups = 16 / kWords;
+  constexpr int64_t kWords = Int4 ? 4 : 8, kLoadGroups = 16 / kWords, kAheadRows = 32;
+  if (n + kAheadRows < N) {
+    const char* next = reinterpret_cast<const char*>(qs + (n + kAheadRows) * row_bytes);
+    for (int64_t off = 0; off < 16 * row_bytes; off += 64) _mm_prefetch(next + off, _MM_HINT_T1);
+    const char* fs = reinterpret_cast<const char*>(sp + (n + kAheadRows) * G);
+    const char* fm = reinterpret_cast<const char*>(mp + (n + kAheadRows) * G);
+    for (int64_t off = 0; off < 16 * G * 4; off += 64) {
+      _mm_prefetch(fs + off, _MM_HINT_T1);
+      if constexpr (Int4) _mm_prefetch(fm + off, _MM_HINT_T1);
+    }
+  }
   const uint8_t* codes = qs + n * row_bytes;
   int64_t g = 0;
   for (; g + kLoadGroups <= G; g += kLoadGroups) {
@@ -219,8 +232,8 @@ void gemm_vnni(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scal
     const VnniPanel* panels[2] = {&p0, &p1};
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t n = b * 32, nt = std::min<int64_t>(2, (N - n) / 16);
-      pack_panel<Int4>(qp, sp, mp, K, n, p0);
-      if (nt == 2) pack_panel<Int4>(qp, sp, mp, K, n + 16, p1);
+      pack_panel<Int4>(qp, sp, mp, K, N, n, p0);
+      if (nt == 2) pack_panel<Int4>(qp, sp, mp, K, N, n + 16, p1);
       for (int64_t m = 0; m < M; m += kVnniRows) {
         const int mr = static_cast<int>(std::min<int64_t>(kVnniRows, M - m));
         const int8_t* xr = xq.data() + m * K;
@@ -235,7 +248,160 @@ void gemm_vnni(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scal
     }
   });
 }
+
+// ---- Decode rows: the codes read in place, a few input rows at a time ----
+// A prefill GEMM's panels are rebuilt every call, which pays for many input rows; one decode
+// row would spend its step transposing codes. Here each weight row is read as stored, 64 bytes
+// (a chunk: 4 int4 groups or 2 int8 ones) into one vector, and meets up to 8 input rows
+// arranged to match: the vector's lane l sums 4 code products of group l / (16 / groups per
+// chunk). Per weight row n and input row r, in chunk order:
+//   acc += float(dot) * (s_g * sx_g)      (per lane; int8: dot less 128 * its codes' sum)
+// then y = the sum of acc's 16 lanes, plus (int4) sum_g min_g * xs_g, 16 groups a vector. A
+// row's arithmetic does not depend on the rows beside it, so a decode row gives the same bits
+// alone or verifying drafts.
+
+// The input rows laid out per chunk: lo / hi [C][64] bytes (int4: lo holds codes 0-15 of each
+// of the chunk's groups, hi 16-31; int8: lo the codes + 128, hi unused) and [C][16] floats of
+// each lane's sx_g (0 past the last group); xs [Gp] per row, zero-padded to 16 groups.
+struct DecodeRows {
+  int64_t chunks, padded_groups;
+  std::vector<uint8_t> lo, hi;
+  std::vector<float> sx, xs;
+};
+
+template <bool Int4>
+DecodeRows decode_rows(const at::Tensor& x) {
+  const int64_t M = x.size(0), K = x.size(1), G = K / 32;
+  constexpr int64_t kGroups = Int4 ? 4 : 2, kLanes = 16 / kGroups;
+  const int64_t C = (G + kGroups - 1) / kGroups, Gp = (G + 15) / 16 * 16;
+  std::vector<int8_t> xq(M * K);
+  std::vector<float> sx(M * G), xs(M * G);
+  quantize_rows_q8(x.data_ptr<float>(), x.stride(0), M, K, !Int4, xq.data(), sx.data(),
+                   xs.data());
+  DecodeRows d{C, Gp, std::vector<uint8_t>(M * C * 64),
+               std::vector<uint8_t>(Int4 ? M * C * 64 : 0), std::vector<float>(M * C * 16),
+               std::vector<float>(Int4 ? M * Gp : 0)};
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t c = g / kGroups, j = g % kGroups, at = (m * C + c) * 64;
+      const uint8_t* src = reinterpret_cast<const uint8_t*>(xq.data() + m * K + g * 32);
+      if constexpr (Int4) {
+        std::memcpy(&d.lo[at + 16 * j], src, 16);
+        std::memcpy(&d.hi[at + 16 * j], src + 16, 16);
+      } else {
+        std::memcpy(&d.lo[at + 32 * j], src, 32);
+      }
+      for (int64_t l = 0; l < kLanes; ++l) d.sx[(m * C + c) * 16 + j * kLanes + l] = sx[m * G + g];
+      if constexpr (Int4) d.xs[m * Gp + g] = xs[m * G + g];
+    }
+  return d;
+}
+
+// out[r, n] for rows r < R of `d` (from row m0 on) and weight rows n0..n1-1.
+template <int R, bool Int4>
+void decode_tile(const DecodeRows& d, int64_t m0, const uint8_t* qs, const float* sp,
+                 const float* mp, int64_t K, int64_t n0, int64_t n1, float* out, int64_t ldo) {
+  const int64_t G = K / 32, C = d.chunks, row_bytes = Int4 ? K / 2 : K;
+  constexpr int64_t kGroups = Int4 ? 4 : 2;
+  // lane l takes group l / (16 / kGroups) of its chunk's factors
+  const __m512i spread = _mm512_srli_epi32(
+      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), Int4 ? 2 : 3);
+  const __m512i nibble = _mm512_set1_epi8(0x0F), ones = _mm512_set1_epi8(1);
+  for (int64_t n = n0; n < n1; ++n) {
+    // The rows ahead into L2, as the float32 GEMV asks for its (gemm.cpp).
+    const int64_t ahead = std::min(n + 16, n1 - 1);
+    const char* next = reinterpret_cast<const char*>(qs + ahead * row_bytes);
+    for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(next + off, _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(sp + ahead * G), _MM_HINT_T1);
+    if constexpr (Int4) _mm_prefetch(reinterpret_cast<const char*>(mp + ahead * G), _MM_HINT_T1);
+    const uint8_t* w = qs + n * row_bytes;
+    __m512 acc[R];
+    RS_UNROLL
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < C; ++c) {
+      const int64_t groups = std::min<int64_t>(kGroups, G - c * kGroups);
+      const int64_t group_bytes = Int4 ? 16 : 32;
+      const __mmask64 bytes = groups == kGroups ? ~0ull : (1ull << (groups * group_bytes)) - 1;
+      const __mmask16 lanes = static_cast<__mmask16>((1u << groups) - 1);
+      const __m512i codes = _mm512_maskz_loadu_epi8(bytes, w + c * 64);
+      const __m512 s = _mm512_permutexvar_ps(
+          spread, _mm512_maskz_loadu_ps(lanes, sp + n * G + c * kGroups));
+      __m512i lo = codes, hi = codes, off = _mm512_setzero_si512();
+      if constexpr (Int4) {
+        lo = _mm512_and_si512(codes, nibble);
+        hi = _mm512_and_si512(_mm512_srli_epi16(codes, 4), nibble);
+      } else {
+        off = _mm512_slli_epi32(_mm512_dpbusd_epi32(off, ones, codes), 7);  // 128 * sum(q)
+      }
+      RS_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const int64_t at = (m0 + r) * C + c;
+        __m512i dot;
+        if constexpr (Int4) {
+          dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo,
+                                    _mm512_loadu_si512(&d.lo[at * 64]));
+          dot = _mm512_dpbusd_epi32(dot, hi, _mm512_loadu_si512(&d.hi[at * 64]));
+        } else {
+          dot = _mm512_sub_epi32(
+              _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512(&d.lo[at * 64]),
+                                  codes),
+              off);
+        }
+        const __m512 ss = _mm512_mul_ps(s, _mm512_loadu_ps(&d.sx[at * 16]));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), ss, acc[r]);
+      }
+    }
+    RS_UNROLL
+    for (int r = 0; r < R; ++r) {
+      float y = _mm512_reduce_add_ps(acc[r]);
+      if constexpr (Int4) {
+        __m512 t = _mm512_setzero_ps();
+        for (int64_t g = 0; g < G; g += 16) {
+          const __mmask16 m = static_cast<__mmask16>(G - g >= 16 ? 0xFFFF : (1u << (G - g)) - 1);
+          t = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, mp + n * G + g),
+                              _mm512_loadu_ps(&d.xs[(m0 + r) * d.padded_groups + g]), t);
+        }
+        y += _mm512_reduce_add_ps(t);
+      }
+      out[r * ldo + n] = y;
+    }
+  }
+}
+
+constexpr int kDecodeRows = 8;  // input rows a pass over the weight rows takes
+
+// out [M, N] = x W^T for a few input rows (decode), int4 (minv given) or int8 codes.
+template <bool Int4>
+void gemv_vnni(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
+               const float* mp, const at::Tensor& out) {
+  const int64_t M = x.size(0), K = x.size(1), N = qs.size(0);
+  check(x.scalar_type() == at::kFloat && x.stride(1) == 1, "x must be float32 rows");
+  check(out.scalar_type() == at::kFloat && out.stride(1) == 1 && out.size(0) == M &&
+            out.size(1) == N,
+        "out must be float32 rows [M, N]");
+  check(K % 32 == 0, "K must be a multiple of 32");
+  check(qs.is_contiguous() && scale.is_contiguous() && qs.size(1) == (Int4 ? K / 2 : K),
+        "codes and scale must be contiguous [N, K (int4: K/2)], [N, K/32]");
+  check(cpu_has_avx512_vnni(), "this CPU has no AVX-512 VNNI");
+  if (M == 0) return;
+  const DecodeRows d = decode_rows<Int4>(x);
+  const uint8_t* qp = static_cast<const uint8_t*>(qs.data_ptr());
+  const float* sp = scale.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t ldo = out.stride(0);
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t m = 0; m < M; m += kDecodeRows) {
+      const int mr = static_cast<int>(std::min<int64_t>(kDecodeRows, M - m));
+      with_rows<kDecodeRows>(mr, [&](auto Rc) {
+        constexpr int Rn = decltype(Rc)::value;
+        decode_tile<Rn, Int4>(d, m, qp, sp, mp, K, n0, n1, op + m * ldo, ldo);
+      });
+    }
+  });
+}
 #endif  // RS_AVX512_VNNI
+
+}  // namespace
 
 bool vnni_available() {
 #ifdef RS_AVX512_VNNI
@@ -267,6 +433,30 @@ void q8_gemm_vnni([[maybe_unused]] const at::Tensor& x, [[maybe_unused]] const a
 #endif
 }
 
+void q4_gemv_vnni([[maybe_unused]] const at::Tensor& x, [[maybe_unused]] const at::Tensor& qs,
+                  [[maybe_unused]] const at::Tensor& scale,
+                  [[maybe_unused]] const at::Tensor& minv,
+                  [[maybe_unused]] const at::Tensor& out) {
+#ifdef RS_AVX512_VNNI
+  check(minv.is_contiguous() && minv.sizes() == scale.sizes(), "minv must match scale");
+  gemv_vnni<true>(x, qs, scale, minv.data_ptr<float>(), out);
+#else
+  check(false, "this build has no AVX-512 VNNI code");
+#endif
+}
+
+void q8_gemv_vnni([[maybe_unused]] const at::Tensor& x, [[maybe_unused]] const at::Tensor& qs,
+                  [[maybe_unused]] const at::Tensor& scale,
+                  [[maybe_unused]] const at::Tensor& out) {
+#ifdef RS_AVX512_VNNI
+  gemv_vnni<false>(x, qs, scale, nullptr, out);
+#else
+  check(false, "this build has no AVX-512 VNNI code");
+#endif
+}
+
+namespace {
+
 // The activations' quantization the VNNI GEMMs use (for tests): xq [M, K] int8, sx [M, K/32].
 void q8_quantize_rows([[maybe_unused]] const at::Tensor& x, [[maybe_unused]] const at::Tensor& xq,
                       [[maybe_unused]] const at::Tensor& sx) {
@@ -291,10 +481,14 @@ TORCH_LIBRARY_FRAGMENT(radixserve, m) {
   m.def("q4_gemm_vnni(Tensor x, Tensor qs, Tensor scale, Tensor minv, Tensor(a!) out) -> ()");
   m.def("q8_gemm_vnni(Tensor x, Tensor qs, Tensor scale, Tensor(a!) out) -> ()");
   m.def("q8_quantize_rows(Tensor x, Tensor(a!) xq, Tensor(b!) sx) -> ()");
+  m.def("q4_gemv_vnni(Tensor x, Tensor qs, Tensor scale, Tensor minv, Tensor(a!) out) -> ()");
+  m.def("q8_gemv_vnni(Tensor x, Tensor qs, Tensor scale, Tensor(a!) out) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
   m.impl("q4_gemm_vnni", &radixserve::q4_gemm_vnni);
   m.impl("q8_gemm_vnni", &radixserve::q8_gemm_vnni);
   m.impl("q8_quantize_rows", &radixserve::q8_quantize_rows);
+  m.impl("q4_gemv_vnni", &radixserve::q4_gemv_vnni);
+  m.impl("q8_gemv_vnni", &radixserve::q8_gemv_vnni);
 }

@@ -25,6 +25,21 @@ void q8_gemm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
 void gguf_gemm(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& layout,
                const at::Tensor& out);
 
+// out = x qs^T with x quantized to int8 per group of 32, integer dot products with the codes
+// on AVX-512 VNNI (gemm_vnni.cpp): int4 codes (as q4_gemm's) and int8 codes (as q8_gemm's).
+// Only where vnni_available().
+void q4_gemm_vnni(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
+                  const at::Tensor& minv, const at::Tensor& out);
+void q8_gemm_vnni(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
+                  const at::Tensor& out);
+// The same for a few input rows (decode), the codes read as stored: each row's arithmetic is
+// its own (the same whatever the number of rows) but not the GEMMs' above.
+void q4_gemv_vnni(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
+                  const at::Tensor& minv, const at::Tensor& out);
+void q8_gemv_vnni(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
+                  const at::Tensor& out);
+bool vnni_available();
+
 // One query row per sequence over its context (its last `window` tokens, where window > 0)
 // in the paged pool (see attention.cpp).
 void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
