@@ -256,7 +256,7 @@ void gemm_vnni(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scal
 // arranged to match: the vector's lane l sums 4 code products of group l / (16 / groups per
 // chunk). Per weight row n and input row r, in chunk order:
 //   acc += float(dot) * (s_g * sx_g)      (per lane; int8: dot less 128 * its codes' sum)
-// then y = the sum of acc's 16 lanes, plus (int4) sum_g min_g * xs_g, 16 groups a vector. A
+// then (int4) acc += min_g * xs_g, 16 groups a vector, and y = the sum of acc's 16 lanes. A
 // row's arithmetic does not depend on the rows beside it, so a decode row gives the same bits
 // alone or verifying drafts.
 
@@ -353,17 +353,13 @@ void decode_tile(const DecodeRows& d, int64_t m0, const uint8_t* qs, const float
     }
     RS_UNROLL
     for (int r = 0; r < R; ++r) {
-      float y = _mm512_reduce_add_ps(acc[r]);
-      if constexpr (Int4) {
-        __m512 t = _mm512_setzero_ps();
+      if constexpr (Int4)
         for (int64_t g = 0; g < G; g += 16) {
           const __mmask16 m = static_cast<__mmask16>(G - g >= 16 ? 0xFFFF : (1u << (G - g)) - 1);
-          t = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, mp + n * G + g),
-                              _mm512_loadu_ps(&d.xs[(m0 + r) * d.padded_groups + g]), t);
+          acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, mp + n * G + g),
+                                   _mm512_loadu_ps(&d.xs[(m0 + r) * d.padded_groups + g]), acc[r]);
         }
-        y += _mm512_reduce_add_ps(t);
-      }
-      out[r * ldo + n] = y;
+      out[r * ldo + n] = _mm512_reduce_add_ps(acc[r]);
     }
   }
 }
