@@ -247,6 +247,12 @@ class DecoderModel(nn.Module):
             for attr, lin, _ in layer.projections():
                 assert isinstance(lin, QuantLinear)
                 w, proj = lin.weight, attr.removesuffix("_lin")  # "qkv_lin": "qkv.qs", ...
+                panels = lin.vnni_panels()  # int4 on int8-vnni: its decode rows' panels
+                if panels is not None:
+                    named[f"{proj}.qs"], named[f"{proj}.scale"], named[f"{proj}.minv"] = panels
+                    code = kernels.quant_kind_code("int4-vnni")
+                    named[f"{proj}.kind"] = torch.tensor([[lin.out_features, code]])
+                    continue
                 named[f"{proj}.qs"], named[f"{proj}.scale"] = w.qs, w.scale
                 named[f"{proj}.minv"] = optional_tensor(w.minv)
                 named[f"{proj}.kind"] = w.kernel_layout()
@@ -340,6 +346,7 @@ class DecoderModel(nn.Module):
         quantized projections take it, the LM head stays on the float32 kernels. Call after
         quantizing; the attention backend reads `prefill_path` too (the runner passes it)."""
         self.prefill_path = path
+        self.weights_moved()  # int8-vnni's decode step reads int4 codes packed for it
         fp32: list[str] = []  # projections that stay on the float32 kernels
         for i, layer in enumerate(self.decoder_layers()):
             for attr, lin, _ in layer.projections():

@@ -277,11 +277,13 @@ class QuantLinear:
         self._kernel: Callable[[torch.Tensor, torch.Tensor], None] | None = None
         self._matrix: Callable[[torch.Tensor, torch.Tensor], None] | None = None
         self._rows: Callable[[torch.Tensor, torch.Tensor], None] | None = None
+        self._panels: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.prefill_path = PrefillPath.FP32
 
     def use_weight(self, weight: QuantizedWeight) -> None:
         """Compute with `weight` (the same matrix, e.g. moved in memory) from now on."""
         self.weight, self._kernel, self._matrix, self._rows = weight, None, None, None
+        self._panels = None
 
     def use_prefill_path(self, path: PrefillPath) -> None:
         """Run prefill rows on `path` from now on (fp32 where this matrix's sizes do not fit
@@ -293,7 +295,7 @@ class QuantLinear:
             and self.out_features % 16 == 0
         )
         self.prefill_path = path if fits else PrefillPath.FP32
-        self._matrix, self._rows = None, None
+        self._matrix, self._rows, self._panels = None, None, None
 
     def _cpu_kernel(self) -> Callable[[torch.Tensor, torch.Tensor], None] | None:
         """kernel(x, out) for float32 x [M, in] on the CPU, bound to this weight once (a
@@ -311,19 +313,35 @@ class QuantLinear:
                 self._kernel = lambda x, out: q8(x, qs, scale, out)
         return self._kernel
 
+    def vnni_panels(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """On int8-vnni, an int4 matrix's codes packed once for its decode rows (`words`
+        [P * G, 256] uint8, scales and mins [P * G, 16]: panels of 16 columns, gemm_vnni.cpp's
+        q4_vnni_pack); None elsewhere. As many bytes again as the codes, scales and mins."""
+        w = self.weight
+        if self._panels is None and self.prefill_path.int8_decode and w.kind == "int4":
+            assert w.minv is not None
+            groups = (self.out_features // 16) * (self.in_features // 32)
+            words = torch.empty(groups, 256, dtype=torch.uint8)
+            scale, minv = torch.empty(groups, 16), torch.empty(groups, 16)
+            kernels.op("q4_vnni_pack")(w.qs, w.scale, w.minv, words, scale, minv)
+            self._panels = (words, scale, minv)
+        return self._panels
+
     def _rows_kernel(self) -> Callable[[torch.Tensor, torch.Tensor], None] | None:
         """kernel(x, out) for the rows that stay off the matrix units (decode rows, short
-        chunks): on int8-vnni its decode-row kernel, else the float32 one."""
+        chunks): on int8-vnni its decode rows' kernel (int4: on `vnni_panels`, each row's
+        bits the prefill GEMM's), else the float32 one."""
         if self._rows is None:
             w = self.weight
-            if not self.prefill_path.int8_decode or self._cpu_kernel() is None:
-                self._rows = self._cpu_kernel()
-            elif w.kind == "int4":
-                v4, qs, scale, minv = kernels.op("q4_gemv_vnni"), w.qs, w.scale, w.minv
-                self._rows = lambda x, out: v4(x, qs, scale, minv, out)
+            panels = self.vnni_panels() if self._cpu_kernel() is not None else None
+            if panels is not None:
+                v4, (words, scale, minv) = kernels.op("q4_gemv_vnni_packed"), panels
+                self._rows = lambda x, out: v4(x, words, scale, minv, out)
+            elif self.prefill_path.int8_decode and self._cpu_kernel() is not None:
+                v8, qs, scale8 = kernels.op("q8_gemv_vnni"), w.qs, w.scale
+                self._rows = lambda x, out: v8(x, qs, scale8, out)
             else:
-                v8, qs, scale = kernels.op("q8_gemv_vnni"), w.qs, w.scale
-                self._rows = lambda x, out: v8(x, qs, scale, out)
+                self._rows = self._cpu_kernel()
         return self._rows
 
     def _matrix_kernel(self, silu: bool = False) -> Callable[[torch.Tensor, torch.Tensor], None]:

@@ -395,6 +395,131 @@ void gemv_vnni(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scal
     }
   });
 }
+
+// ---- int4 decode rows on panels packed once ----
+// The prefill GEMM's panels (pack_panel) hold int4 codes split into nibbles and are rebuilt
+// every call. QuantLinear packs an int4 matrix once on this path (q4_vnni_pack) into panels
+// of 16 columns whose words keep both nibbles (word (j, c) of group g: column c's code bytes
+// 4j..4j+3, as stored: the low nibbles codes 4j.., the high ones 16 + 4j..), with each group's
+// scales and mins transposed beside them: the decode rows then read the same bytes a step as
+// from the matrix as stored, in one stream, and need neither transposes nor horizontal sums.
+// Each row's arithmetic is vnni_tile's, so a decode row gives the bits a prefill row does.
+
+// words [P * G, 256] uint8 (64 words; P = N / 16 panels), scale / minv [P * G, 16] float32
+// from qs [N, K/2], scale / minv [N, K/32].
+void q4_vnni_pack_impl(const at::Tensor& qs, const at::Tensor& scale, const at::Tensor& minv,
+                       const at::Tensor& words, const at::Tensor& pscale,
+                       const at::Tensor& pminv) {
+  const int64_t N = qs.size(0), K = qs.size(1) * 2, G = K / 32, P = N / 16;
+  check(N % 16 == 0 && K % 32 == 0 && qs.is_contiguous() && scale.is_contiguous() &&
+            minv.is_contiguous(),
+        "q4_vnni_pack: contiguous int4 codes [N, K/2] with N a multiple of 16");
+  check(words.is_contiguous() && words.numel() == P * G * 256 && pscale.is_contiguous() &&
+            pscale.numel() == P * G * 16 && pminv.is_contiguous() && pminv.numel() == P * G * 16,
+        "q4_vnni_pack: outputs [P * G, 256] uint8 and [P * G, 16] float32");
+  const uint8_t* qp = static_cast<const uint8_t*>(qs.data_ptr());
+  uint32_t* wp = static_cast<uint32_t*>(words.data_ptr());
+  float* sp = pscale.data_ptr<float>();
+  float* mp = pminv.data_ptr<float>();
+  at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
+    VnniPanel panel(G);
+    for (int64_t p = p0; p < p1; ++p) {
+      pack_panel<true>(qp, scale.data_ptr<float>(), minv.data_ptr<float>(), K, N, p * 16, panel);
+      for (int64_t g = 0; g < G; ++g) {
+        const uint32_t* split = panel.words.data() + g * 128;  // 4 words of low nibbles, 4 high
+        uint32_t* dst = wp + (p * G + g) * 64;
+        for (int64_t i = 0; i < 64; ++i) dst[i] = split[i] | (split[64 + i] << 4);
+      }
+      std::memcpy(sp + p * G * 16, panel.scale.data(), G * 16 * sizeof(float));
+      std::memcpy(mp + p * G * 16, panel.minv.data(), G * 16 * sizeof(float));
+    }
+  });
+}
+
+// out[r, 16 p .. 16 p + 15] for rows r < R of xq (quantized as quantize_rows_q8 does).
+template <int R>
+inline void packed_panel_rows(const int8_t* xq, const float* sx, const float* xs, int64_t K,
+                              const uint32_t* w, const float* s, const float* mn, float* out,
+                              int64_t ldo) {
+  const int64_t G = K / 32;
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  __m512 acc[R];
+  RS_UNROLL
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    __m512i code[8];
+    RS_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      const __m512i v = _mm512_loadu_si512(w + (g * 4 + j) * 16);
+      code[j] = _mm512_and_si512(v, nibble);
+      code[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+    }
+    const __m512 sg = _mm512_loadu_ps(s + g * 16), mg = _mm512_loadu_ps(mn + g * 16);
+    RS_UNROLL
+    for (int r = 0; r < R; ++r) {
+      __m512i dot = _mm512_setzero_si512();
+      RS_UNROLL
+      for (int j = 0; j < 8; ++j) {
+        int32_t word;
+        std::memcpy(&word, xq + r * K + g * 32 + 4 * j, 4);
+        dot = _mm512_dpbusd_epi32(dot, code[j], _mm512_set1_epi32(word));
+      }
+      const __m512 ss = _mm512_mul_ps(sg, _mm512_set1_ps(sx[r * G + g]));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), ss, acc[r]);
+      acc[r] = _mm512_fmadd_ps(mg, _mm512_set1_ps(xs[r * G + g]), acc[r]);
+    }
+  }
+  RS_UNROLL
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * ldo, acc[r]);
+}
+
+// out [M, N] = x W^T on q4_vnni_pack's panels.
+void q4_gemv_vnni_packed_impl(const at::Tensor& x, const at::Tensor& words,
+                              const at::Tensor& pscale, const at::Tensor& pminv,
+                              const at::Tensor& out) {
+  const int64_t M = x.size(0), K = x.size(1), G = K / 32, N = out.size(1), P = N / 16;
+  check(x.scalar_type() == at::kFloat && x.stride(1) == 1, "x must be float32 rows");
+  check(out.scalar_type() == at::kFloat && out.stride(1) == 1 && out.size(0) == M,
+        "out must be float32 rows [M, N]");
+  check(K % 32 == 0 && N % 16 == 0 && words.is_contiguous() && words.numel() == P * G * 256 &&
+            pscale.is_contiguous() && pscale.numel() == P * G * 16 && pminv.is_contiguous() &&
+            pminv.numel() == P * G * 16,
+        "q4_gemv_vnni_packed: panels of q4_vnni_pack for [N, K]");
+  check(cpu_has_avx512_vnni(), "this CPU has no AVX-512 VNNI");
+  if (M == 0) return;
+  std::vector<int8_t> xq(M * K);
+  std::vector<float> sx(M * G), xs(M * G);
+  quantize_rows_q8(x.data_ptr<float>(), x.stride(0), M, K, false, xq.data(), sx.data(),
+                   xs.data());
+  const uint32_t* wp = static_cast<const uint32_t*>(words.data_ptr());
+  const float* sp = pscale.data_ptr<float>();
+  const float* mp = pminv.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t ldo = out.stride(0), panel_bytes = G * 64 * 4, ahead = 2;
+  at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      if (p + ahead < p1) {  // the panel after next into L2, and its factors
+        const char* next = reinterpret_cast<const char*>(wp + (p + ahead) * G * 64);
+        for (int64_t off = 0; off < panel_bytes; off += 64) _mm_prefetch(next + off, _MM_HINT_T1);
+        const char* fs = reinterpret_cast<const char*>(sp + (p + ahead) * G * 16);
+        const char* fm = reinterpret_cast<const char*>(mp + (p + ahead) * G * 16);
+        for (int64_t off = 0; off < G * 64; off += 64) {
+          _mm_prefetch(fs + off, _MM_HINT_T1);
+          _mm_prefetch(fm + off, _MM_HINT_T1);
+        }
+      }
+      for (int64_t m = 0; m < M; m += kDecodeRows) {
+        const int mr = static_cast<int>(std::min<int64_t>(kDecodeRows, M - m));
+        with_rows<kDecodeRows>(mr, [&](auto Rc) {
+          constexpr int Rn = decltype(Rc)::value;
+          packed_panel_rows<Rn>(xq.data() + m * K, sx.data() + m * G, xs.data() + m * G, K,
+                                wp + p * G * 64, sp + p * G * 16, mp + p * G * 16,
+                                op + m * ldo + p * 16, ldo);
+        });
+      }
+    }
+  });
+}
 #endif  // RS_AVX512_VNNI
 
 }  // namespace
@@ -424,6 +549,29 @@ void q8_gemm_vnni([[maybe_unused]] const at::Tensor& x, [[maybe_unused]] const a
                   [[maybe_unused]] const at::Tensor& out) {
 #ifdef RS_AVX512_VNNI
   gemm_vnni<false>(x, qs, scale, nullptr, out);
+#else
+  check(false, "this build has no AVX-512 VNNI code");
+#endif
+}
+
+void q4_vnni_pack([[maybe_unused]] const at::Tensor& qs, [[maybe_unused]] const at::Tensor& scale,
+                  [[maybe_unused]] const at::Tensor& minv, [[maybe_unused]] const at::Tensor& words,
+                  [[maybe_unused]] const at::Tensor& pscale,
+                  [[maybe_unused]] const at::Tensor& pminv) {
+#ifdef RS_AVX512_VNNI
+  q4_vnni_pack_impl(qs, scale, minv, words, pscale, pminv);
+#else
+  check(false, "this build has no AVX-512 VNNI code");
+#endif
+}
+
+void q4_gemv_vnni_packed([[maybe_unused]] const at::Tensor& x,
+                         [[maybe_unused]] const at::Tensor& words,
+                         [[maybe_unused]] const at::Tensor& pscale,
+                         [[maybe_unused]] const at::Tensor& pminv,
+                         [[maybe_unused]] const at::Tensor& out) {
+#ifdef RS_AVX512_VNNI
+  q4_gemv_vnni_packed_impl(x, words, pscale, pminv, out);
 #else
   check(false, "this build has no AVX-512 VNNI code");
 #endif
@@ -479,6 +627,12 @@ TORCH_LIBRARY_FRAGMENT(radixserve, m) {
   m.def("q8_quantize_rows(Tensor x, Tensor(a!) xq, Tensor(b!) sx) -> ()");
   m.def("q4_gemv_vnni(Tensor x, Tensor qs, Tensor scale, Tensor minv, Tensor(a!) out) -> ()");
   m.def("q8_gemv_vnni(Tensor x, Tensor qs, Tensor scale, Tensor(a!) out) -> ()");
+  m.def(
+      "q4_vnni_pack(Tensor qs, Tensor scale, Tensor minv, Tensor(a!) words, Tensor(b!) pscale, "
+      "Tensor(c!) pminv) -> ()");
+  m.def(
+      "q4_gemv_vnni_packed(Tensor x, Tensor words, Tensor pscale, Tensor pminv, Tensor(a!) out) "
+      "-> ()");
 }
 
 TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
@@ -487,4 +641,6 @@ TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
   m.impl("q8_quantize_rows", &radixserve::q8_quantize_rows);
   m.impl("q4_gemv_vnni", &radixserve::q4_gemv_vnni);
   m.impl("q8_gemv_vnni", &radixserve::q8_gemv_vnni);
+  m.impl("q4_vnni_pack", &radixserve::q4_vnni_pack);
+  m.impl("q4_gemv_vnni_packed", &radixserve::q4_gemv_vnni_packed);
 }

@@ -178,18 +178,17 @@ void silu_mul(const at::Tensor& gate_up, const at::Tensor& out) {
 // ---- A whole decode step's decoder layers in one call ----
 
 // y = x W^T for quantized codes as `layout` [parts, 2] of (rows, kind) describes them
-// (quant_kinds.h): one part of int4 or int8 codes, or GGUF blocks of one or several kinds.
-// With `int8_rows`, int4 / int8 codes of the sizes the int8-vnni path takes (in_features a
-// multiple of 32, out_features of 16) meet x quantized to int8 (gemm_vnni.cpp's decode rows),
-// as QuantLinear runs decode rows on that path.
+// (quant_kinds.h): one part of int4 or int8 codes, int4 codes packed for int8-vnni's decode
+// rows (codes, scales, mins: q4_vnni_pack's), or GGUF blocks of one or several kinds. With
+// `int8_rows`, int8 codes meet x quantized to int8 too (gemm_vnni.cpp's decode rows), as
+// QuantLinear runs decode rows on the int8-vnni path.
 void quant_linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
                   const at::Tensor& minv, const at::Tensor& layout, const at::Tensor& out,
                   bool int8_rows) {
   const int64_t k = layout.data_ptr<int64_t>()[1];
-  const bool vnni = int8_rows && x.size(1) % 32 == 0 && out.size(1) % 16 == 0;
-  if (k == kInt4)
-    return vnni ? q4_gemv_vnni(x, qs, scale, minv, out) : q4_gemm(x, qs, scale, minv, out);
-  if (k == kInt8) return vnni ? q8_gemv_vnni(x, qs, scale, out) : q8_gemm(x, qs, scale, out);
+  if (k == kInt4) return q4_gemm(x, qs, scale, minv, out);
+  if (k == kInt4Vnni) return q4_gemv_vnni_packed(x, qs, scale, minv, out);
+  if (k == kInt8) return int8_rows ? q8_gemv_vnni(x, qs, scale, out) : q8_gemm(x, qs, scale, out);
   gguf_gemm(x, qs, layout, out);
 }
 
@@ -228,7 +227,7 @@ void add_bias(const at::Tensor& x, const at::Tensor& bias) {
 // v_window [Lw, NS, BS, KVH, Dh], with window_slots / window_table (slots and block_table in
 // that pool's slots); layer_pools [L] int64 says where each layer's K/V is: p < Lf is
 // k_pools[p], else k_window[p - Lf]. act: the gate's activation (gate_act_mul's). int8_rows:
-// the projections take int8 activations where quant_linear can (the int8-vnni path).
+// int8 codes take int8 activations (the int8-vnni path; its int4 codes come as int4-vnni).
 void decode_layers(const at::Tensor& h, at::TensorList weights, const at::Tensor& cos,
                    const at::Tensor& sin, const at::Tensor& slots, const at::Tensor& k_pools,
                    const at::Tensor& v_pools, const at::Tensor& block_table,

@@ -38,6 +38,11 @@ void q4_gemv_vnni(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& s
                   const at::Tensor& minv, const at::Tensor& out);
 void q8_gemv_vnni(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
                   const at::Tensor& out);
+// int4 codes as q4_vnni_pack packs them, for decode rows (gemm_vnni.cpp): [P * G, 256] uint8
+// words, [P * G, 16] scales and mins, P = N / 16 panels of 16 columns; each row computed as the
+// prefill GEMM computes it.
+void q4_gemv_vnni_packed(const at::Tensor& x, const at::Tensor& words, const at::Tensor& pscale,
+                         const at::Tensor& pminv, const at::Tensor& out);
 bool vnni_available();
 
 // One query row per sequence over its context (its last `window` tokens, where window > 0)

@@ -3,7 +3,8 @@
 // kind's number by name (torch.ops.radixserve.quant_kind_code, kquants.cpp).
 //   llama.cpp's GGUF blocks, byte for byte as the file holds them (kquants.cpp), numbered as
 //   GGML numbers them (so the numbers a GGUF file names are these: gguf.GGMLQuantizationType);
-//   int4, int8: radixserve's groups of 32 with float32 scales (and mins), gemm.cpp.
+//   int4, int8: radixserve's groups of 32 with float32 scales (and mins), gemm.cpp; int4-vnni:
+//   int4 codes packed for int8-vnni's decode rows (q4_vnni_pack, gemm_vnni.cpp).
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,7 @@ enum QuantKind : int64_t {
   kQ6_K = 14,
   kInt4 = 100,
   kInt8 = 101,
+  kInt4Vnni = 102,  // int4 codes packed into int8-vnni's decode panels (gemm_vnni.cpp)
 };
 
 inline const char* quant_kind_name(int64_t kind) {
@@ -35,6 +37,7 @@ inline const char* quant_kind_name(int64_t kind) {
     case kQ6_K: return "q6_k";
     case kInt4: return "int4";
     case kInt8: return "int8";
+    case kInt4Vnni: return "int4-vnni";
     default: return "?";
   }
 }
