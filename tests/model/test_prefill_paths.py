@@ -171,9 +171,15 @@ def test_vnni_gemm_is_the_exact_product_of_int8_activations_and_the_codes(
 
 
 def _vnni_decode(kind: str, x: torch.Tensor, w) -> torch.Tensor:
-    out = torch.empty(x.shape[0], w.shape[0])
+    """int8-vnni's decode rows: int4 on the panels q4_vnni_pack packs once, int8 as stored."""
+    n, k = w.shape
+    out = torch.empty(x.shape[0], n)
     if kind == "int4":
-        ops.q4_gemv_vnni(x, w.qs, w.scale, w.minv, out)
+        groups = (n // 16) * (k // 32)
+        words = torch.empty(groups, 256, dtype=torch.uint8)
+        scale, minv = torch.empty(groups, 16), torch.empty(groups, 16)
+        ops.q4_vnni_pack(w.qs, w.scale, w.minv, words, scale, minv)
+        ops.q4_gemv_vnni_packed(x, words, scale, minv, out)
     else:
         ops.q8_gemv_vnni(x, w.qs, w.scale, out)
     return out
@@ -181,21 +187,35 @@ def _vnni_decode(kind: str, x: torch.Tensor, w) -> torch.Tensor:
 
 @pytest.mark.parametrize("kind", ["int4", "int8"])
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 16])
-# 544 = 17 groups: 4 int4 groups (2 int8) a 64-byte chunk with one left over, and one past the
-# 16 groups of a vector of mins; 1536: the down projection's width
+# 544 = 17 groups: int8's 64-byte chunks of 2 groups leave one over, and the panels' 16
+# groups of scales at a time leave one; 1536: the down projection's width
 @pytest.mark.parametrize("k", [192, 544, 1536])
 def test_vnni_decode_rows_are_the_exact_product_of_int8_activations_and_the_codes(
     kind: str, rows: int, k: int
 ) -> None:
-    """The decode rows' kernel (codes read as stored) computes what the prefill GEMM does: x
-    quantized per 32 times the dequantized W, to float32 summation error; 40 output columns
-    (it takes any number)."""
+    """The decode rows' kernels compute what the prefill GEMM does: x quantized per 32 times
+    the dequantized W, to float32 summation error (48 output columns: three panels; int8's
+    kernel takes any number, 40)."""
     needs(PrefillPath.INT8_VNNI)
     torch.manual_seed(rows + k)
-    w = quantize(torch.randn(40, k) * 0.1, kind)
+    w = quantize(torch.randn(48 if kind == "int4" else 40, k) * 0.1, kind)
     x = torch.randn(rows, k)
     want = _q8_rows(x) @ w.dequantize().double().T
     torch.testing.assert_close(_vnni_decode(kind, x, w).double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 6, 16])
+def test_int4_decode_rows_give_the_prefill_gemms_bits(rows: int) -> None:
+    """On the packed panels an int4 decode row computes what the prefill GEMM computes for
+    it, bit for bit: a token's projections do not depend on whether it was decoded or
+    prefilled, nor on the chunk it came in."""
+    needs(PrefillPath.INT8_VNNI)
+    torch.manual_seed(rows)
+    w = quantize(torch.randn(96, 544) * 0.1, "int4")
+    x = torch.randn(rows, 544)
+    prefill = torch.empty(rows, 96)
+    ops.q4_gemm_vnni(x, w.qs, w.scale, w.minv, prefill)
+    assert torch.equal(_vnni_decode("int4", x, w), prefill)
 
 
 @pytest.mark.parametrize("kind", ["int4", "int8"])
@@ -566,10 +586,10 @@ def test_default_path_cache_hits_give_recompute_greedy_tokens(default_path_engin
 @pytest.mark.slow
 def test_int8_vnni_cache_hits_give_recompute_greedy_tokens(monkeypatch) -> None:
     """The same on int8-vnni (the default where a CPU has AVX-512 VNNI but no AMX), whose
-    int8 activations round more coarsely than bfloat16: logits within 1.0 (measured 0.78 on
-    the 2k text's exact repeat, whose last token is recomputed alone by the decode rows'
-    kernel where the cold run had it in the prefill GEMM; 0 on the other prompts, AMD EPYC
-    Zen 4)."""
+    int8 activations round more coarsely than bfloat16: logits within 1.0 (measured 0.70 on
+    the 2k text's exact repeat, whose last token the hit recomputes alone with float32
+    attention where the cold run attended in bfloat16; its projections give the prefill
+    GEMM's bits either way; 0 on the other prompts, AMD EPYC Zen 4)."""
     needs(PrefillPath.INT8_VNNI)
     from radixserve.engine.config import EngineConfig
     from radixserve.engine.engine import LLMEngine

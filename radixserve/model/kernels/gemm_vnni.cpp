@@ -249,139 +249,102 @@ void gemm_vnni(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scal
   });
 }
 
-// ---- Decode rows: the codes read in place, a few input rows at a time ----
+// ---- int8 decode rows: the codes read in place, a few input rows at a time ----
 // A prefill GEMM's panels are rebuilt every call, which pays for many input rows; one decode
-// row would spend its step transposing codes. Here each weight row is read as stored, 64 bytes
-// (a chunk: 4 int4 groups or 2 int8 ones) into one vector, and meets up to 8 input rows
-// arranged to match: the vector's lane l sums 4 code products of group l / (16 / groups per
-// chunk). Per weight row n and input row r, in chunk order:
-//   acc += float(dot) * (s_g * sx_g)      (per lane; int8: dot less 128 * its codes' sum)
-// then (int4) acc += min_g * xs_g, 16 groups a vector, and y = the sum of acc's 16 lanes. A
-// row's arithmetic does not depend on the rows beside it, so a decode row gives the same bits
-// alone or verifying drafts.
+// row would spend its step transposing codes. Here each int8 weight row is read as stored, 64
+// bytes (a chunk: 2 groups) into one vector, and meets up to 8 input rows arranged to match:
+// the vector's lane l sums 4 code products of group l / 8 of the chunk. Per weight row n and
+// input row r, in chunk order:
+//   acc += float(dot - 128 * sum of its codes) * (s_g * sx_g)      (per lane)
+// then y = the sum of acc's 16 lanes. A row's arithmetic does not depend on the rows beside
+// it, so a decode row gives the same bits alone or verifying drafts. (int4 codes: the panels
+// below, which QuantLinear packs once.)
 
-// The input rows laid out per chunk: lo / hi [C][64] bytes (int4: lo holds codes 0-15 of each
-// of the chunk's groups, hi 16-31; int8: lo the codes + 128, hi unused) and [C][16] floats of
-// each lane's sx_g (0 past the last group); xs [Gp] per row, zero-padded to 16 groups.
+// The input rows laid out per chunk: lo [C][64] bytes (the codes + 128) and [C][16] floats of
+// each lane's sx_g (0 past the last group).
 struct DecodeRows {
-  int64_t chunks, padded_groups;
-  std::vector<uint8_t> lo, hi;
-  std::vector<float> sx, xs;
+  int64_t chunks;
+  std::vector<uint8_t> lo;
+  std::vector<float> sx;
 };
 
-template <bool Int4>
 DecodeRows decode_rows(const at::Tensor& x) {
-  const int64_t M = x.size(0), K = x.size(1), G = K / 32;
-  constexpr int64_t kGroups = Int4 ? 4 : 2, kLanes = 16 / kGroups;
-  const int64_t C = (G + kGroups - 1) / kGroups, Gp = (G + 15) / 16 * 16;
+  const int64_t M = x.size(0), K = x.size(1), G = K / 32, C = (G + 1) / 2;
   std::vector<int8_t> xq(M * K);
   std::vector<float> sx(M * G), xs(M * G);
-  quantize_rows_q8(x.data_ptr<float>(), x.stride(0), M, K, !Int4, xq.data(), sx.data(),
+  quantize_rows_q8(x.data_ptr<float>(), x.stride(0), M, K, true, xq.data(), sx.data(),
                    xs.data());
-  DecodeRows d{C, Gp, std::vector<uint8_t>(M * C * 64),
-               std::vector<uint8_t>(Int4 ? M * C * 64 : 0), std::vector<float>(M * C * 16),
-               std::vector<float>(Int4 ? M * Gp : 0)};
+  DecodeRows d{C, std::vector<uint8_t>(M * C * 64), std::vector<float>(M * C * 16)};
   for (int64_t m = 0; m < M; ++m)
     for (int64_t g = 0; g < G; ++g) {
-      const int64_t c = g / kGroups, j = g % kGroups, at = (m * C + c) * 64;
-      const uint8_t* src = reinterpret_cast<const uint8_t*>(xq.data() + m * K + g * 32);
-      if constexpr (Int4) {
-        std::memcpy(&d.lo[at + 16 * j], src, 16);
-        std::memcpy(&d.hi[at + 16 * j], src + 16, 16);
-      } else {
-        std::memcpy(&d.lo[at + 32 * j], src, 32);
-      }
-      for (int64_t l = 0; l < kLanes; ++l) d.sx[(m * C + c) * 16 + j * kLanes + l] = sx[m * G + g];
-      if constexpr (Int4) d.xs[m * Gp + g] = xs[m * G + g];
+      const int64_t c = g / 2, j = g % 2;
+      std::memcpy(&d.lo[(m * C + c) * 64 + 32 * j], xq.data() + m * K + g * 32, 32);
+      for (int64_t l = 0; l < 8; ++l) d.sx[(m * C + c) * 16 + j * 8 + l] = sx[m * G + g];
     }
   return d;
 }
 
 // out[r, n] for rows r < R of `d` (from row m0 on) and weight rows n0..n1-1.
-template <int R, bool Int4>
-void decode_tile(const DecodeRows& d, int64_t m0, const uint8_t* qs, const float* sp,
-                 const float* mp, int64_t K, int64_t n0, int64_t n1, float* out, int64_t ldo) {
-  const int64_t G = K / 32, C = d.chunks, row_bytes = Int4 ? K / 2 : K;
-  constexpr int64_t kGroups = Int4 ? 4 : 2;
-  // lane l takes group l / (16 / kGroups) of its chunk's factors
+template <int R>
+void decode_tile(const DecodeRows& d, int64_t m0, const int8_t* qs, const float* sp, int64_t K,
+                 int64_t n0, int64_t n1, float* out, int64_t ldo) {
+  const int64_t G = K / 32, C = d.chunks;
+  // lane l takes group l / 8 of its chunk's scales
   const __m512i spread = _mm512_srli_epi32(
-      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), Int4 ? 2 : 3);
-  const __m512i nibble = _mm512_set1_epi8(0x0F), ones = _mm512_set1_epi8(1);
+      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 3);
+  const __m512i ones = _mm512_set1_epi8(1);
   for (int64_t n = n0; n < n1; ++n) {
     // The rows ahead into L2, as the float32 GEMV asks for its (gemm.cpp).
     const int64_t ahead = std::min(n + 16, n1 - 1);
-    const char* next = reinterpret_cast<const char*>(qs + ahead * row_bytes);
-    for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(next + off, _MM_HINT_T1);
+    const char* next = reinterpret_cast<const char*>(qs + ahead * K);
+    for (int64_t off = 0; off < K; off += 64) _mm_prefetch(next + off, _MM_HINT_T1);
     _mm_prefetch(reinterpret_cast<const char*>(sp + ahead * G), _MM_HINT_T1);
-    if constexpr (Int4) _mm_prefetch(reinterpret_cast<const char*>(mp + ahead * G), _MM_HINT_T1);
-    const uint8_t* w = qs + n * row_bytes;
+    const int8_t* w = qs + n * K;
     __m512 acc[R];
     RS_UNROLL
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t c = 0; c < C; ++c) {
-      const int64_t groups = std::min<int64_t>(kGroups, G - c * kGroups);
-      const int64_t group_bytes = Int4 ? 16 : 32;
-      const __mmask64 bytes = groups == kGroups ? ~0ull : (1ull << (groups * group_bytes)) - 1;
-      const __mmask16 lanes = static_cast<__mmask16>((1u << groups) - 1);
+      const int64_t groups = std::min<int64_t>(2, G - c * 2);
+      const __mmask64 bytes = groups == 2 ? ~0ull : (1ull << 32) - 1;
       const __m512i codes = _mm512_maskz_loadu_epi8(bytes, w + c * 64);
-      const __m512 s = _mm512_permutexvar_ps(
-          spread, _mm512_maskz_loadu_ps(lanes, sp + n * G + c * kGroups));
-      __m512i lo = codes, hi = codes, off = _mm512_setzero_si512();
-      if constexpr (Int4) {
-        lo = _mm512_and_si512(codes, nibble);
-        hi = _mm512_and_si512(_mm512_srli_epi16(codes, 4), nibble);
-      } else {
-        off = _mm512_slli_epi32(_mm512_dpbusd_epi32(off, ones, codes), 7);  // 128 * sum(q)
-      }
+      const __mmask16 lanes = static_cast<__mmask16>((1u << groups) - 1);
+      const __m512 s =
+          _mm512_permutexvar_ps(spread, _mm512_maskz_loadu_ps(lanes, sp + n * G + c * 2));
+      const __m512i off =  // 128 * the sum of each lane's 4 codes
+          _mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, codes), 7);
       RS_UNROLL
       for (int r = 0; r < R; ++r) {
         const int64_t at = (m0 + r) * C + c;
-        __m512i dot;
-        if constexpr (Int4) {
-          dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo,
-                                    _mm512_loadu_si512(&d.lo[at * 64]));
-          dot = _mm512_dpbusd_epi32(dot, hi, _mm512_loadu_si512(&d.hi[at * 64]));
-        } else {
-          dot = _mm512_sub_epi32(
-              _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512(&d.lo[at * 64]),
-                                  codes),
-              off);
-        }
+        const __m512i dot = _mm512_sub_epi32(
+            _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512(&d.lo[at * 64]),
+                                codes),
+            off);
         const __m512 ss = _mm512_mul_ps(s, _mm512_loadu_ps(&d.sx[at * 16]));
         acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), ss, acc[r]);
       }
     }
     RS_UNROLL
-    for (int r = 0; r < R; ++r) {
-      if constexpr (Int4)
-        for (int64_t g = 0; g < G; g += 16) {
-          const __mmask16 m = static_cast<__mmask16>(G - g >= 16 ? 0xFFFF : (1u << (G - g)) - 1);
-          acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, mp + n * G + g),
-                                   _mm512_loadu_ps(&d.xs[(m0 + r) * d.padded_groups + g]), acc[r]);
-        }
-      out[r * ldo + n] = _mm512_reduce_add_ps(acc[r]);
-    }
+    for (int r = 0; r < R; ++r) out[r * ldo + n] = _mm512_reduce_add_ps(acc[r]);
   }
 }
 
 constexpr int kDecodeRows = 8;  // input rows a pass over the weight rows takes
 
-// out [M, N] = x W^T for a few input rows (decode), int4 (minv given) or int8 codes.
-template <bool Int4>
-void gemv_vnni(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
-               const float* mp, const at::Tensor& out) {
+// out [M, N] = x W^T for a few input rows (decode), int8 codes.
+void q8_gemv_vnni_impl(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
+                       const at::Tensor& out) {
   const int64_t M = x.size(0), K = x.size(1), N = qs.size(0);
   check(x.scalar_type() == at::kFloat && x.stride(1) == 1, "x must be float32 rows");
   check(out.scalar_type() == at::kFloat && out.stride(1) == 1 && out.size(0) == M &&
             out.size(1) == N,
         "out must be float32 rows [M, N]");
   check(K % 32 == 0, "K must be a multiple of 32");
-  check(qs.is_contiguous() && scale.is_contiguous() && qs.size(1) == (Int4 ? K / 2 : K),
-        "codes and scale must be contiguous [N, K (int4: K/2)], [N, K/32]");
+  check(qs.is_contiguous() && scale.is_contiguous() && qs.size(1) == K,
+        "codes and scale must be contiguous [N, K], [N, K/32]");
   check(cpu_has_avx512_vnni(), "this CPU has no AVX-512 VNNI");
   if (M == 0) return;
-  const DecodeRows d = decode_rows<Int4>(x);
-  const uint8_t* qp = static_cast<const uint8_t*>(qs.data_ptr());
+  const DecodeRows d = decode_rows(x);
+  const int8_t* qp = static_cast<const int8_t*>(qs.data_ptr());
   const float* sp = scale.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const int64_t ldo = out.stride(0);
@@ -390,7 +353,7 @@ void gemv_vnni(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scal
       const int mr = static_cast<int>(std::min<int64_t>(kDecodeRows, M - m));
       with_rows<kDecodeRows>(mr, [&](auto Rc) {
         constexpr int Rn = decltype(Rc)::value;
-        decode_tile<Rn, Int4>(d, m, qp, sp, mp, K, n0, n1, op + m * ldo, ldo);
+        decode_tile<Rn>(d, m, qp, sp, K, n0, n1, op + m * ldo, ldo);
       });
     }
   });
@@ -577,23 +540,11 @@ void q4_gemv_vnni_packed([[maybe_unused]] const at::Tensor& x,
 #endif
 }
 
-void q4_gemv_vnni([[maybe_unused]] const at::Tensor& x, [[maybe_unused]] const at::Tensor& qs,
-                  [[maybe_unused]] const at::Tensor& scale,
-                  [[maybe_unused]] const at::Tensor& minv,
-                  [[maybe_unused]] const at::Tensor& out) {
-#ifdef RS_AVX512_VNNI
-  check(minv.is_contiguous() && minv.sizes() == scale.sizes(), "minv must match scale");
-  gemv_vnni<true>(x, qs, scale, minv.data_ptr<float>(), out);
-#else
-  check(false, "this build has no AVX-512 VNNI code");
-#endif
-}
-
 void q8_gemv_vnni([[maybe_unused]] const at::Tensor& x, [[maybe_unused]] const at::Tensor& qs,
                   [[maybe_unused]] const at::Tensor& scale,
                   [[maybe_unused]] const at::Tensor& out) {
 #ifdef RS_AVX512_VNNI
-  gemv_vnni<false>(x, qs, scale, nullptr, out);
+  q8_gemv_vnni_impl(x, qs, scale, out);
 #else
   check(false, "this build has no AVX-512 VNNI code");
 #endif
@@ -625,7 +576,6 @@ TORCH_LIBRARY_FRAGMENT(radixserve, m) {
   m.def("q4_gemm_vnni(Tensor x, Tensor qs, Tensor scale, Tensor minv, Tensor(a!) out) -> ()");
   m.def("q8_gemm_vnni(Tensor x, Tensor qs, Tensor scale, Tensor(a!) out) -> ()");
   m.def("q8_quantize_rows(Tensor x, Tensor(a!) xq, Tensor(b!) sx) -> ()");
-  m.def("q4_gemv_vnni(Tensor x, Tensor qs, Tensor scale, Tensor minv, Tensor(a!) out) -> ()");
   m.def("q8_gemv_vnni(Tensor x, Tensor qs, Tensor scale, Tensor(a!) out) -> ()");
   m.def(
       "q4_vnni_pack(Tensor qs, Tensor scale, Tensor minv, Tensor(a!) words, Tensor(b!) pscale, "
@@ -639,7 +589,6 @@ TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
   m.impl("q4_gemm_vnni", &radixserve::q4_gemm_vnni);
   m.impl("q8_gemm_vnni", &radixserve::q8_gemm_vnni);
   m.impl("q8_quantize_rows", &radixserve::q8_quantize_rows);
-  m.impl("q4_gemv_vnni", &radixserve::q4_gemv_vnni);
   m.impl("q8_gemv_vnni", &radixserve::q8_gemv_vnni);
   m.impl("q4_vnni_pack", &radixserve::q4_vnni_pack);
   m.impl("q4_gemv_vnni_packed", &radixserve::q4_gemv_vnni_packed);

@@ -32,10 +32,8 @@ void q4_gemm_vnni(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& s
                   const at::Tensor& minv, const at::Tensor& out);
 void q8_gemm_vnni(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
                   const at::Tensor& out);
-// The same for a few input rows (decode), the codes read as stored: each row's arithmetic is
-// its own (the same whatever the number of rows) but not the GEMMs' above.
-void q4_gemv_vnni(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
-                  const at::Tensor& minv, const at::Tensor& out);
+// The int8 one for a few input rows (decode), the codes read as stored: each row's arithmetic
+// is its own (the same whatever the number of rows) but not the GEMM's above.
 void q8_gemv_vnni(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
                   const at::Tensor& out);
 // int4 codes as q4_vnni_pack packs them, for decode rows (gemm_vnni.cpp): [P * G, 256] uint8
