@@ -1,5 +1,6 @@
-// Prefill GEMMs of int4/int8 codes with int8 activations on AVX-512 VNNI (vpdpbusd: 4 byte
-// products summed into each of 16 int32 lanes), for CPUs that have VNNI but no bfloat16 units.
+// GEMMs of int4/int8 codes with int8 activations on AVX-512 VNNI (vpdpbusd: 4 byte products
+// summed into each of 16 int32 lanes), for CPUs that have VNNI but no bfloat16 units: prefill
+// chunks here, decode rows below (int8 codes in place; int4 on panels packed once).
 // Each input row is quantized per group of 32 (scale = max|x| / 127, codes rounded to nearest):
 //   int8 W (w = s * q):         y = sum_g sx_g * s_g * (xq_g . q_g)
 //   int4 W (w = s * q + min):   y = sum_g sx_g * (s_g * (xq_g . q_g) + min_g * sum(xq_g))

@@ -22,12 +22,13 @@ the CPU has.
   choice on every other CPU (AVX2 ones included) and for `--dtype float32`.
 
 Decode rows (1-16 a step, or the decode rows of a mixed step) run the float32 GEMV kernels on
-the bfloat16 paths and fp32. On int8-vnni they take int8 activations too, in a kernel of their
-own that reads the codes as stored (gemm_vnni.cpp): on the AMD EPYC Zen 4 the default model's
-120 layer GEMMs of a step (int4, read from memory) took 4.1 ms for one row against float32's
-4.4, and 9.0 for six rows (a step verifying five drafts) against 15.4. The LM head stays on the
-float32 kernels. Only matrices whose sizes fit the tiles (in_features a multiple of 32,
-out_features of 16) take the matrix path.
+the bfloat16 paths and fp32. On int8-vnni they take int8 activations too (gemm_vnni.cpp):
+int4 matrices packed once into panels for them (QuantLinear.vnni_panels), each row computed as
+the prefill GEMM computes it; int8 codes read as stored. On the AMD EPYC Zen 4 the default
+model's 120 layer GEMMs of a step (int4, read from memory) took 2.8-3.4 ms for one row against
+float32's 4.2-4.6, and 4.9 for six rows (a step verifying five drafts) against 12.0-14.1. The
+LM head stays on the float32 kernels. Only matrices whose sizes fit the tiles (in_features a
+multiple of 32, out_features of 16) take the matrix path.
 
 RADIXSERVE_PREFILL_PATH=fp32|avx512-bf16|amx-bf16|int8-vnni picks a path for `--dtype auto`
 (tests and comparisons); a path this CPU cannot run falls back to the default, with a warning.
