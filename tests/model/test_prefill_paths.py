@@ -459,6 +459,22 @@ def _step(model, kv: KVPool, backend: CpuPagedBackend, chunks: list[SeqChunk]) -
     return model(batch, kv, backend)
 
 
+def _decode_beside_a_chunk(tiny_pair_factory, seed: int):
+    """A tiny int4 model whose pool holds a 30-token prompt (prefilled in float32), that
+    prompt's next decode row, and a 40-token chunk of another prompt to share its step."""
+    _, model = tiny_pair_factory(
+        hidden_size=128, num_attention_heads=2, num_key_value_heads=1, intermediate_size=256
+    )
+    quantize_model(model, "int4")
+    kv = KVPool(model.config, 32, 16, torch.float32, CPU)
+    backend = CpuPagedBackend()
+    torch.manual_seed(seed)
+    a = torch.randint(0, 101, (30,)).tolist()
+    b = torch.randint(0, 101, (40,)).tolist()
+    _step(model, kv, backend, [SeqChunk(a, 0, [0, 1])])
+    return model, kv, backend, SeqChunk([a[-1]], 30, [0, 1]), SeqChunk(b, 0, [2, 3, 4])
+
+
 def test_a_decode_row_sharing_a_step_with_a_prefill_chunk_gets_its_decode_only_logits(
     tiny_pair_factory,
 ) -> None:
@@ -467,23 +483,13 @@ def test_a_decode_row_sharing_a_step_with_a_prefill_chunk_gets_its_decode_only_l
     summation order (1e-5; bfloat16 rounding would move them by ~1e-3), whichever path the
     chunk takes; the chunk's differ from float32's by the bfloat16 rounding."""
     needs(PrefillPath.AMX_BF16)
-    _, model = tiny_pair_factory(
-        hidden_size=128, num_attention_heads=2, num_key_value_heads=1, intermediate_size=256
-    )
-    quantize_model(model, "int4")
-    kv = KVPool(model.config, 32, 16, torch.float32, CPU)
-    backend = CpuPagedBackend()
-    torch.manual_seed(5)
-    a = torch.randint(0, 101, (30,)).tolist()
-    b = torch.randint(0, 101, (40,)).tolist()
-    _step(model, kv, backend, [SeqChunk(a, 0, [0, 1])])  # a's prompt, in float32
-    decode = SeqChunk([a[-1]], 30, [0, 1])
+    model, kv, backend, decode, chunk = _decode_beside_a_chunk(tiny_pair_factory, 5)
     alone = _step(model, kv, backend, [decode])
     logits = {}
     for path in (PrefillPath.FP32, PrefillPath.AMX_BF16):
         model.use_prefill_path(path)
         backend.prefill_path = path
-        logits[path] = _step(model, kv, backend, [decode, SeqChunk(b, 0, [2, 3, 4])])
+        logits[path] = _step(model, kv, backend, [decode, chunk])
     fp32, amx = logits[PrefillPath.FP32], logits[PrefillPath.AMX_BF16]
     assert (amx[0] - alone[0]).abs().max().item() <= 1e-5
     assert (fp32[0] - alone[0]).abs().max().item() <= 1e-5
@@ -497,24 +503,14 @@ def test_on_int8_vnni_a_decode_row_gets_the_same_logits_alone_in_one_call_or_in_
     mixed step's decode row (layer by layer, beside a 40-token chunk) give the same logits to
     float32 summation order; both are int8's, not float32's."""
     needs(PrefillPath.INT8_VNNI)
-    _, model = tiny_pair_factory(
-        hidden_size=128, num_attention_heads=2, num_key_value_heads=1, intermediate_size=256
-    )
-    quantize_model(model, "int4")
-    kv = KVPool(model.config, 32, 16, torch.float32, CPU)
-    backend = CpuPagedBackend()
-    torch.manual_seed(6)
-    a = torch.randint(0, 101, (30,)).tolist()
-    b = torch.randint(0, 101, (40,)).tolist()
-    _step(model, kv, backend, [SeqChunk(a, 0, [0, 1])])
-    decode = SeqChunk([a[-1]], 30, [0, 1])
+    model, kv, backend, decode, chunk = _decode_beside_a_chunk(tiny_pair_factory, 6)
     fp32 = _step(model, kv, backend, [decode])
     model.use_prefill_path(PrefillPath.INT8_VNNI)
     backend.prefill_path = PrefillPath.INT8_VNNI
     batch = build_batch([decode], kv.block_size, CPU)
     assert model.forward_path(batch, backend).value == "fused-decode"
     alone = _step(model, kv, backend, [decode])
-    mixed = _step(model, kv, backend, [decode, SeqChunk(b, 0, [2, 3, 4])])
+    mixed = _step(model, kv, backend, [decode, chunk])
     assert (mixed[0] - alone[0]).abs().max().item() <= 1e-5
     assert 1e-4 < (alone[0] - fp32[0]).abs().max().item() < 0.5
 
