@@ -155,7 +155,7 @@ def describe(path: PrefillPath) -> str:
         else "activations quantized to int8 per 32, integer dot products with the codes"
     )
     decode = (
-        "decode: int8 activations too (fewer rows than that as well); LM head: float32 kernels"
+        "decode rows and shorter chunks: int8 activations too; LM head: float32 kernels"
         if path.int8_decode
         else "decode and LM head: float32 GEMV kernels"
     )
