@@ -131,7 +131,6 @@ class DecoderModel(nn.Module):
             d.block_table, d.context_lens, self._layer_windows, self._layer_ropes,
             c.num_heads, c.rms_norm_eps, c.softmax_scale, ACT_CODES[c.hidden_act],
             kv.k_window, kv.v_window, w.slot_mapping, w.decode.block_table, kv.layer_pool_ids,
-            self.prefill_path.int8_decode,
         )  # fmt: skip
         return self._logits(h[batch.logits_rows])
 
@@ -246,16 +245,10 @@ class DecoderModel(nn.Module):
             }
             for attr, lin, _ in layer.projections():
                 assert isinstance(lin, QuantLinear)
-                w, proj = lin.weight, attr.removesuffix("_lin")  # "qkv_lin": "qkv.qs", ...
-                panels = lin.vnni_panels()  # int4 on int8-vnni: its decode rows' panels
-                if panels is not None:
-                    named[f"{proj}.qs"], named[f"{proj}.scale"], named[f"{proj}.minv"] = panels
-                    code = kernels.quant_kind_code("int4-vnni")
-                    named[f"{proj}.kind"] = torch.tensor([[lin.out_features, code]])
-                    continue
-                named[f"{proj}.qs"], named[f"{proj}.scale"] = w.qs, w.scale
-                named[f"{proj}.minv"] = optional_tensor(w.minv)
-                named[f"{proj}.kind"] = w.kernel_layout()
+                proj = attr.removesuffix("_lin")  # "qkv_lin": "qkv.qs", ...
+                qs, scale, minv, layout = lin.decode_operands()
+                named[f"{proj}.qs"], named[f"{proj}.scale"] = qs, scale
+                named[f"{proj}.minv"], named[f"{proj}.kind"] = optional_tensor(minv), layout
             named_layers.append(named)
         self._decode_weights = kernels.order_layer_weights(named_layers)
         layers = self.decoder_layers()

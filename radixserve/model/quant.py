@@ -327,19 +327,37 @@ class QuantLinear:
             self._panels = (words, scale, minv)
         return self._panels
 
+    def decode_operands(
+        self,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """(codes, scales, mins or None, layout) as the kernels take this matrix for decode
+        rows (`decode_layers`' weights, `quant_linear` in layers.cpp): on int8-vnni its decode
+        rows' kinds (int4 on `vnni_panels`, each row's bits the prefill GEMM's; int8 codes as
+        they are, with int8 activations), else the codes' own. Kernels must be loaded."""
+        w = self.weight
+        panels = self.vnni_panels()
+        if panels is not None:
+            code = kernels.quant_kind_code("int4-vnni")
+            return (*panels, torch.tensor([[self.out_features, code]]))
+        if self.prefill_path.int8_decode:  # int8 codes (the path takes only int4 and int8)
+            code = kernels.quant_kind_code("int8-vnni")
+            return w.qs, w.scale, w.minv, torch.tensor([[self.out_features, code]])
+        return w.qs, w.scale, w.minv, w.kernel_layout()
+
     def _rows_kernel(self) -> Callable[[torch.Tensor, torch.Tensor], None] | None:
         """kernel(x, out) for the rows that stay off the matrix units (decode rows, short
-        chunks): on int8-vnni its decode rows' kernel (int4: on `vnni_panels`, each row's
-        bits the prefill GEMM's), else the float32 one."""
+        chunks): on int8-vnni its decode rows' kernel, on `decode_operands`, else the
+        float32 one."""
         if self._rows is None:
-            w = self.weight
-            panels = self.vnni_panels() if self._cpu_kernel() is not None else None
-            if panels is not None:
-                v4, (words, scale, minv) = kernels.op("q4_gemv_vnni_packed"), panels
-                self._rows = lambda x, out: v4(x, words, scale, minv, out)
-            elif self.prefill_path.int8_decode and self._cpu_kernel() is not None:
-                v8, qs, scale8 = kernels.op("q8_gemv_vnni"), w.qs, w.scale
-                self._rows = lambda x, out: v8(x, qs, scale8, out)
+            if self.prefill_path.int8_decode and self._cpu_kernel() is not None:
+                qs, scale, minv, layout = self.decode_operands()
+                kind = int(layout[0, 1])
+                if kind == kernels.quant_kind_code("int4-vnni"):
+                    v4 = kernels.op("q4_gemv_vnni_packed")
+                    self._rows = lambda x, out: v4(x, qs, scale, minv, out)
+                else:
+                    v8 = kernels.op("q8_gemv_vnni")
+                    self._rows = lambda x, out: v8(x, qs, scale, out)
             else:
                 self._rows = self._cpu_kernel()
         return self._rows

@@ -459,13 +459,13 @@ def _step(model, kv: KVPool, backend: CpuPagedBackend, chunks: list[SeqChunk]) -
     return model(batch, kv, backend)
 
 
-def _decode_beside_a_chunk(tiny_pair_factory, seed: int):
-    """A tiny int4 model whose pool holds a 30-token prompt (prefilled in float32), that
+def _decode_beside_a_chunk(tiny_pair_factory, seed: int, kind: str = "int4"):
+    """A tiny `kind`-quantized model whose pool holds a 30-token prompt (prefilled in float32), that
     prompt's next decode row, and a 40-token chunk of another prompt to share its step."""
     _, model = tiny_pair_factory(
         hidden_size=128, num_attention_heads=2, num_key_value_heads=1, intermediate_size=256
     )
-    quantize_model(model, "int4")
+    quantize_model(model, kind)
     kv = KVPool(model.config, 32, 16, torch.float32, CPU)
     backend = CpuPagedBackend()
     torch.manual_seed(seed)
@@ -496,14 +496,15 @@ def test_a_decode_row_sharing_a_step_with_a_prefill_chunk_gets_its_decode_only_l
     assert 1e-4 < (fp32[1] - amx[1]).abs().max().item() < 0.05
 
 
+@pytest.mark.parametrize("kind", ["int4", "int8"])
 def test_on_int8_vnni_a_decode_row_gets_the_same_logits_alone_in_one_call_or_in_a_mixed_step(
-    tiny_pair_factory,
+    tiny_pair_factory, kind: str
 ) -> None:
-    """int8-vnni decode rows: the one-call decode step (`decode_layers` with int8 rows) and a
-    mixed step's decode row (layer by layer, beside a 40-token chunk) give the same logits to
-    float32 summation order; both are int8's, not float32's."""
+    """int8-vnni decode rows: the one-call decode step (`decode_layers` on the int4-vnni /
+    int8-vnni kinds) and a mixed step's decode row (layer by layer, beside a 40-token chunk)
+    give the same logits to float32 summation order; both are int8's, not float32's."""
     needs(PrefillPath.INT8_VNNI)
-    model, kv, backend, decode, chunk = _decode_beside_a_chunk(tiny_pair_factory, 6)
+    model, kv, backend, decode, chunk = _decode_beside_a_chunk(tiny_pair_factory, 6, kind)
     fp32 = _step(model, kv, backend, [decode])
     model.use_prefill_path(PrefillPath.INT8_VNNI)
     backend.prefill_path = PrefillPath.INT8_VNNI

@@ -107,8 +107,9 @@ inline void put_group_words(const __m512i* w, int64_t g, VnniPanel& p) {
 // 2 int8 ones) and the scales (and mins) of 16 groups, transposed in registers so that a
 // vector holds one word of every row; the groups left over are gathered a word at a time.
 // Asks for the panel `kAheadRows` rows on (where N has it) into L2 first: a panel's 16 rows are
-// too short a stream each for the hardware prefetchers, and few input rows (decode) leave the
-// packing bound by memory.
+// too short a stream each for the hardware prefetchers, and few input rows leave the packing
+// bound by memory (Zen 4, the default model's 120 GEMMs of a step at 1 and 6 rows: 10.5 and
+// 12.1 ms without, 6.6 and 8.4 with).
 template <bool Int4>
 void pack_panel(const uint8_t* qs, const float* sp, const float* mp, int64_t K, int64_t N,
                 int64_t n, VnniPanel& p) {
@@ -158,10 +159,21 @@ void pack_panel(const uint8_t* qs, const float* sp, const float* mp, int64_t K, 
 
 constexpr int kVnniRows = 6;  // 6 rows x 2 panels: 12 int32 + 12 float32 accumulators
 
+// A panel as vnni_tile reads it: group g's vector j of its 16 columns' code words (int4: one
+// nibble a byte, j < 4 the low nibbles, j >= 4 the high ones) and the group's [16] scales,
+// mins (int4) and offsets (int8). SplitPanel: pack_panel's, rebuilt every call.
+struct SplitPanel {
+  const VnniPanel* p;
+  __m512i words(int64_t g, int j) const { return _mm512_loadu_si512(&p->words[(g * 8 + j) * 16]); }
+  const float* scale(int64_t g) const { return &p->scale[g * 16]; }
+  const float* minv(int64_t g) const { return &p->minv[g * 16]; }
+  const int32_t* offset(int64_t g) const { return &p->offset[g * 16]; }
+};
+
 // out[m + r, n + 16 t] for r < R, t < NT: R rows of xq times NT panels.
-template <int R, int NT, bool Int4>
+template <int R, int NT, bool Int4, typename Panel>
 void vnni_tile(const int8_t* xq, const float* sx, const float* xs, int64_t K,
-               const VnniPanel* const* panels, float* out, int64_t ldo) {
+               const Panel* panels, float* out, int64_t ldo) {
   const int64_t G = K / 32;
   __m512 acc[R][NT];
   RS_UNROLL
@@ -175,8 +187,7 @@ void vnni_tile(const int8_t* xq, const float* sx, const float* xs, int64_t K,
     RS_UNROLL
     for (int j = 0; j < 8; ++j) {
       __m512i w[NT];
-      for (int t = 0; t < NT; ++t)
-        w[t] = _mm512_loadu_si512(&panels[t]->words[(g * 8 + j) * 16]);
+      for (int t = 0; t < NT; ++t) w[t] = panels[t].words(g, j);
       RS_UNROLL
       for (int r = 0; r < R; ++r) {
         int32_t word;
@@ -189,16 +200,15 @@ void vnni_tile(const int8_t* xq, const float* sx, const float* xs, int64_t K,
     }
     RS_UNROLL
     for (int t = 0; t < NT; ++t) {
-      const __m512 s = _mm512_loadu_ps(&panels[t]->scale[g * 16]);
-      const __m512 mn = _mm512_loadu_ps(&panels[t]->minv[g * 16]);
-      const __m512i off = _mm512_loadu_si512(&panels[t]->offset[g * 16]);
+      const __m512 s = _mm512_loadu_ps(panels[t].scale(g));
       for (int r = 0; r < R; ++r) {
         __m512i d = dot[r][t];
-        if constexpr (!Int4) d = _mm512_sub_epi32(d, off);
+        if constexpr (!Int4) d = _mm512_sub_epi32(d, _mm512_loadu_si512(panels[t].offset(g)));
         const __m512 ss = _mm512_mul_ps(s, _mm512_set1_ps(sx[r * G + g]));
         acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), ss, acc[r][t]);
         if constexpr (Int4)
-          acc[r][t] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xs[r * G + g]), acc[r][t]);
+          acc[r][t] = _mm512_fmadd_ps(_mm512_loadu_ps(panels[t].minv(g)),
+                                      _mm512_set1_ps(xs[r * G + g]), acc[r][t]);
       }
     }
   }
@@ -230,7 +240,7 @@ void gemm_vnni(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scal
   const int64_t ldo = out.stride(0), blocks = (N + 31) / 32;
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
     VnniPanel p0(G), p1(G);
-    const VnniPanel* panels[2] = {&p0, &p1};
+    const SplitPanel panels[2] = {{&p0}, {&p1}};
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t n = b * 32, nt = std::min<int64_t>(2, (N - n) / 16);
       pack_panel<Int4>(qp, sp, mp, K, N, n, p0);
@@ -367,7 +377,7 @@ void q8_gemv_vnni_impl(const at::Tensor& x, const at::Tensor& qs, const at::Tens
 // 4j..4j+3, as stored: the low nibbles codes 4j.., the high ones 16 + 4j..), with each group's
 // scales and mins transposed beside them: the decode rows then read the same bytes a step as
 // from the matrix as stored, in one stream, and need neither transposes nor horizontal sums.
-// Each row's arithmetic is vnni_tile's, so a decode row gives the bits a prefill row does.
+// The rows run vnni_tile itself, so a decode row gives the bits a prefill row does.
 
 // words [P * G, 256] uint8 (64 words; P = N / 16 panels), scale / minv [P * G, 16] float32
 // from qs [N, K/2], scale / minv [N, K/32].
@@ -400,42 +410,18 @@ void q4_vnni_pack_impl(const at::Tensor& qs, const at::Tensor& scale, const at::
   });
 }
 
-// out[r, 16 p .. 16 p + 15] for rows r < R of xq (quantized as quantize_rows_q8 does).
-template <int R>
-inline void packed_panel_rows(const int8_t* xq, const float* sx, const float* xs, int64_t K,
-                              const uint32_t* w, const float* s, const float* mn, float* out,
-                              int64_t ldo) {
-  const int64_t G = K / 32;
-  const __m512i nibble = _mm512_set1_epi8(0x0F);
-  __m512 acc[R];
-  RS_UNROLL
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < G; ++g) {
-    __m512i code[8];
-    RS_UNROLL
-    for (int j = 0; j < 4; ++j) {
-      const __m512i v = _mm512_loadu_si512(w + (g * 4 + j) * 16);
-      code[j] = _mm512_and_si512(v, nibble);
-      code[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
-    }
-    const __m512 sg = _mm512_loadu_ps(s + g * 16), mg = _mm512_loadu_ps(mn + g * 16);
-    RS_UNROLL
-    for (int r = 0; r < R; ++r) {
-      __m512i dot = _mm512_setzero_si512();
-      RS_UNROLL
-      for (int j = 0; j < 8; ++j) {
-        int32_t word;
-        std::memcpy(&word, xq + r * K + g * 32 + 4 * j, 4);
-        dot = _mm512_dpbusd_epi32(dot, code[j], _mm512_set1_epi32(word));
-      }
-      const __m512 ss = _mm512_mul_ps(sg, _mm512_set1_ps(sx[r * G + g]));
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), ss, acc[r]);
-      acc[r] = _mm512_fmadd_ps(mg, _mm512_set1_ps(xs[r * G + g]), acc[r]);
-    }
+// q4_vnni_pack's panel p as vnni_tile reads it (int4): both nibbles of a code byte in one
+// word, split as the tile asks for them.
+struct PackedPanel {
+  const uint32_t* w;
+  const float *s, *m;
+  __m512i words(int64_t g, int j) const {
+    const __m512i v = _mm512_loadu_si512(w + (g * 4 + j % 4) * 16);
+    return _mm512_and_si512(j < 4 ? v : _mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F));
   }
-  RS_UNROLL
-  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * ldo, acc[r]);
-}
+  const float* scale(int64_t g) const { return s + g * 16; }
+  const float* minv(int64_t g) const { return m + g * 16; }
+};
 
 // out [M, N] = x W^T on q4_vnni_pack's panels.
 void q4_gemv_vnni_packed_impl(const at::Tensor& x, const at::Tensor& words,
@@ -476,17 +462,15 @@ void q4_gemv_vnni_packed_impl(const at::Tensor& x, const at::Tensor& words,
         const int mr = static_cast<int>(std::min<int64_t>(kDecodeRows, M - m));
         with_rows<kDecodeRows>(mr, [&](auto Rc) {
           constexpr int Rn = decltype(Rc)::value;
-          packed_panel_rows<Rn>(xq.data() + m * K, sx.data() + m * G, xs.data() + m * G, K,
-                                wp + p * G * 64, sp + p * G * 16, mp + p * G * 16,
-                                op + m * ldo + p * 16, ldo);
+          const PackedPanel panel{wp + p * G * 64, sp + p * G * 16, mp + p * G * 16};
+          vnni_tile<Rn, 1, true>(xq.data() + m * K, sx.data() + m * G, xs.data() + m * G, K,
+                                 &panel, op + m * ldo + p * 16, ldo);
         });
       }
     }
   });
 }
 #endif  // RS_AVX512_VNNI
-
-}  // namespace
 
 bool vnni_available() {
 #ifdef RS_AVX512_VNNI
@@ -528,6 +512,8 @@ void q4_vnni_pack([[maybe_unused]] const at::Tensor& qs, [[maybe_unused]] const 
   check(false, "this build has no AVX-512 VNNI code");
 #endif
 }
+
+}  // namespace
 
 void q4_gemv_vnni_packed([[maybe_unused]] const at::Tensor& x,
                          [[maybe_unused]] const at::Tensor& words,

@@ -178,17 +178,16 @@ void silu_mul(const at::Tensor& gate_up, const at::Tensor& out) {
 // ---- A whole decode step's decoder layers in one call ----
 
 // y = x W^T for quantized codes as `layout` [parts, 2] of (rows, kind) describes them
-// (quant_kinds.h): one part of int4 or int8 codes, int4 codes packed for int8-vnni's decode
-// rows (codes, scales, mins: q4_vnni_pack's), or GGUF blocks of one or several kinds. With
-// `int8_rows`, int8 codes meet x quantized to int8 too (gemm_vnni.cpp's decode rows), as
-// QuantLinear runs decode rows on the int8-vnni path.
+// (quant_kinds.h): one part of int4 or int8 codes, the same for int8-vnni's decode rows (int4
+// as q4_vnni_pack's codes, scales and mins; int8 as they are), or GGUF blocks of one or
+// several kinds.
 void quant_linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
-                  const at::Tensor& minv, const at::Tensor& layout, const at::Tensor& out,
-                  bool int8_rows) {
+                  const at::Tensor& minv, const at::Tensor& layout, const at::Tensor& out) {
   const int64_t k = layout.data_ptr<int64_t>()[1];
   if (k == kInt4) return q4_gemm(x, qs, scale, minv, out);
+  if (k == kInt8) return q8_gemm(x, qs, scale, out);
   if (k == kInt4Vnni) return q4_gemv_vnni_packed(x, qs, scale, minv, out);
-  if (k == kInt8) return int8_rows ? q8_gemv_vnni(x, qs, scale, out) : q8_gemm(x, qs, scale, out);
+  if (k == kInt8Vnni) return q8_gemv_vnni(x, qs, scale, out);
   gguf_gemm(x, qs, layout, out);
 }
 
@@ -226,8 +225,7 @@ void add_bias(const at::Tensor& x, const at::Tensor& bias) {
 // whose sliding-window layers keep their K/V in a smaller pool passes it as k_window /
 // v_window [Lw, NS, BS, KVH, Dh], with window_slots / window_table (slots and block_table in
 // that pool's slots); layer_pools [L] int64 says where each layer's K/V is: p < Lf is
-// k_pools[p], else k_window[p - Lf]. act: the gate's activation (gate_act_mul's). int8_rows:
-// int8 codes take int8 activations (the int8-vnni path; its int4 codes come as int4-vnni).
+// k_pools[p], else k_window[p - Lf]. act: the gate's activation (gate_act_mul's).
 void decode_layers(const at::Tensor& h, at::TensorList weights, const at::Tensor& cos,
                    const at::Tensor& sin, const at::Tensor& slots, const at::Tensor& k_pools,
                    const at::Tensor& v_pools, const at::Tensor& block_table,
@@ -235,8 +233,7 @@ void decode_layers(const at::Tensor& h, at::TensorList weights, const at::Tensor
                    const at::Tensor& layer_ropes, int64_t num_heads, double eps,
                    double sm_scale, int64_t act, const at::Tensor& k_window,
                    const at::Tensor& v_window, const at::Tensor& window_slots,
-                   const at::Tensor& window_table, const at::Tensor& layer_pools,
-                   bool int8_rows) {
+                   const at::Tensor& window_table, const at::Tensor& layer_pools) {
   const int64_t L = layer_pools.numel(), Lf = k_pools.size(0);
   const int64_t KVH = k_pools.size(3), Dh = k_pools.size(4);
   check(h.scalar_type() == at::kFloat && h.is_contiguous() && h.dim() == 2, "h");
@@ -251,7 +248,6 @@ void decode_layers(const at::Tensor& h, at::TensorList weights, const at::Tensor
             layer_pools.scalar_type() == at::kLong,
         "layer_windows, layer_ropes and layer_pools: one int64 per layer");
   for (int64_t i = 0; i < L; ++i) check_layer_weights(weights.data() + i * kLayerWeights, i);
-  check(!int8_rows || vnni_available(), "int8_rows: this CPU or build has no AVX-512 VNNI");
   const int64_t* windows = layer_windows.data_ptr<int64_t>();
   const int64_t* ropes = layer_ropes.data_ptr<int64_t>();
   const int64_t* pools = layer_pools.data_ptr<int64_t>();
@@ -273,21 +269,20 @@ void decode_layers(const at::Tensor& h, at::TensorList weights, const at::Tensor
     const at::Tensor kp = full ? k_pools.select(0, pools[i]) : k_window.select(0, pools[i] - Lf);
     const at::Tensor vp = full ? v_pools.select(0, pools[i]) : v_window.select(0, pools[i] - Lf);
     rms_norm(h, w[kInputNorm], eps, x);
-    quant_linear(x, w[kQkvCodes], w[kQkvScales], w[kQkvMins], w[kQkvKind], qkv, int8_rows);
+    quant_linear(x, w[kQkvCodes], w[kQkvScales], w[kQkvMins], w[kQkvKind], qkv);
     if (w[kQkvBias].numel() > 0) add_bias(qkv, w[kQkvBias]);
     rope_kv_write(qkv, cos.select(0, ropes[i]), sin.select(0, ropes[i]),
                   full ? slots : window_slots, kp, vp, H, w[kQNorm], w[kKNorm], eps);
     paged_decode_attention(q, kp, vp, full ? block_table : window_table, context_lens, sm_scale,
                            att, windows[i]);
-    quant_linear(att_rows, w[kOCodes], w[kOScales], w[kOMins], w[kOKind], delta, int8_rows);
+    quant_linear(att_rows, w[kOCodes], w[kOScales], w[kOMins], w[kOKind], delta);
     if (w[kAttnOutNorm].numel() > 0) rms_norm(delta, w[kAttnOutNorm], eps, delta);
     add_into(h, delta);
     rms_norm(h, w[kPostNorm], eps, x);
     quant_linear(x, w[kGateUpCodes], w[kGateUpScales], w[kGateUpMins], w[kGateUpKind],
-                 gate_up, int8_rows);
+                 gate_up);
     gate_act_mul(gate_up, act_out, act);
-    quant_linear(act_out, w[kDownCodes], w[kDownScales], w[kDownMins], w[kDownKind], delta,
-                 int8_rows);
+    quant_linear(act_out, w[kDownCodes], w[kDownScales], w[kDownMins], w[kDownKind], delta);
     if (w[kMlpOutNorm].numel() > 0) rms_norm(delta, w[kMlpOutNorm], eps, delta);
     add_into(h, delta);
   }
@@ -318,7 +313,7 @@ TORCH_LIBRARY_FRAGMENT(radixserve, m) {
       "Tensor(b!) k_pools, Tensor(c!) v_pools, Tensor block_table, Tensor context_lens, "
       "Tensor layer_windows, Tensor layer_ropes, int num_heads, float eps, float sm_scale, "
       "int act, Tensor(d!) k_window, Tensor(e!) v_window, Tensor window_slots, "
-      "Tensor window_table, Tensor layer_pools, bool int8_rows=False) -> ()");
+      "Tensor window_table, Tensor layer_pools) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(radixserve, CPU, m) {

@@ -25,23 +25,15 @@ void q8_gemm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
 void gguf_gemm(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& layout,
                const at::Tensor& out);
 
-// out = x qs^T with x quantized to int8 per group of 32, integer dot products with the codes
-// on AVX-512 VNNI (gemm_vnni.cpp): int4 codes (as q4_gemm's) and int8 codes (as q8_gemm's).
-// Only where vnni_available().
-void q4_gemm_vnni(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
-                  const at::Tensor& minv, const at::Tensor& out);
-void q8_gemm_vnni(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
-                  const at::Tensor& out);
-// The int8 one for a few input rows (decode), the codes read as stored: each row's arithmetic
-// is its own (the same whatever the number of rows) but not the GEMM's above.
-void q8_gemv_vnni(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
-                  const at::Tensor& out);
-// int4 codes as q4_vnni_pack packs them, for decode rows (gemm_vnni.cpp): [P * G, 256] uint8
-// words, [P * G, 16] scales and mins, P = N / 16 panels of 16 columns; each row computed as the
-// prefill GEMM computes it.
+// int8-vnni's decode rows (gemm_vnni.cpp): out = x W^T with x quantized to int8 per group of
+// 32, each row's arithmetic its own (the same whatever the number of rows); on CPUs with
+// AVX-512 VNNI. int4 codes as q4_vnni_pack packs them ([P * G, 256] uint8 words, [P * G, 16]
+// scales and mins, P = N / 16 panels of 16 columns), each row computed as the prefill GEMM
+// computes it; int8 codes as q8_gemm takes them.
 void q4_gemv_vnni_packed(const at::Tensor& x, const at::Tensor& words, const at::Tensor& pscale,
                          const at::Tensor& pminv, const at::Tensor& out);
-bool vnni_available();
+void q8_gemv_vnni(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
+                  const at::Tensor& out);
 
 // One query row per sequence over its context (its last `window` tokens, where window > 0)
 // in the paged pool (see attention.cpp).

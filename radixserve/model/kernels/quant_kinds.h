@@ -3,8 +3,9 @@
 // kind's number by name (torch.ops.radixserve.quant_kind_code, kquants.cpp).
 //   llama.cpp's GGUF blocks, byte for byte as the file holds them (kquants.cpp), numbered as
 //   GGML numbers them (so the numbers a GGUF file names are these: gguf.GGMLQuantizationType);
-//   int4, int8: radixserve's groups of 32 with float32 scales (and mins), gemm.cpp; int4-vnni:
-//   int4 codes packed for int8-vnni's decode rows (q4_vnni_pack, gemm_vnni.cpp).
+//   int4, int8: radixserve's groups of 32 with float32 scales (and mins), gemm.cpp; int4-vnni,
+//   int8-vnni: the same codes for int8-vnni's decode rows (gemm_vnni.cpp: int4 packed into
+//   q4_vnni_pack's panels, int8 as they are, with int8 activations).
 #pragma once
 
 #include <cstdint>
@@ -23,6 +24,7 @@ enum QuantKind : int64_t {
   kInt4 = 100,
   kInt8 = 101,
   kInt4Vnni = 102,  // int4 codes packed into int8-vnni's decode panels (gemm_vnni.cpp)
+  kInt8Vnni = 103,  // int8 codes, to meet int8 activations (gemm_vnni.cpp's q8_gemv_vnni)
 };
 
 inline const char* quant_kind_name(int64_t kind) {
@@ -38,6 +40,7 @@ inline const char* quant_kind_name(int64_t kind) {
     case kInt4: return "int4";
     case kInt8: return "int8";
     case kInt4Vnni: return "int4-vnni";
+    case kInt8Vnni: return "int8-vnni";
     default: return "?";
   }
 }
