@@ -86,7 +86,9 @@ class LLMEngine:
         self.grammars = GrammarCompiler(self.tokenizer.hf, vocab, sorted(parts.eos_ids))
         # One grammar bitmask row per sampled sequence of a step, refilled in place.
         self._bitmask = torch.zeros(0, self.grammars.bitmask_words, dtype=torch.int32)
-        self._closer: JsonCloser | None = None  # built with the first JSON-constrained row
+        # Built by prepare_structured_outputs, else when a JSON-constrained row first nears
+        # max_tokens.
+        self._closer: JsonCloser | None = None
         self._counters = EngineCounters()
         spec = self.config.speculative_config
         self._speculator = (
@@ -124,6 +126,20 @@ class LLMEngine:
             self._thread = threading.Thread(target=self._loop, name="radixserve-engine")
             self._thread.start()
             _running_engines.add(self)
+
+    def prepare_structured_outputs(self) -> None:
+        """Build structured outputs' per-vocabulary tables now (about 0.8 s for the default
+        model), so that the first request that needs them does not wait: llguidance's view of
+        the tokenizer, which the first grammar compile would build, and the JSON closing
+        token sets, which the engine loop would build mid-step (stalling every running
+        request) once a JSON-constrained row first nears its max_tokens. Call it before
+        start(). A table that cannot be built is logged, and left to fail as before: in the
+        requests that need it."""
+        try:
+            self.grammars.prepare()
+            self._json_closer()
+        except Exception as e:  # the tokenizer's converters raise what they like
+            log.warning("structured outputs' tables not built at start: %s", e)
 
     def is_alive(self) -> bool:
         """True while the loop thread runs and has not crashed."""
@@ -385,10 +401,14 @@ class LLMEngine:
             or not closing_starts(req.params.max_tokens, out)
         ):
             return
+        self._json_closer().steer(allowed, req.text)
+
+    def _json_closer(self) -> JsonCloser:
+        """The vocabulary's JSON closing token sets, built on first use."""
         if self._closer is None:
             vocab = self.grammars.vocab_size
             self._closer = JsonCloser(self.tokenizer.hf, vocab, self._parts.eos_ids)
-        self._closer.steer(allowed, req.text)
+        return self._closer
 
     def _postprocess(
         self, chunks: list[ScheduledChunk], firsts: list[int], result: StepResult

@@ -269,8 +269,13 @@ class GrammarCompiler:
             )
         return CompiledGrammar(matcher, self.vocab_size, self._eos or ())
 
+    def prepare(self) -> None:
+        """Build llguidance's view of the tokenizer now, not in the first compile."""
+        self._tokenizer()
+
     def _tokenizer(self) -> Any:
-        """llguidance's view of the tokenizer, built on first use (about a second)."""
+        """llguidance's view of the tokenizer, built on first use (about half a second for
+        the default model's 49,152 tokens)."""
         with self._tokenizer_lock:
             if self._ll_tokenizer is None:
                 import llguidance.hf

@@ -53,6 +53,7 @@ class RadixEngine:
         self.events = EventPublisher(
             self.engine, self.replica, get_event_log(ctx.app_name, ctx.deployment)
         )
+        self.engine.prepare_structured_outputs()
         self.engine.start()
         self.bridge = EngineBridge(self.engine)
         self.model_name = opts.served_model_name or self.engine.model_name

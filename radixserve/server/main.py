@@ -75,6 +75,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if fault:
         install_fault_injection(engine, fault)  # a bad spec is a ValueError: one line, exit 2
     try:
+        engine.prepare_structured_outputs()
         engine.start()
         return _serve(engine, opts.server_config(), tiers)
     finally:

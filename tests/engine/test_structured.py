@@ -180,3 +180,34 @@ def test_a_json_output_near_max_tokens_is_steered_to_close_and_stays_valid(
         out = col.final(rid)
         assert out.finish_reason == "stop" and len(out.token_ids) <= 24
         jsonschema.validate(json.loads(out.text), schema)
+
+
+def test_tables_built_before_start_are_the_ones_the_first_requests_use(make_tiny_engine) -> None:
+    engine, col = make_tiny_engine(num_blocks=256), Collector()
+    engine.prepare_structured_outputs()
+    closer, ll_tokenizer = engine._closer, engine.grammars._ll_tokenizer
+    assert closer is not None and ll_tokenizer is not None
+    spec = StructuredOutput.json_schema(
+        {"type": "object", "properties": {"note": {"type": "string"}}}
+    )
+    rid = engine.add_request(
+        PROMPT, constrained(spec, temperature=1.0, seed=0, max_tokens=16), on_output=col
+    )
+    run_until_idle(engine)
+    json.loads(col.final(rid).text)  # steered to close within max_tokens, by those tables
+    assert engine._closer is closer and engine.grammars._ll_tokenizer is ll_tokenizer
+
+
+def test_a_table_that_cannot_be_built_at_start_is_logged_and_left_to_the_requests(
+    make_tiny_engine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = make_tiny_engine()
+
+    def broken() -> None:
+        raise ValueError("no such vocabulary")
+
+    monkeypatch.setattr(engine.grammars, "_tokenizer", broken)
+    engine.prepare_structured_outputs()
+    assert "no such vocabulary" in caplog.text
+    with pytest.raises(InvalidRequestError, match="no such vocabulary"):
+        engine.add_request(PROMPT, constrained(SPECS["regex"]))
