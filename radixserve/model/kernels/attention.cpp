@@ -518,13 +518,11 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
             ahead[KT + ahead_n] = reinterpret_cast<const char*>(vp + row * D);
           }
           auto prefetch_ahead = [&](int64_t rows_now) {
-#ifdef RS_AVX2
             for (int64_t e = 0; e < rows_now && ahead_i < 2 * ahead_n; ++e, ++ahead_i) {
               const char* r = ahead[ahead_i < ahead_n ? ahead_i : KT + ahead_i - ahead_n];
               for (int64_t b = 0; b < D * static_cast<int64_t>(sizeof(T)); b += 64)
-                _mm_prefetch(r + b, _MM_HINT_T1);
+                __builtin_prefetch(r + b, 0, 2);  // x86: prefetcht1, into L2
             }
-#endif
           };
           for (int64_t j = 0; j < nk16; ++j) {
             if (j < nk) {
