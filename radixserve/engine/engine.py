@@ -135,11 +135,11 @@ class LLMEngine:
         request) once a JSON-constrained row first nears its max_tokens. Call it before
         start(). A table that cannot be built is logged, and left to fail as before: in the
         requests that need it."""
-        try:
-            self.grammars.prepare()
-            self._json_closer()
-        except Exception as e:  # the tokenizer's converters raise what they like
-            log.warning("structured outputs' tables not built at start: %s", e)
+        for build in (self.grammars.prepare, self._json_closer):
+            try:
+                build()
+            except Exception as e:  # the tokenizer's converters raise what they like
+                log.warning("a structured outputs' table was not built at start: %s", e)
 
     def is_alive(self) -> bool:
         """True while the loop thread runs and has not crashed."""

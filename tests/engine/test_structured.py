@@ -209,5 +209,6 @@ def test_a_table_that_cannot_be_built_at_start_is_logged_and_left_to_the_request
     monkeypatch.setattr(engine.grammars, "_tokenizer", broken)
     engine.prepare_structured_outputs()
     assert "no such vocabulary" in caplog.text
+    assert engine._closer is not None  # the other table is still built
     with pytest.raises(InvalidRequestError, match="no such vocabulary"):
         engine.add_request(PROMPT, constrained(SPECS["regex"]))
