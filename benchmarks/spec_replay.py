@@ -129,9 +129,9 @@ class _EarlierRequests:
         self.seqs: list[list[int]] = []
 
     def continuation(self, tokens: Sequence[int], namespace: Hashable, k: int) -> list[int]:
-        n = len(tokens)
+        n, head = len(tokens), list(tokens)
         for s in reversed(self.seqs):
-            if len(s) > n and s[:n] == list(tokens):
+            if len(s) > n and s[:n] == head:
                 return s[n : n + k]
         return []
 
@@ -185,9 +185,8 @@ def oracle(answers: list[Answer], k: int, n_match: int, cost: StepCost) -> Repla
         toks, n, done = list(a.prompt) + a.output[:1], len(a.output), 1
         out.plain_ms += sum(cost.step(len(a.prompt) + j, 0) for j in range(1, n))
         while done < n:
-            best = 0
+            best, tail = 0, toks[-n_match:]
             for seq in [*earlier, toks]:
-                tail = toks[-n_match:]
                 for p in range(len(seq) - n_match):
                     if seq[p : p + n_match] == tail:
                         run = 0

@@ -70,6 +70,35 @@ void quantize_rows_q8(const float* x, int64_t ldx, int64_t M, int64_t K, bool of
   });
 }
 
+// quantize_rows_q8 of x's rows [M, K], into buffers of their own.
+struct QuantizedRows {
+  std::vector<int8_t> xq;
+  std::vector<float> sx, xs;
+};
+
+QuantizedRows quantize_rows(const at::Tensor& x, bool offset) {
+  const int64_t M = x.size(0), K = x.size(1), G = K / 32;
+  QuantizedRows q{std::vector<int8_t>(M * K), std::vector<float>(M * G),
+                  std::vector<float>(M * G)};
+  quantize_rows_q8(x.data_ptr<float>(), x.stride(0), M, K, offset, q.xq.data(), q.sx.data(),
+                   q.xs.data());
+  return q;
+}
+
+// What every GEMM here takes: x [M, K] and out [M, N] as float32 rows.
+void check_rows(const at::Tensor& x, const at::Tensor& out, int64_t N) {
+  check(x.scalar_type() == at::kFloat && x.stride(1) == 1, "x must be float32 rows");
+  check(out.scalar_type() == at::kFloat && out.stride(1) == 1 && out.size(0) == x.size(0) &&
+            out.size(1) == N,
+        "out must be float32 rows [M, N]");
+}
+
+// Asks for bytes [p, p + bytes) into L2, a cache line at a time.
+inline void prefetch_l2(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(c + off, _MM_HINT_T1);
+}
+
 // One panel: 16 columns' codes over every group, each group's scales, and (int8) 128 * the
 // sum of its codes or (int4) its mins.
 struct VnniPanel {
@@ -116,14 +145,9 @@ void pack_panel(const uint8_t* qs, const float* sp, const float* mp, int64_t K, 
   const int64_t G = K / 32, row_bytes = Int4 ? K / 2 : K, group_bytes = Int4 ? 16 : 32;
   constexpr int64_t kWords = Int4 ? 4 : 8, kLoadGroups = 16 / kWords, kAheadRows = 32;
   if (n + kAheadRows < N) {
-    const char* next = reinterpret_cast<const char*>(qs + (n + kAheadRows) * row_bytes);
-    for (int64_t off = 0; off < 16 * row_bytes; off += 64) _mm_prefetch(next + off, _MM_HINT_T1);
-    const char* fs = reinterpret_cast<const char*>(sp + (n + kAheadRows) * G);
-    const char* fm = reinterpret_cast<const char*>(mp + (n + kAheadRows) * G);
-    for (int64_t off = 0; off < 16 * G * 4; off += 64) {
-      _mm_prefetch(fs + off, _MM_HINT_T1);
-      if constexpr (Int4) _mm_prefetch(fm + off, _MM_HINT_T1);
-    }
+    prefetch_l2(qs + (n + kAheadRows) * row_bytes, 16 * row_bytes);
+    prefetch_l2(sp + (n + kAheadRows) * G, 16 * G * 4);
+    if constexpr (Int4) prefetch_l2(mp + (n + kAheadRows) * G, 16 * G * 4);
   }
   const uint8_t* codes = qs + n * row_bytes;
   int64_t g = 0;
@@ -221,19 +245,13 @@ template <bool Int4>
 void gemm_vnni(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
                const float* mp, const at::Tensor& out) {
   const int64_t M = x.size(0), K = x.size(1), N = qs.size(0), G = K / 32;
-  check(x.scalar_type() == at::kFloat && x.stride(1) == 1, "x must be float32 rows");
-  check(out.scalar_type() == at::kFloat && out.stride(1) == 1 && out.size(0) == M &&
-            out.size(1) == N,
-        "out must be float32 rows [M, N]");
+  check_rows(x, out, N);
   check(K % 32 == 0 && N % 16 == 0, "K must be a multiple of 32 and N of 16");
   check(qs.is_contiguous() && scale.is_contiguous() && qs.size(1) == (Int4 ? K / 2 : K),
         "codes and scale must be contiguous [N, K (int4: K/2)], [N, K/32]");
   check(cpu_has_avx512_vnni(), "this CPU has no AVX-512 VNNI");
   if (M == 0) return;
-  std::vector<int8_t> xq(M * K);
-  std::vector<float> sx(M * G), xs(M * G);
-  quantize_rows_q8(x.data_ptr<float>(), x.stride(0), M, K, !Int4, xq.data(), sx.data(),
-                   xs.data());
+  const QuantizedRows q = quantize_rows(x, !Int4);
   const uint8_t* qp = static_cast<const uint8_t*>(qs.data_ptr());
   const float* sp = scale.data_ptr<float>();
   float* op = out.data_ptr<float>();
@@ -247,8 +265,8 @@ void gemm_vnni(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scal
       if (nt == 2) pack_panel<Int4>(qp, sp, mp, K, N, n + 16, p1);
       for (int64_t m = 0; m < M; m += kVnniRows) {
         const int mr = static_cast<int>(std::min<int64_t>(kVnniRows, M - m));
-        const int8_t* xr = xq.data() + m * K;
-        const float *sr = sx.data() + m * G, *xr_sum = xs.data() + m * G;
+        const int8_t* xr = q.xq.data() + m * K;
+        const float *sr = q.sx.data() + m * G, *xr_sum = q.xs.data() + m * G;
         float* o = op + m * ldo + n;
         with_rows<kVnniRows>(mr, [&](auto Rc) {
           constexpr int Rn = decltype(Rc)::value;
@@ -281,16 +299,13 @@ struct DecodeRows {
 
 DecodeRows decode_rows(const at::Tensor& x) {
   const int64_t M = x.size(0), K = x.size(1), G = K / 32, C = (G + 1) / 2;
-  std::vector<int8_t> xq(M * K);
-  std::vector<float> sx(M * G), xs(M * G);
-  quantize_rows_q8(x.data_ptr<float>(), x.stride(0), M, K, true, xq.data(), sx.data(),
-                   xs.data());
+  const QuantizedRows q = quantize_rows(x, true);
   DecodeRows d{C, std::vector<uint8_t>(M * C * 64), std::vector<float>(M * C * 16)};
   for (int64_t m = 0; m < M; ++m)
     for (int64_t g = 0; g < G; ++g) {
       const int64_t c = g / 2, j = g % 2;
-      std::memcpy(&d.lo[(m * C + c) * 64 + 32 * j], xq.data() + m * K + g * 32, 32);
-      for (int64_t l = 0; l < 8; ++l) d.sx[(m * C + c) * 16 + j * 8 + l] = sx[m * G + g];
+      std::memcpy(&d.lo[(m * C + c) * 64 + 32 * j], q.xq.data() + m * K + g * 32, 32);
+      for (int64_t l = 0; l < 8; ++l) d.sx[(m * C + c) * 16 + j * 8 + l] = q.sx[m * G + g];
     }
   return d;
 }
@@ -307,8 +322,7 @@ void decode_tile(const DecodeRows& d, int64_t m0, const int8_t* qs, const float*
   for (int64_t n = n0; n < n1; ++n) {
     // The rows ahead into L2, as the float32 GEMV asks for its (gemm.cpp).
     const int64_t ahead = std::min(n + 16, n1 - 1);
-    const char* next = reinterpret_cast<const char*>(qs + ahead * K);
-    for (int64_t off = 0; off < K; off += 64) _mm_prefetch(next + off, _MM_HINT_T1);
+    prefetch_l2(qs + ahead * K, K);
     _mm_prefetch(reinterpret_cast<const char*>(sp + ahead * G), _MM_HINT_T1);
     const int8_t* w = qs + n * K;
     __m512 acc[R];
@@ -345,10 +359,7 @@ constexpr int kDecodeRows = 8;  // input rows a pass over the weight rows takes
 void q8_gemv_vnni_impl(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
                        const at::Tensor& out) {
   const int64_t M = x.size(0), K = x.size(1), N = qs.size(0);
-  check(x.scalar_type() == at::kFloat && x.stride(1) == 1, "x must be float32 rows");
-  check(out.scalar_type() == at::kFloat && out.stride(1) == 1 && out.size(0) == M &&
-            out.size(1) == N,
-        "out must be float32 rows [M, N]");
+  check_rows(x, out, N);
   check(K % 32 == 0, "K must be a multiple of 32");
   check(qs.is_contiguous() && scale.is_contiguous() && qs.size(1) == K,
         "codes and scale must be contiguous [N, K], [N, K/32]");
@@ -428,19 +439,14 @@ void q4_gemv_vnni_packed_impl(const at::Tensor& x, const at::Tensor& words,
                               const at::Tensor& pscale, const at::Tensor& pminv,
                               const at::Tensor& out) {
   const int64_t M = x.size(0), K = x.size(1), G = K / 32, N = out.size(1), P = N / 16;
-  check(x.scalar_type() == at::kFloat && x.stride(1) == 1, "x must be float32 rows");
-  check(out.scalar_type() == at::kFloat && out.stride(1) == 1 && out.size(0) == M,
-        "out must be float32 rows [M, N]");
+  check_rows(x, out, N);
   check(K % 32 == 0 && N % 16 == 0 && words.is_contiguous() && words.numel() == P * G * 256 &&
             pscale.is_contiguous() && pscale.numel() == P * G * 16 && pminv.is_contiguous() &&
             pminv.numel() == P * G * 16,
         "q4_gemv_vnni_packed: panels of q4_vnni_pack for [N, K]");
   check(cpu_has_avx512_vnni(), "this CPU has no AVX-512 VNNI");
   if (M == 0) return;
-  std::vector<int8_t> xq(M * K);
-  std::vector<float> sx(M * G), xs(M * G);
-  quantize_rows_q8(x.data_ptr<float>(), x.stride(0), M, K, false, xq.data(), sx.data(),
-                   xs.data());
+  const QuantizedRows q = quantize_rows(x, false);
   const uint32_t* wp = static_cast<const uint32_t*>(words.data_ptr());
   const float* sp = pscale.data_ptr<float>();
   const float* mp = pminv.data_ptr<float>();
@@ -449,22 +455,17 @@ void q4_gemv_vnni_packed_impl(const at::Tensor& x, const at::Tensor& words,
   at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       if (p + ahead < p1) {  // the panel after next into L2, and its factors
-        const char* next = reinterpret_cast<const char*>(wp + (p + ahead) * G * 64);
-        for (int64_t off = 0; off < panel_bytes; off += 64) _mm_prefetch(next + off, _MM_HINT_T1);
-        const char* fs = reinterpret_cast<const char*>(sp + (p + ahead) * G * 16);
-        const char* fm = reinterpret_cast<const char*>(mp + (p + ahead) * G * 16);
-        for (int64_t off = 0; off < G * 64; off += 64) {
-          _mm_prefetch(fs + off, _MM_HINT_T1);
-          _mm_prefetch(fm + off, _MM_HINT_T1);
-        }
+        prefetch_l2(wp + (p + ahead) * G * 64, panel_bytes);
+        prefetch_l2(sp + (p + ahead) * G * 16, G * 64);
+        prefetch_l2(mp + (p + ahead) * G * 16, G * 64);
       }
       for (int64_t m = 0; m < M; m += kDecodeRows) {
         const int mr = static_cast<int>(std::min<int64_t>(kDecodeRows, M - m));
         with_rows<kDecodeRows>(mr, [&](auto Rc) {
           constexpr int Rn = decltype(Rc)::value;
           const PackedPanel panel{wp + p * G * 64, sp + p * G * 16, mp + p * G * 16};
-          vnni_tile<Rn, 1, true>(xq.data() + m * K, sx.data() + m * G, xs.data() + m * G, K,
-                                 &panel, op + m * ldo + p * 16, ldo);
+          vnni_tile<Rn, 1, true>(q.xq.data() + m * K, q.sx.data() + m * G, q.xs.data() + m * G,
+                                 K, &panel, op + m * ldo + p * 16, ldo);
         });
       }
     }
