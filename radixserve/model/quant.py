@@ -269,7 +269,8 @@ class QuantLinear:
     of a call (a step's prefill chunks; its decode rows come first) run on the matrix units
     when there are at least `prefill_path.min_rows` of them; the rest run the one-row kernels
     (float32, or on int8-vnni its decode-row kernel), so a decode row's result never depends
-    on what shares its step."""
+    on what shares its step. On int8-vnni an int4 matrix runs every row, decode or prefill, in
+    one call on `vnni_panels`."""
 
     def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None = None) -> None:
         self.weight, self.bias = weight, bias
@@ -314,7 +315,7 @@ class QuantLinear:
         return self._kernel
 
     def vnni_panels(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """On int8-vnni, an int4 matrix's codes packed once for its decode rows (`words`
+        """On int8-vnni, an int4 matrix's codes packed once for all its rows (`words`
         [P * G, 256] uint8, scales and mins [P * G, 16]: panels of 16 columns, gemm_vnni.cpp's
         q4_vnni_pack); None elsewhere. As many bytes again as the codes, scales and mins."""
         w = self.weight
@@ -332,8 +333,8 @@ class QuantLinear:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """(codes, scales, mins or None, layout) as the kernels take this matrix for decode
         rows (`decode_layers`' weights, `quant_linear` in layers.cpp): on int8-vnni its decode
-        rows' kinds (int4 on `vnni_panels`, each row's bits the prefill GEMM's; int8 codes as
-        they are, with int8 activations), else the codes' own. Kernels must be loaded."""
+        rows' kinds (int4 on `vnni_panels`, as its prefill rows; int8 codes as they are, with
+        int8 activations), else the codes' own. Kernels must be loaded."""
         w = self.weight
         panels = self.vnni_panels()
         if panels is not None:
@@ -346,14 +347,14 @@ class QuantLinear:
 
     def _rows_kernel(self) -> Callable[[torch.Tensor, torch.Tensor], None] | None:
         """kernel(x, out) for the rows that stay off the matrix units (decode rows, short
-        chunks): on int8-vnni its decode rows' kernel, on `decode_operands`, else the
-        float32 one."""
+        chunks; int4 on int8-vnni: all rows): on int8-vnni its decode rows' kernel, on
+        `decode_operands`, else the float32 one."""
         if self._rows is None:
             if self.prefill_path.int8_decode and self._cpu_kernel() is not None:
                 qs, scale, minv, layout = self.decode_operands()
                 kind = int(layout[0, 1])
                 if kind == kernels.quant_kind_code("int4-vnni"):
-                    v4 = kernels.op("q4_gemv_vnni_packed")
+                    v4 = kernels.op("q4_gemm_vnni")
                     self._rows = lambda x, out: v4(x, qs, scale, minv, out)
                 else:
                     v8 = kernels.op("q8_gemv_vnni")
@@ -374,9 +375,6 @@ class QuantLinear:
     def _bind_matrix(self, suffix: str) -> Callable[[torch.Tensor, torch.Tensor], None]:
         w, unit = self.weight, self.prefill_path.unit
         if self.prefill_path is PrefillPath.INT8_VNNI:  # int8 activations (gemm_vnni.cpp)
-            if w.kind == "int4":
-                v4, qs, scale, minv = kernels.op("q4_gemm_vnni"), w.qs, w.scale, w.minv
-                return lambda x, out: v4(x, qs, scale, minv, out)
             v8, qs, scale = kernels.op("q8_gemm_vnni"), w.qs, w.scale
             return lambda x, out: v8(x, qs, scale, out)
         if w.kind == "int4":
@@ -386,10 +384,12 @@ class QuantLinear:
         return lambda x, out: q8(x, qs, scale, out, unit)
 
     def _on_matrix_units(self, x: torch.Tensor, fp32_rows: int) -> bool:
-        """Whether a call over x [M, in] runs its rows past `fp32_rows` on the matrix units."""
+        """Whether a call over x [M, in] runs its rows past `fp32_rows` on the matrix units
+        (never for int4 on int8-vnni: the decode rows' panels take every row, in one call)."""
         path = self.prefill_path
         return (
             path is not PrefillPath.FP32
+            and not (path.int8_decode and self.weight.kind == "int4")
             and x.device.type == "cpu"
             and x.shape[0] - min(fp32_rows, x.shape[0]) >= path.min_rows
             and self._cpu_kernel() is not None

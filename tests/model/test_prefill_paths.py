@@ -155,23 +155,25 @@ def test_vnni_gemm_is_the_exact_product_of_int8_activations_and_the_codes(
 ) -> None:
     """The integer dot products are exact: the result is x quantized per 32 (its codes times
     their scales) times the dequantized W, to float32 summation error. 48 columns: a pair of
-    16-column panels and a single one; rows: every tail of the 6-row tile."""
+    16-column panels and a single one; rows: every tail of the 6-row tile (int4: on the panels
+    packed once, which take prefill chunks two at a time)."""
     needs(PrefillPath.INT8_VNNI)
     torch.manual_seed(rows)
     n = 48
     w = quantize(torch.randn(n, k) * 0.1, kind)
     x = torch.randn(rows, k)
-    out = torch.empty(rows, n)
     if kind == "int4":
-        ops.q4_gemm_vnni(x, w.qs, w.scale, w.minv, out)
+        out = _vnni_decode(kind, x, w)
     else:
+        out = torch.empty(rows, n)
         ops.q8_gemm_vnni(x, w.qs, w.scale, out)
     want = _q8_rows(x) @ w.dequantize().double().T
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
 
 
 def _vnni_decode(kind: str, x: torch.Tensor, w) -> torch.Tensor:
-    """int8-vnni's decode rows: int4 on the panels q4_vnni_pack packs once, int8 as stored."""
+    """int8-vnni's decode rows: int4 on the panels q4_vnni_pack packs once (prefill rows too),
+    int8 as stored."""
     n, k = w.shape
     out = torch.empty(x.shape[0], n)
     if kind == "int4":
@@ -179,7 +181,7 @@ def _vnni_decode(kind: str, x: torch.Tensor, w) -> torch.Tensor:
         words = torch.empty(groups, 256, dtype=torch.uint8)
         scale, minv = torch.empty(groups, 16), torch.empty(groups, 16)
         ops.q4_vnni_pack(w.qs, w.scale, w.minv, words, scale, minv)
-        ops.q4_gemv_vnni_packed(x, words, scale, minv, out)
+        ops.q4_gemm_vnni(x, words, scale, minv, out)
     else:
         ops.q8_gemv_vnni(x, w.qs, w.scale, out)
     return out
@@ -204,18 +206,20 @@ def test_vnni_decode_rows_are_the_exact_product_of_int8_activations_and_the_code
     torch.testing.assert_close(_vnni_decode(kind, x, w).double(), want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("rows", [1, 6, 16])
-def test_int4_decode_rows_give_the_prefill_gemms_bits(rows: int) -> None:
-    """On the packed panels an int4 decode row computes what the prefill GEMM computes for
-    it, bit for bit: a token's projections do not depend on whether it was decoded or
-    prefilled, nor on the chunk it came in."""
+@pytest.mark.parametrize("rows", [1, 6, 8])
+def test_int4_decode_rows_give_a_prefill_chunks_bits(rows: int) -> None:
+    """An int4 decode row (up to 8 rows: a panel at a time, 8 rows a pass) computes what a
+    prefill chunk (two panels at a time, 6 rows a pass) computes for it, bit for bit: a
+    token's projections do not depend on whether it was decoded or prefilled, nor on the
+    chunk it came in. 80 columns: two pairs of panels and a single one."""
     needs(PrefillPath.INT8_VNNI)
     torch.manual_seed(rows)
-    w = quantize(torch.randn(96, 544) * 0.1, "int4")
-    x = torch.randn(rows, 544)
-    prefill = torch.empty(rows, 96)
-    ops.q4_gemm_vnni(x, w.qs, w.scale, w.minv, prefill)
-    assert torch.equal(_vnni_decode("int4", x, w), prefill)
+    w = quantize(torch.randn(80, 544) * 0.1, "int4")
+    x = torch.randn(100, 544)
+    chunk = _vnni_decode("int4", x, w)
+    for r in (0, 37, 100 - rows):
+        alone = _vnni_decode("int4", x[r : r + rows].contiguous(), w)
+        assert torch.equal(alone, chunk[r : r + rows])
 
 
 @pytest.mark.parametrize("kind", ["int4", "int8"])
@@ -421,8 +425,9 @@ def test_decode_rows_of_a_mixed_call_equal_the_float32_kernel_bit_for_bit() -> N
 
 def test_int8_vnni_runs_decode_rows_with_int8_activations_whatever_shares_the_call() -> None:
     """On int8-vnni the first `fp32_rows` rows (decode rows) and short chunks take the decode
-    rows' kernel, bit for bit what each row gets alone; a long chunk after them takes the
-    prefill GEMM; both are the int8 product, not float32's."""
+    rows' kernel, bit for bit what each row gets alone; an int4 matrix runs a long chunk after
+    them on the same panels, in the same call, so its rows too are what each gets alone; all
+    are the int8 product, not float32's."""
     needs(PrefillPath.INT8_VNNI)
     torch.manual_seed(2)
     lin = _codes_linear(96, 128, PrefillPath.INT8_VNNI)
@@ -432,6 +437,7 @@ def test_int8_vnni_runs_decode_rows_with_int8_activations_whatever_shares_the_ca
         assert torch.equal(out[r], lin(x[r : r + 1])[0])
     short = lin(x[3:8])  # fewer rows than min_rows: the decode rows' kernel too
     assert torch.equal(short[1], lin(x[4:5])[0])
+    assert torch.equal(out[30], lin(x[30:31])[0])
     want = _q8_rows(x) @ lin.weight.dequantize().double().T
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
     ref = _codes_linear(96, 128, PrefillPath.FP32)

@@ -1,6 +1,7 @@
 // GEMMs of int4/int8 codes with int8 activations on AVX-512 VNNI (vpdpbusd: 4 byte products
-// summed into each of 16 int32 lanes), for CPUs that have VNNI but no bfloat16 units: prefill
-// chunks here, decode rows below (int8 codes in place; int4 on panels packed once).
+// summed into each of 16 int32 lanes), for CPUs that have VNNI but no bfloat16 units: int8
+// codes' prefill chunks here and their decode rows below (codes read in place); int4 codes'
+// rows of both kinds on panels packed once, last.
 // Each input row is quantized per group of 32 (scale = max|x| / 127, codes rounded to nearest):
 //   int8 W (w = s * q):         y = sum_g sx_g * s_g * (xq_g . q_g)
 //   int4 W (w = s * q + min):   y = sum_g sx_g * (s_g * (xq_g . q_g) + min_g * sum(xq_g))
@@ -131,8 +132,8 @@ inline void put_group_words(const __m512i* w, int64_t g, VnniPanel& p) {
   }
 }
 
-// Fill `p` with W's rows n..n+15 (N is a multiple of 16; a panel is rebuilt every call, so
-// this runs N x K / 4 lanes per call): 64 bytes of codes of each row at a time (4 int4 groups,
+// Fill `p` with W's rows n..n+15 (N is a multiple of 16; int8 panels are rebuilt every call,
+// so this runs N x K / 4 lanes per call; int4 ones once, by q4_vnni_pack): 64 bytes of codes of each row at a time (4 int4 groups,
 // 2 int8 ones) and the scales (and mins) of 16 groups, transposed in registers so that a
 // vector holds one word of every row; the groups left over are gathered a word at a time.
 // Asks for the panel `kAheadRows` rows on (where N has it) into L2 first: a panel's 16 rows are
@@ -185,12 +186,12 @@ constexpr int kVnniRows = 6;  // 6 rows x 2 panels: 12 int32 + 12 float32 accumu
 
 // A panel as vnni_tile reads it: group g's vector j of its 16 columns' code words (int4: one
 // nibble a byte, j < 4 the low nibbles, j >= 4 the high ones) and the group's [16] scales,
-// mins (int4) and offsets (int8). SplitPanel: pack_panel's, rebuilt every call.
+// mins (int4) and offsets (int8). SplitPanel: pack_panel's int8 one, rebuilt every call;
+// PackedPanel (below): int4, packed once.
 struct SplitPanel {
   const VnniPanel* p;
   __m512i words(int64_t g, int j) const { return _mm512_loadu_si512(&p->words[(g * 8 + j) * 16]); }
   const float* scale(int64_t g) const { return &p->scale[g * 16]; }
-  const float* minv(int64_t g) const { return &p->minv[g * 16]; }
   const int32_t* offset(int64_t g) const { return &p->offset[g * 16]; }
 };
 
@@ -240,18 +241,18 @@ void vnni_tile(const int8_t* xq, const float* sx, const float* xs, int64_t K,
     for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + r * ldo + 16 * t, acc[r][t]);
 }
 
-// out [M, N] = x W^T from int4 (minv given) or int8 codes, x quantized to int8 per group.
-template <bool Int4>
-void gemm_vnni(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
-               const float* mp, const at::Tensor& out) {
+// out [M, N] = x W^T from int8 codes, x quantized to int8 per group (the prefill chunks of
+// int8 matrices; int4 ones run on panels packed once, below).
+void q8_gemm_vnni_impl(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
+                       const at::Tensor& out) {
   const int64_t M = x.size(0), K = x.size(1), N = qs.size(0), G = K / 32;
   check_rows(x, out, N);
   check(K % 32 == 0 && N % 16 == 0, "K must be a multiple of 32 and N of 16");
-  check(qs.is_contiguous() && scale.is_contiguous() && qs.size(1) == (Int4 ? K / 2 : K),
-        "codes and scale must be contiguous [N, K (int4: K/2)], [N, K/32]");
+  check(qs.is_contiguous() && scale.is_contiguous() && qs.size(1) == K,
+        "codes and scale must be contiguous [N, K], [N, K/32]");
   check(cpu_has_avx512_vnni(), "this CPU has no AVX-512 VNNI");
   if (M == 0) return;
-  const QuantizedRows q = quantize_rows(x, !Int4);
+  const QuantizedRows q = quantize_rows(x, true);
   const uint8_t* qp = static_cast<const uint8_t*>(qs.data_ptr());
   const float* sp = scale.data_ptr<float>();
   float* op = out.data_ptr<float>();
@@ -261,8 +262,8 @@ void gemm_vnni(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scal
     const SplitPanel panels[2] = {{&p0}, {&p1}};
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t n = b * 32, nt = std::min<int64_t>(2, (N - n) / 16);
-      pack_panel<Int4>(qp, sp, mp, K, N, n, p0);
-      if (nt == 2) pack_panel<Int4>(qp, sp, mp, K, N, n + 16, p1);
+      pack_panel<false>(qp, sp, nullptr, K, N, n, p0);
+      if (nt == 2) pack_panel<false>(qp, sp, nullptr, K, N, n + 16, p1);
       for (int64_t m = 0; m < M; m += kVnniRows) {
         const int mr = static_cast<int>(std::min<int64_t>(kVnniRows, M - m));
         const int8_t* xr = q.xq.data() + m * K;
@@ -270,8 +271,8 @@ void gemm_vnni(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scal
         float* o = op + m * ldo + n;
         with_rows<kVnniRows>(mr, [&](auto Rc) {
           constexpr int Rn = decltype(Rc)::value;
-          nt == 2 ? vnni_tile<Rn, 2, Int4>(xr, sr, xr_sum, K, panels, o, ldo)
-                  : vnni_tile<Rn, 1, Int4>(xr, sr, xr_sum, K, panels, o, ldo);
+          nt == 2 ? vnni_tile<Rn, 2, false>(xr, sr, xr_sum, K, panels, o, ldo)
+                  : vnni_tile<Rn, 1, false>(xr, sr, xr_sum, K, panels, o, ldo);
         });
       }
     }
@@ -279,7 +280,7 @@ void gemm_vnni(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scal
 }
 
 // ---- int8 decode rows: the codes read in place, a few input rows at a time ----
-// A prefill GEMM's panels are rebuilt every call, which pays for many input rows; one decode
+// The prefill GEMM's panels are rebuilt every call, which pays for many input rows; one decode
 // row would spend its step transposing codes. Here each int8 weight row is read as stored, 64
 // bytes (a chunk: 2 groups) into one vector, and meets up to 8 input rows arranged to match:
 // the vector's lane l sums 4 code products of group l / 8 of the chunk. Per weight row n and
@@ -381,14 +382,14 @@ void q8_gemv_vnni_impl(const at::Tensor& x, const at::Tensor& qs, const at::Tens
   });
 }
 
-// ---- int4 decode rows on panels packed once ----
-// The prefill GEMM's panels (pack_panel) hold int4 codes split into nibbles and are rebuilt
-// every call. QuantLinear packs an int4 matrix once on this path (q4_vnni_pack) into panels
-// of 16 columns whose words keep both nibbles (word (j, c) of group g: column c's code bytes
-// 4j..4j+3, as stored: the low nibbles codes 4j.., the high ones 16 + 4j..), with each group's
-// scales and mins transposed beside them: the decode rows then read the same bytes a step as
-// from the matrix as stored, in one stream, and need neither transposes nor horizontal sums.
-// The rows run vnni_tile itself, so a decode row gives the bits a prefill row does.
+// ---- int4: decode rows and prefill chunks on panels packed once ----
+// QuantLinear packs an int4 matrix once on this path (q4_vnni_pack) into panels of 16 columns
+// whose words keep both nibbles (word (j, c) of group g: column c's code bytes 4j..4j+3, as
+// stored: the low nibbles codes 4j.., the high ones 16 + 4j..), with each group's scales and
+// mins transposed beside them: decode rows then read the same bytes a step as from the matrix
+// as stored, in one stream, and need neither transposes nor horizontal sums; prefill chunks
+// skip the packing a per-call panel costs (pack_panel's, split into nibbles). Every row runs
+// vnni_tile, so a token's projections give the same bits decoded or prefilled, in any chunk.
 
 // words [P * G, 256] uint8 (64 words; P = N / 16 panels), scale / minv [P * G, 16] float32
 // from qs [N, K/2], scale / minv [N, K/32].
@@ -435,7 +436,7 @@ struct PackedPanel {
 };
 
 // out [M, N] = x W^T on q4_vnni_pack's panels.
-void q4_gemv_vnni_packed_impl(const at::Tensor& x, const at::Tensor& words,
+void q4_gemm_vnni_impl(const at::Tensor& x, const at::Tensor& words,
                               const at::Tensor& pscale, const at::Tensor& pminv,
                               const at::Tensor& out) {
   const int64_t M = x.size(0), K = x.size(1), G = K / 32, N = out.size(1), P = N / 16;
@@ -443,7 +444,7 @@ void q4_gemv_vnni_packed_impl(const at::Tensor& x, const at::Tensor& words,
   check(K % 32 == 0 && N % 16 == 0 && words.is_contiguous() && words.numel() == P * G * 256 &&
             pscale.is_contiguous() && pscale.numel() == P * G * 16 && pminv.is_contiguous() &&
             pminv.numel() == P * G * 16,
-        "q4_gemv_vnni_packed: panels of q4_vnni_pack for [N, K]");
+        "q4_gemm_vnni: panels of q4_vnni_pack for [N, K]");
   check(cpu_has_avx512_vnni(), "this CPU has no AVX-512 VNNI");
   if (M == 0) return;
   const QuantizedRows q = quantize_rows(x, false);
@@ -451,22 +452,38 @@ void q4_gemv_vnni_packed_impl(const at::Tensor& x, const at::Tensor& words,
   const float* sp = pscale.data_ptr<float>();
   const float* mp = pminv.data_ptr<float>();
   float* op = out.data_ptr<float>();
+  // Decode rows (up to 8) take one panel at a time, 8 rows a pass; prefill chunks two, 6 rows
+  // a pass, as the prefill GEMM's tile, which halves the passes over their int8 rows (a 2k
+  // chunk's are larger than L2). Each output lane's arithmetic is the same either way.
+  const int64_t span = M > kDecodeRows ? 2 : 1, units = (P + span - 1) / span;
   const int64_t ldo = out.stride(0), panel_bytes = G * 64 * 4, ahead = 2;
-  at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      if (p + ahead < p1) {  // the panel after next into L2, and its factors
-        prefetch_l2(wp + (p + ahead) * G * 64, panel_bytes);
-        prefetch_l2(sp + (p + ahead) * G * 16, G * 64);
-        prefetch_l2(mp + (p + ahead) * G * 16, G * 64);
+  at::parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t p = u * span, nt = std::min(span, P - p);
+      if (u + ahead < u1) {  // the unit after next into L2, and its factors
+        const int64_t next = (u + ahead) * span, n_next = std::min(span, P - next);
+        prefetch_l2(wp + next * G * 64, n_next * panel_bytes);
+        prefetch_l2(sp + next * G * 16, n_next * G * 64);
+        prefetch_l2(mp + next * G * 16, n_next * G * 64);
       }
-      for (int64_t m = 0; m < M; m += kDecodeRows) {
-        const int mr = static_cast<int>(std::min<int64_t>(kDecodeRows, M - m));
-        with_rows<kDecodeRows>(mr, [&](auto Rc) {
-          constexpr int Rn = decltype(Rc)::value;
-          const PackedPanel panel{wp + p * G * 64, sp + p * G * 16, mp + p * G * 16};
-          vnni_tile<Rn, 1, true>(q.xq.data() + m * K, q.sx.data() + m * G, q.xs.data() + m * G,
-                                 K, &panel, op + m * ldo + p * 16, ldo);
-        });
+      const PackedPanel panels[2] = {
+          {wp + p * G * 64, sp + p * G * 16, mp + p * G * 16},
+          {wp + (p + nt - 1) * G * 64, sp + (p + nt - 1) * G * 16, mp + (p + nt - 1) * G * 16}};
+      float* o = op + p * 16;
+      if (nt == 2) {
+        for (int64_t m = 0; m < M; m += kVnniRows)
+          with_rows<kVnniRows>(static_cast<int>(std::min<int64_t>(kVnniRows, M - m)), [&](auto R) {
+            vnni_tile<decltype(R)::value, 2, true>(q.xq.data() + m * K, q.sx.data() + m * G,
+                                                   q.xs.data() + m * G, K, panels, o + m * ldo,
+                                                   ldo);
+          });
+      } else {
+        for (int64_t m = 0; m < M; m += kDecodeRows)
+          with_rows<kDecodeRows>(static_cast<int>(std::min<int64_t>(kDecodeRows, M - m)), [&](auto R) {
+            vnni_tile<decltype(R)::value, 1, true>(q.xq.data() + m * K, q.sx.data() + m * G,
+                                                   q.xs.data() + m * G, K, panels, o + m * ldo,
+                                                   ldo);
+          });
       }
     }
   });
@@ -481,23 +498,11 @@ bool vnni_available() {
 #endif
 }
 
-void q4_gemm_vnni([[maybe_unused]] const at::Tensor& x, [[maybe_unused]] const at::Tensor& qs,
-                  [[maybe_unused]] const at::Tensor& scale,
-                  [[maybe_unused]] const at::Tensor& minv,
-                  [[maybe_unused]] const at::Tensor& out) {
-#ifdef RS_AVX512_VNNI
-  check(minv.is_contiguous() && minv.sizes() == scale.sizes(), "minv must match scale");
-  gemm_vnni<true>(x, qs, scale, minv.data_ptr<float>(), out);
-#else
-  check(false, "this build has no AVX-512 VNNI code");
-#endif
-}
-
 void q8_gemm_vnni([[maybe_unused]] const at::Tensor& x, [[maybe_unused]] const at::Tensor& qs,
                   [[maybe_unused]] const at::Tensor& scale,
                   [[maybe_unused]] const at::Tensor& out) {
 #ifdef RS_AVX512_VNNI
-  gemm_vnni<false>(x, qs, scale, nullptr, out);
+  q8_gemm_vnni_impl(x, qs, scale, out);
 #else
   check(false, "this build has no AVX-512 VNNI code");
 #endif
@@ -516,13 +521,12 @@ void q4_vnni_pack([[maybe_unused]] const at::Tensor& qs, [[maybe_unused]] const 
 
 }  // namespace
 
-void q4_gemv_vnni_packed([[maybe_unused]] const at::Tensor& x,
-                         [[maybe_unused]] const at::Tensor& words,
-                         [[maybe_unused]] const at::Tensor& pscale,
-                         [[maybe_unused]] const at::Tensor& pminv,
-                         [[maybe_unused]] const at::Tensor& out) {
+void q4_gemm_vnni([[maybe_unused]] const at::Tensor& x, [[maybe_unused]] const at::Tensor& words,
+                  [[maybe_unused]] const at::Tensor& pscale,
+                  [[maybe_unused]] const at::Tensor& pminv,
+                  [[maybe_unused]] const at::Tensor& out) {
 #ifdef RS_AVX512_VNNI
-  q4_gemv_vnni_packed_impl(x, words, pscale, pminv, out);
+  q4_gemm_vnni_impl(x, words, pscale, pminv, out);
 #else
   check(false, "this build has no AVX-512 VNNI code");
 #endif
@@ -561,23 +565,19 @@ void q8_quantize_rows([[maybe_unused]] const at::Tensor& x, [[maybe_unused]] con
 }  // namespace radixserve
 
 TORCH_LIBRARY_FRAGMENT(radixserve, m) {
-  m.def("q4_gemm_vnni(Tensor x, Tensor qs, Tensor scale, Tensor minv, Tensor(a!) out) -> ()");
   m.def("q8_gemm_vnni(Tensor x, Tensor qs, Tensor scale, Tensor(a!) out) -> ()");
   m.def("q8_quantize_rows(Tensor x, Tensor(a!) xq, Tensor(b!) sx) -> ()");
   m.def("q8_gemv_vnni(Tensor x, Tensor qs, Tensor scale, Tensor(a!) out) -> ()");
   m.def(
       "q4_vnni_pack(Tensor qs, Tensor scale, Tensor minv, Tensor(a!) words, Tensor(b!) pscale, "
       "Tensor(c!) pminv) -> ()");
-  m.def(
-      "q4_gemv_vnni_packed(Tensor x, Tensor words, Tensor pscale, Tensor pminv, Tensor(a!) out) "
-      "-> ()");
+  m.def("q4_gemm_vnni(Tensor x, Tensor words, Tensor pscale, Tensor pminv, Tensor(a!) out) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
-  m.impl("q4_gemm_vnni", &radixserve::q4_gemm_vnni);
   m.impl("q8_gemm_vnni", &radixserve::q8_gemm_vnni);
   m.impl("q8_quantize_rows", &radixserve::q8_quantize_rows);
   m.impl("q8_gemv_vnni", &radixserve::q8_gemv_vnni);
   m.impl("q4_vnni_pack", &radixserve::q4_vnni_pack);
-  m.impl("q4_gemv_vnni_packed", &radixserve::q4_gemv_vnni_packed);
+  m.impl("q4_gemm_vnni", &radixserve::q4_gemm_vnni);
 }

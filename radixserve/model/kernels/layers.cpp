@@ -186,7 +186,7 @@ void quant_linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& s
   const int64_t k = layout.data_ptr<int64_t>()[1];
   if (k == kInt4) return q4_gemm(x, qs, scale, minv, out);
   if (k == kInt8) return q8_gemm(x, qs, scale, out);
-  if (k == kInt4Vnni) return q4_gemv_vnni_packed(x, qs, scale, minv, out);
+  if (k == kInt4Vnni) return q4_gemm_vnni(x, qs, scale, minv, out);
   if (k == kInt8Vnni) return q8_gemv_vnni(x, qs, scale, out);
   gguf_gemm(x, qs, layout, out);
 }

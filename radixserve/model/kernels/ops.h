@@ -25,13 +25,13 @@ void q8_gemm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
 void gguf_gemm(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& layout,
                const at::Tensor& out);
 
-// int8-vnni's decode rows (gemm_vnni.cpp): out = x W^T with x quantized to int8 per group of
-// 32, each row's arithmetic its own (the same whatever the number of rows); on CPUs with
-// AVX-512 VNNI. int4 codes as q4_vnni_pack packs them ([P * G, 256] uint8 words, [P * G, 16]
-// scales and mins, P = N / 16 panels of 16 columns), each row computed as the prefill GEMM
-// computes it; int8 codes as q8_gemm takes them.
-void q4_gemv_vnni_packed(const at::Tensor& x, const at::Tensor& words, const at::Tensor& pscale,
-                         const at::Tensor& pminv, const at::Tensor& out);
+// int8-vnni's GEMMs of decode rows (gemm_vnni.cpp): out = x W^T with x quantized to int8 per
+// group of 32, each row's arithmetic its own (the same whatever the number of rows); on CPUs
+// with AVX-512 VNNI. int4 codes as q4_vnni_pack packs them ([P * G, 256] uint8 words,
+// [P * G, 16] scales and mins, P = N / 16 panels of 16 columns), prefill rows too; int8 codes
+// as q8_gemm takes them.
+void q4_gemm_vnni(const at::Tensor& x, const at::Tensor& words, const at::Tensor& pscale,
+                  const at::Tensor& pminv, const at::Tensor& out);
 void q8_gemv_vnni(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
                   const at::Tensor& out);
 
