@@ -133,9 +133,10 @@ inline void put_group_words(const __m512i* w, int64_t g, VnniPanel& p) {
 }
 
 // Fill `p` with W's rows n..n+15 (N is a multiple of 16; int8 panels are rebuilt every call,
-// so this runs N x K / 4 lanes per call; int4 ones once, by q4_vnni_pack): 64 bytes of codes of each row at a time (4 int4 groups,
-// 2 int8 ones) and the scales (and mins) of 16 groups, transposed in registers so that a
-// vector holds one word of every row; the groups left over are gathered a word at a time.
+// so this runs N x K / 4 lanes per call; int4 ones once, by q4_vnni_pack): 64 bytes of codes
+// of each row at a time (4 int4 groups, 2 int8 ones) and the scales (and mins) of 16 groups,
+// transposed in registers so that a vector holds one word of every row; the groups left over
+// are gathered a word at a time.
 // Asks for the panel `kAheadRows` rows on (where N has it) into L2 first: a panel's 16 rows are
 // too short a stream each for the hardware prefetchers, and few input rows leave the packing
 // bound by memory (Zen 4, the default model's 120 GEMMs of a step at 1 and 6 rows: 10.5 and
@@ -435,10 +436,23 @@ struct PackedPanel {
   const float* minv(int64_t g) const { return m + g * 16; }
 };
 
+// out[m, 16 NT columns from panels[0]] for rows m < M of q, kRows rows a pass.
+template <int NT, int kRows>
+void packed_rows(const QuantizedRows& q, int64_t M, int64_t K, const PackedPanel* panels,
+                 float* out, int64_t ldo) {
+  const int64_t G = K / 32;
+  for (int64_t m = 0; m < M; m += kRows) {
+    const int mr = static_cast<int>(std::min<int64_t>(kRows, M - m));
+    with_rows<kRows>(mr, [&](auto Rc) {
+      vnni_tile<decltype(Rc)::value, NT, true>(q.xq.data() + m * K, q.sx.data() + m * G,
+                                               q.xs.data() + m * G, K, panels, out + m * ldo, ldo);
+    });
+  }
+}
+
 // out [M, N] = x W^T on q4_vnni_pack's panels.
-void q4_gemm_vnni_impl(const at::Tensor& x, const at::Tensor& words,
-                              const at::Tensor& pscale, const at::Tensor& pminv,
-                              const at::Tensor& out) {
+void q4_gemm_vnni_impl(const at::Tensor& x, const at::Tensor& words, const at::Tensor& pscale,
+                       const at::Tensor& pminv, const at::Tensor& out) {
   const int64_t M = x.size(0), K = x.size(1), G = K / 32, N = out.size(1), P = N / 16;
   check_rows(x, out, N);
   check(K % 32 == 0 && N % 16 == 0 && words.is_contiguous() && words.numel() == P * G * 256 &&
@@ -469,22 +483,10 @@ void q4_gemm_vnni_impl(const at::Tensor& x, const at::Tensor& words,
       const PackedPanel panels[2] = {
           {wp + p * G * 64, sp + p * G * 16, mp + p * G * 16},
           {wp + (p + nt - 1) * G * 64, sp + (p + nt - 1) * G * 16, mp + (p + nt - 1) * G * 16}};
-      float* o = op + p * 16;
-      if (nt == 2) {
-        for (int64_t m = 0; m < M; m += kVnniRows)
-          with_rows<kVnniRows>(static_cast<int>(std::min<int64_t>(kVnniRows, M - m)), [&](auto R) {
-            vnni_tile<decltype(R)::value, 2, true>(q.xq.data() + m * K, q.sx.data() + m * G,
-                                                   q.xs.data() + m * G, K, panels, o + m * ldo,
-                                                   ldo);
-          });
-      } else {
-        for (int64_t m = 0; m < M; m += kDecodeRows)
-          with_rows<kDecodeRows>(static_cast<int>(std::min<int64_t>(kDecodeRows, M - m)), [&](auto R) {
-            vnni_tile<decltype(R)::value, 1, true>(q.xq.data() + m * K, q.sx.data() + m * G,
-                                                   q.xs.data() + m * G, K, panels, o + m * ldo,
-                                                   ldo);
-          });
-      }
+      if (nt == 2)
+        packed_rows<2, kVnniRows>(q, M, K, panels, op + p * 16, ldo);
+      else
+        packed_rows<1, kDecodeRows>(q, M, K, panels, op + p * 16, ldo);
     }
   });
 }
