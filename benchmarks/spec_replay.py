@@ -150,6 +150,11 @@ class Replay:
         return self.plain_ms / self.spec_ms
 
 
+def plain_ms(a: Answer, cost: StepCost) -> float:
+    """Modelled time of `a`'s decode steps without speculation (the first token is prefill's)."""
+    return sum(cost.step(len(a.prompt) + j, 0) for j in range(1, len(a.output)))
+
+
 def replay(answers: list[Answer], spec_json: str, cost: StepCost, row_scale: float) -> Replay:
     """The engine's drafters and draft-length policy over `answers`, one request at a time."""
     config = parse_speculative_config(spec_json)
@@ -159,7 +164,7 @@ def replay(answers: list[Answer], spec_json: str, cost: StepCost, row_scale: flo
     for i, a in enumerate(answers):
         req = _Req(f"r{i}", list(a.prompt) + a.output[:1], len(a.prompt))
         n, done = len(a.output), 1
-        out.plain_ms += sum(cost.step(len(a.prompt) + j, 0) for j in range(1, n))
+        out.plain_ms += plain_ms(a, cost)
         while done < n:
             drafts = spec.propose(req, n - done - 1)  # type: ignore[arg-type]
             ok = 0
@@ -183,7 +188,7 @@ def oracle(answers: list[Answer], k: int, n_match: int, cost: StepCost) -> Repla
     out, earlier = Replay(), []
     for a in answers:
         toks, n, done = list(a.prompt) + a.output[:1], len(a.output), 1
-        out.plain_ms += sum(cost.step(len(a.prompt) + j, 0) for j in range(1, n))
+        out.plain_ms += plain_ms(a, cost)
         while done < n:
             best, tail = 0, toks[-n_match:]
             for seq in [*earlier, toks]:

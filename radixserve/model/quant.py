@@ -314,12 +314,17 @@ class QuantLinear:
                 self._kernel = lambda x, out: q8(x, qs, scale, out)
         return self._kernel
 
+    def _on_panels(self) -> bool:
+        """Whether every row of this matrix, decode or prefill, runs on `vnni_panels` (int4
+        on int8-vnni)."""
+        return self.prefill_path.int8_decode and self.weight.kind == "int4"
+
     def vnni_panels(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """On int8-vnni, an int4 matrix's codes packed once for all its rows (`words`
         [P * G, 256] uint8, scales and mins [P * G, 16]: panels of 16 columns, gemm_vnni.cpp's
         q4_vnni_pack); None elsewhere. As many bytes again as the codes, scales and mins."""
         w = self.weight
-        if self._panels is None and self.prefill_path.int8_decode and w.kind == "int4":
+        if self._panels is None and self._on_panels():
             assert w.minv is not None
             groups = (self.out_features // 16) * (self.in_features // 32)
             words = torch.empty(groups, 256, dtype=torch.uint8)
@@ -389,7 +394,7 @@ class QuantLinear:
         path = self.prefill_path
         return (
             path is not PrefillPath.FP32
-            and not (path.int8_decode and self.weight.kind == "int4")
+            and not self._on_panels()
             and x.device.type == "cpu"
             and x.shape[0] - min(fp32_rows, x.shape[0]) >= path.min_rows
             and self._cpu_kernel() is not None

@@ -242,6 +242,20 @@ void vnni_tile(const int8_t* xq, const float* sx, const float* xs, int64_t K,
     for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + r * ldo + 16 * t, acc[r][t]);
 }
 
+// out[m, the 16 NT columns of panels] for every row m < M of q, kRows rows a pass.
+template <int NT, int kRows, bool Int4, typename Panel>
+void tile_rows(const QuantizedRows& q, int64_t M, int64_t K, const Panel* panels, float* out,
+               int64_t ldo) {
+  const int64_t G = K / 32;
+  for (int64_t m = 0; m < M; m += kRows) {
+    const int mr = static_cast<int>(std::min<int64_t>(kRows, M - m));
+    with_rows<kRows>(mr, [&](auto Rc) {
+      vnni_tile<decltype(Rc)::value, NT, Int4>(q.xq.data() + m * K, q.sx.data() + m * G,
+                                               q.xs.data() + m * G, K, panels, out + m * ldo, ldo);
+    });
+  }
+}
+
 // out [M, N] = x W^T from int8 codes, x quantized to int8 per group (the prefill chunks of
 // int8 matrices; int4 ones run on panels packed once, below).
 void q8_gemm_vnni_impl(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
@@ -264,17 +278,11 @@ void q8_gemm_vnni_impl(const at::Tensor& x, const at::Tensor& qs, const at::Tens
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t n = b * 32, nt = std::min<int64_t>(2, (N - n) / 16);
       pack_panel<false>(qp, sp, nullptr, K, N, n, p0);
-      if (nt == 2) pack_panel<false>(qp, sp, nullptr, K, N, n + 16, p1);
-      for (int64_t m = 0; m < M; m += kVnniRows) {
-        const int mr = static_cast<int>(std::min<int64_t>(kVnniRows, M - m));
-        const int8_t* xr = q.xq.data() + m * K;
-        const float *sr = q.sx.data() + m * G, *xr_sum = q.xs.data() + m * G;
-        float* o = op + m * ldo + n;
-        with_rows<kVnniRows>(mr, [&](auto Rc) {
-          constexpr int Rn = decltype(Rc)::value;
-          nt == 2 ? vnni_tile<Rn, 2, false>(xr, sr, xr_sum, K, panels, o, ldo)
-                  : vnni_tile<Rn, 1, false>(xr, sr, xr_sum, K, panels, o, ldo);
-        });
+      if (nt == 2) {
+        pack_panel<false>(qp, sp, nullptr, K, N, n + 16, p1);
+        tile_rows<2, kVnniRows, false>(q, M, K, panels, op + n, ldo);
+      } else {
+        tile_rows<1, kVnniRows, false>(q, M, K, panels, op + n, ldo);
       }
     }
   });
@@ -436,20 +444,6 @@ struct PackedPanel {
   const float* minv(int64_t g) const { return m + g * 16; }
 };
 
-// out[m, 16 NT columns from panels[0]] for rows m < M of q, kRows rows a pass.
-template <int NT, int kRows>
-void packed_rows(const QuantizedRows& q, int64_t M, int64_t K, const PackedPanel* panels,
-                 float* out, int64_t ldo) {
-  const int64_t G = K / 32;
-  for (int64_t m = 0; m < M; m += kRows) {
-    const int mr = static_cast<int>(std::min<int64_t>(kRows, M - m));
-    with_rows<kRows>(mr, [&](auto Rc) {
-      vnni_tile<decltype(Rc)::value, NT, true>(q.xq.data() + m * K, q.sx.data() + m * G,
-                                               q.xs.data() + m * G, K, panels, out + m * ldo, ldo);
-    });
-  }
-}
-
 // out [M, N] = x W^T on q4_vnni_pack's panels.
 void q4_gemm_vnni_impl(const at::Tensor& x, const at::Tensor& words, const at::Tensor& pscale,
                        const at::Tensor& pminv, const at::Tensor& out) {
@@ -484,9 +478,9 @@ void q4_gemm_vnni_impl(const at::Tensor& x, const at::Tensor& words, const at::T
           {wp + p * G * 64, sp + p * G * 16, mp + p * G * 16},
           {wp + (p + nt - 1) * G * 64, sp + (p + nt - 1) * G * 16, mp + (p + nt - 1) * G * 16}};
       if (nt == 2)
-        packed_rows<2, kVnniRows>(q, M, K, panels, op + p * 16, ldo);
+        tile_rows<2, kVnniRows, true>(q, M, K, panels, op + p * 16, ldo);
       else
-        packed_rows<1, kDecodeRows>(q, M, K, panels, op + p * 16, ldo);
+        tile_rows<1, kDecodeRows, true>(q, M, K, panels, op + p * 16, ldo);
     }
   });
 }
