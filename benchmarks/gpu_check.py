@@ -163,17 +163,18 @@ class Models:
             return
         from transformers import LlamaForCausalLM
 
-        from radixserve.model.files import resolve_model
+        from radixserve.model.files import hf_export_dir, resolve_model
         from radixserve.model.loader import load_state_dict
 
         files = resolve_model(model)
+        hf_dir = hf_export_dir(files)
         config = ModelConfig.from_dir(files.path)
         extend = max(config.max_position_embeddings, max_len)
         self.config = dataclasses.replace(config, max_position_embeddings=extend)
         self.hf_fp32 = LlamaForCausalLM.from_pretrained(
-            files.path, max_position_embeddings=extend, dtype=torch.float32
+            hf_dir, max_position_embeddings=extend, dtype=torch.float32
         ).eval()
-        self.state = load_state_dict(files.path, torch.float32)
+        self.state = load_state_dict(hf_dir, torch.float32)
         self.tokenizer = Tokenizer.from_dir(files.path)
         raised = f", positions raised to {extend:,} in both" if extend > 8192 else ""
         self.title = f"{files.name}{raised}"

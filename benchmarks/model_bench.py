@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from radixserve.model.batch import SeqChunk, build_batch
-from radixserve.model.files import resolve_model
+from radixserve.model.files import hf_export_dir, resolve_model
 from radixserve.model.kv_pool import KVPool
 from radixserve.model.loader import load_model
 
@@ -100,7 +100,7 @@ def main() -> None:
     for name in args.dtypes:
         dtype = DTYPES[name]
         ours = load_model(files, dtype, torch.device("cpu"))
-        hf = LlamaForCausalLM.from_pretrained(str(files.path), dtype=dtype).eval()
+        hf = LlamaForCausalLM.from_pretrained(str(hf_export_dir(files)), dtype=dtype).eval()
         for n in args.lengths:
             a = ours_prefill(ours, n, dtype, args.reps)
             b = hf_prefill(hf, n, args.reps)

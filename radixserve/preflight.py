@@ -76,8 +76,9 @@ def check_engine_args(args: argparse.Namespace) -> None:
         check_pool_holds_request,
         parse_memory,
     )
+    from radixserve.model.loader import load_memory
 
-    check_model_fits_memory(config.num_parameters(), dtype, device)
+    check_model_fits_memory(*load_memory(files, config, dtype, quantization), device)
 
     try:
         kv_dtype = resolve_kv_cache_dtype(getattr(args, "kv_cache_dtype", "auto"), dtype)

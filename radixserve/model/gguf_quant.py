@@ -1,122 +1,185 @@
-"""Read a GGUF file's quantized matrices as QuantizedWeights, their blocks as the file stores
-them (kind "gguf"), without dequantizing them; and keep a safetensors copy for fast starts."""
+"""A GGUF file's weights read straight from the file, one tensor at a time, by transformers
+name: quantized matrices as QuantizedWeights of the file's own blocks (kind "gguf", never
+dequantized), any tensor as float32 values. Nothing is copied to disk and nothing is kept:
+the loader turns each matrix into what the kernels read and drops the bytes it read."""
 
 from __future__ import annotations
 
+import json
 import logging
-import os
 from collections import Counter
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from radixserve.model.gguf_arch import gguf_arch, hf_name, rope_heads
-from radixserve.model.gguf_convert import open_gguf, unpermute
+from radixserve.errors import ModelNotFoundError
+from radixserve.model.gguf_arch import GGUF_ARCHS, hf_name, rope_heads
+from radixserve.model.gguf_convert import TENSOR_INDEX, unpermute
 from radixserve.model.quant import QuantizedWeight
 
 log = logging.getLogger(__name__)
 
-# The block types our kernels compute as they are (kernels/kquants.cpp), by GGML's names.
+# The block types our kernels compute as they are (kernels/kquants.cpp), by GGML's names and
+# numbers.
 SERVED_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
-_DENSE_TYPES = ("F32", "F16", "BF16")  # plain floats: dense weights, nothing lost
+_SERVED = dict(zip((2, 3, 6, 7, 8, 12, 13, 14), SERVED_TYPES, strict=True))
+# Bytes of codes after quant.repacked per byte as stored (int4: 16 + 8 bytes per 32 weights,
+# int8: 32 + 4): Q4_0, Q4_1, Q5_0, Q8_0, Q4_K.
+_REPACK_GROWTH = {2: 24 / 18, 3: 24 / 20, 6: 36 / 22, 8: 36 / 34, 12: 192 / 144}
+_DENSE_TYPES = {0: np.float32, 1: np.float16}  # F32, F16 (BF16, 30: below)
+_BF16 = 30
 
 
-def load_quantized_cached(
-    gguf_path: Path, cache_file: Path, num_heads: int, num_kv_heads: int
-) -> dict[str, QuantizedWeight]:
-    """`read_quantized`, through a safetensors copy at `cache_file` (written on first use,
-    atomically): parsing the GGUF's metadata takes seconds, reading the copy well under one."""
-    if cache_file.exists():
+class GgufTensor(NamedTuple):
+    """Where one tensor lies in the file (TENSOR_INDEX's entry)."""
+
+    name: str  # the GGUF name
+    type: int  # GGML type number
+    shape: tuple[int, ...]  # GGUF order: the row length first
+    offset: int  # of its data from the file's start
+    nbytes: int
+
+
+class GgufWeights(Mapping[str, QuantizedWeight]):
+    """The matrices of a GGUF file stored in a block type of SERVED_TYPES, by transformers
+    name, each read from the file when asked for (q/k rows out of llama.cpp's RoPE order);
+    `dense(name)` reads any tensor as float32. Matrices of other quantized types are left to
+    the dense weights, with a warning naming the types."""
+
+    def __init__(self, gguf_path: Path, model_dir: Path, num_heads: int, num_kv_heads: int):
+        self.path = gguf_path
         try:
-            return load_quantized(cache_file)
-        except Exception:  # a damaged copy: read the GGUF again and rewrite it
-            pass
-    weights = read_quantized(gguf_path, num_heads, num_kv_heads)
+            index = json.loads((model_dir / TENSOR_INDEX).read_text())
+            arch = GGUF_ARCHS[index["architecture"]]
+            found = [GgufTensor(t["name"], t["type"], tuple(t["shape"]), t["offset"], t["bytes"])
+                     for t in index["tensors"]]  # fmt: skip
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ModelNotFoundError(f"{model_dir / TENSOR_INDEX} is unreadable: {e}") from e
+        self._heads = {t.name: rope_heads(t.name, arch, num_heads, num_kv_heads) for t in found}
+        self._norm_shift = np.float32(arch.norm_shift)
+        self.tensors: dict[str, GgufTensor] = {}
+        for t in found:
+            target = hf_name(t.name, arch)
+            if target is not None:
+                self.tensors[target] = t
+        self._served = {
+            name for name, t in self.tensors.items() if t.type in _SERVED and len(t.shape) == 2
+        }
+
+    def __getitem__(self, name: str) -> QuantizedWeight:
+        if name not in self._served:
+            raise KeyError(name)
+        t = self.tensors[name]
+        rows = t.shape[1]
+        raw = self._read(t).reshape(rows, -1)
+        n_head = self._heads[t.name]
+        if n_head is not None:
+            raw = np.ascontiguousarray(unpermute(raw, n_head))
+        layout = torch.tensor([[rows, t.type]], dtype=torch.int64)
+        return gguf_weight(torch.from_numpy(raw.reshape(-1)), layout, int(t.shape[0]))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._served
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._served))
+
+    def __len__(self) -> int:
+        return len(self._served)
+
+    def dense(self, name: str) -> torch.Tensor:
+        """Tensor `name` as float32 values as transformers holds them (dequantized, q/k rows
+        out of RoPE order, norms without llama.cpp's added shift). KeyError if the file lacks
+        it; ModelNotFoundError for a type the gguf package cannot dequantize."""
+        t = self.tensors[name]
+        raw = self._read(t)
+        shape = tuple(reversed(t.shape))
+        if t.type in _DENSE_TYPES:
+            w = raw.view(_DENSE_TYPES[t.type]).astype(np.float32).reshape(shape)
+        elif t.type == _BF16:
+            w = (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)
+        else:
+            w = _dequantize(raw.reshape(shape[0] if len(shape) > 1 else 1, -1), t, self.path)
+            w = w.reshape(shape)
+        n_head = self._heads[t.name]
+        if n_head is not None:
+            w = unpermute(w, n_head)
+        if self._norm_shift and t.name.endswith("norm.weight"):
+            w = w - self._norm_shift  # transformers' convention: the norm is 1 + w
+        return torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
+
+    def warn_unserved(self) -> None:
+        """Log, per GGML type, the matrices our kernels do not compute as stored."""
+        unserved = Counter(
+            t.type for t in self.tensors.values() if len(t.shape) == 2 and t.type not in _SERVED
+        )
+        for kind, count in unserved.items():
+            if kind in _DENSE_TYPES or kind == _BF16:
+                continue
+            log.warning(
+                "%s: %d matrices are of GGML type %d, which radixserve's kernels do not compute "
+                "as stored (they take %s): those run on their float32 dequantization, slower",
+                self.path.name, count, kind, ", ".join(SERVED_TYPES),
+            )  # fmt: skip
+
+    def resident_bytes(self) -> int:
+        """About the most memory the model's weights take once loaded from this file: codes
+        as stored, or repacked (at most `_REPACK_GROWTH` times the bytes), everything else
+        as float32."""
+        total = 0
+        for name, t in self.tensors.items():
+            if name in self._served:
+                total += int(t.nbytes * _REPACK_GROWTH.get(t.type, 1.0))
+            else:
+                total += 4 * int(np.prod(t.shape))
+        return total
+
+    def dense_tensors(self) -> Mapping[str, torch.Tensor]:
+        """Every tensor of the file by transformers name, as `dense` reads it (on access)."""
+        return _DenseView(self)
+
+    def _read(self, t: GgufTensor) -> np.ndarray:
+        """The tensor's bytes, read (not mapped: pages of a mapping would count as this
+        process's memory for as long as it lives)."""
+        out = np.empty(t.nbytes, dtype=np.uint8)
+        with open(self.path, "rb") as f:
+            f.seek(t.offset)
+            if f.readinto(out.data) != t.nbytes:
+                raise ModelNotFoundError(f"{self.path} ends inside tensor {t.name} (truncated?)")
+        return out
+
+
+class _DenseView(Mapping[str, torch.Tensor]):
+    def __init__(self, weights: GgufWeights) -> None:
+        self._weights = weights
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._weights.dense(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._weights.tensors)
+
+    def __len__(self) -> int:
+        return len(self._weights.tensors)
+
+
+def _dequantize(raw: np.ndarray, t: GgufTensor, path: Path) -> np.ndarray:
+    import gguf
+
     try:
-        save_quantized(weights, cache_file)
-    except OSError:  # a read-only cache: fine, just slower next time
-        pass
-    return weights
-
-
-def save_quantized(weights: dict[str, QuantizedWeight], path: Path) -> None:
-    """Write `weights` as one safetensors file (`<name>.qs|scale|minv`, and for GGUF blocks
-    `<name>.layout|cols`), atomically."""
-    from safetensors.torch import save_file
-
-    tensors: dict[str, torch.Tensor] = {}
-    for name, w in weights.items():
-        tensors[f"{name}.qs"] = w.qs
-        if w.kind == "gguf":
-            assert w.layout is not None
-            tensors[f"{name}.layout"] = w.layout
-            tensors[f"{name}.cols"] = torch.tensor([w.cols], dtype=torch.int64)
-            continue
-        tensors[f"{name}.scale"] = w.scale
-        if w.minv is not None:
-            tensors[f"{name}.minv"] = w.minv
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    save_file(tensors, str(tmp))
-    os.replace(tmp, path)
-
-
-def load_quantized(path: Path) -> dict[str, QuantizedWeight]:
-    """The weights `save_quantized` wrote (int4 codes are uint8, int8 codes int8)."""
-    from safetensors.torch import load_file
-
-    tensors = load_file(str(path))
-    out: dict[str, QuantizedWeight] = {}
-    for key, qs in tensors.items():
-        if not key.endswith(".qs"):
-            continue
-        name = key.removesuffix(".qs")
-        if name + ".layout" in tensors:
-            cols = int(tensors[name + ".cols"][0])
-            out[name] = gguf_weight(qs, tensors[name + ".layout"], cols)
-            continue
-        kind = "int4" if qs.dtype == torch.uint8 else "int8"
-        out[name] = QuantizedWeight(kind, qs, tensors[name + ".scale"], tensors.get(name + ".minv"))
-    return out
+        w = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(t.type))
+    except (NotImplementedError, ValueError) as e:
+        raise ModelNotFoundError(
+            f"{path.name}: tensor {t.name} is of GGML type {t.type}, which gguf cannot "
+            f"dequantize ({e})"
+        ) from e
+    return np.asarray(w, dtype=np.float32)
 
 
 def gguf_weight(blocks: torch.Tensor, layout: torch.Tensor, cols: int) -> QuantizedWeight:
     """A QuantizedWeight of GGUF blocks: `blocks` uint8, `layout` [parts, 2] (rows, GGML type)."""
     empty = torch.empty(0, dtype=torch.float32)
     return QuantizedWeight("gguf", blocks.reshape(-1), empty, None, layout, cols)
-
-
-def read_quantized(path: Path, num_heads: int, num_kv_heads: int) -> dict[str, QuantizedWeight]:
-    """Every matrix of the GGUF stored in a type of SERVED_TYPES, by transformers name, as
-    GGUF blocks (q/k rows out of llama.cpp's RoPE order where it permuted them). Matrices of
-    other quantized types are left to the dense weights, with a warning naming the types."""
-    import gguf
-
-    reader = open_gguf(path)
-    _, arch = gguf_arch(reader, path.name)
-    served = {gguf.GGMLQuantizationType[n] for n in SERVED_TYPES}
-    dense = {gguf.GGMLQuantizationType[n] for n in _DENSE_TYPES}
-    out: dict[str, QuantizedWeight] = {}
-    unserved: Counter[str] = Counter()
-    for t in reader.tensors:
-        target = hf_name(t.name, arch)
-        if target is None or t.tensor_type in dense or len(t.shape) != 2:
-            continue
-        if t.tensor_type not in served:
-            unserved[t.tensor_type.name] += 1
-            continue
-        raw = np.asarray(t.data)  # [rows, bytes per row]
-        n_head = rope_heads(t.name, arch, num_heads, num_kv_heads)
-        if n_head is not None:
-            raw = unpermute(raw, n_head)
-        layout = torch.tensor([[raw.shape[0], int(t.tensor_type)]], dtype=torch.int64)
-        blocks = torch.from_numpy(np.ascontiguousarray(raw).reshape(-1).copy())
-        out[target] = gguf_weight(blocks, layout, int(t.shape[0]))
-    for name, count in unserved.items():
-        log.warning(
-            "%s: %d matrices are %s, which radixserve's kernels do not compute as stored "
-            "(they take %s): those run on their float32 dequantization, slower",
-            path.name, count, name, ", ".join(SERVED_TYPES),
-        )  # fmt: skip
-    return out

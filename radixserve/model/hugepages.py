@@ -9,10 +9,12 @@ pages each page is a TLB miss and a fresh start for the hardware prefetchers. Me
 from __future__ import annotations
 
 import ctypes
+import math
 import mmap
 import sys
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 _MADV_HUGEPAGE = 14  # Linux
@@ -41,30 +43,57 @@ def advise_huge_pages(t: torch.Tensor) -> bool:
 def zeros_on_huge_pages(
     shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
 ) -> torch.Tensor:
-    """torch.zeros(shape), on huge pages where the CPU allows (advised before the first touch)."""
-    t = torch.empty(shape, dtype=dtype, device=device)
+    """torch.zeros(shape), on huge pages where the CPU allows (advised before the first touch).
+
+    On the CPU the memory comes from calloc, whose large blocks are fresh pages of zeros that
+    become resident only when first written: a KV pool costs the memory of the blocks used
+    so far, not its whole size (as torch.zeros would, writing every page at start)."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = torch.from_numpy(np.zeros(nbytes + _ALIGN, dtype=np.uint8))
+    start = -raw.data_ptr() % _ALIGN
+    t = raw[start : start + nbytes].view(dtype).view(shape)
     advise_huge_pages(t)
-    return t.zero_()
+    return t
 
 
 def pack_on_huge_pages(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Contiguous copies of the CPU `tensors`, laid side by side in the order given (each on a
     64-byte boundary) in one buffer on huge pages where Linux allows: tensors read one after
     another then stream as one run of memory."""
-    offsets, total = [], 0
-    for t in tensors:
+    buffer = PackedBuffer([(t.shape, t.dtype) for t in tensors])
+    return [buffer.place(t) for t in tensors]
+
+
+class PackedBuffer:
+    """One buffer on huge pages (where Linux allows) for tensors of the given shapes and
+    dtypes, laid side by side in that order on 64-byte boundaries; `place` copies each in.
+    Its pages become resident as they are written, so a caller that drops each source
+    after placing it holds about one copy of the weights, never two."""
+
+    def __init__(self, specs: Sequence[tuple[torch.Size | tuple[int, ...], torch.dtype]]):
+        self._slots: list[tuple[int, torch.Size, torch.dtype]] = []
+        total = 0
+        for shape, dtype in specs:
+            total = -(-total // _ALIGN) * _ALIGN
+            self._slots.append((total, torch.Size(shape), dtype))
+            total += torch.Size(shape).numel() * dtype.itemsize
+        self._buf = torch.empty(total + _ALIGN, dtype=torch.uint8)
+        advise_huge_pages(self._buf)
+        self._base = -self._buf.data_ptr() % _ALIGN
+        self._next = 0
+
+    def place(self, t: torch.Tensor) -> torch.Tensor:
+        """A copy of `t` in the next slot (its shape and dtype must be the slot's)."""
         if t.device.type != "cpu":
             raise ValueError(f"pack_on_huge_pages: a {t.device.type} tensor")
-        total = -(-total // _ALIGN) * _ALIGN
-        offsets.append(total)
-        total += t.numel() * t.element_size()
-    buf = torch.empty(total + _ALIGN, dtype=torch.uint8)
-    advise_huge_pages(buf)
-    base = -buf.data_ptr() % _ALIGN
-    packed = []
-    for t, off in zip(tensors, offsets, strict=True):
-        size = t.numel() * t.element_size()
-        view = buf[base + off : base + off + size].view(t.dtype).view(t.shape)
+        off, shape, dtype = self._slots[self._next]
+        if (t.shape, t.dtype) != (shape, dtype):
+            raise ValueError(f"slot {self._next} holds {dtype} {tuple(shape)}, not {t.dtype} "
+                             f"{tuple(t.shape)}")  # fmt: skip
+        self._next += 1
+        start = self._base + off
+        view = self._buf[start : start + shape.numel() * dtype.itemsize].view(dtype).view(shape)
         view.copy_(t)
-        packed.append(view)
-    return packed
+        return view

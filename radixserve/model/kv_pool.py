@@ -63,20 +63,15 @@ def check_pool_fits_memory(nbytes: int, device: torch.device, copies: int = 1) -
     )
 
 
-def check_model_fits_memory(num_params: int, dtype: torch.dtype, device: torch.device) -> None:
-    """Raise ModelTooLargeError unless loading `num_params` weights in `dtype` fits the memory
-    free on `device`: the checkpoint's tensors and the model's parameters are both held while
-    it loads (quantized projections release their dense copies afterwards)."""
+def check_model_fits_memory(need: int, what: str, device: torch.device) -> None:
+    """Raise ModelTooLargeError unless `need` bytes (the most loading `what` holds at once:
+    `loader.load_memory`) fit the memory free on `device`."""
     free = free_memory(device)
-    elem = torch.tensor([], dtype=dtype).element_size()
-    need = 2 * num_params * elem
     if free is None or need <= free:
         return
-    name = str(dtype).removeprefix("torch.")
     raise ModelTooLargeError(
-        f"the model ({num_params / 1e9:.2f}B weights in {name}) needs about "
-        f"{format_size(need, up=True)} of {device.type} memory to load, but only "
-        f"{format_size(free)} is free"
+        f"the model ({what}) needs about {format_size(need, up=True)} of {device.type} memory "
+        f"to load, but only {format_size(free)} is free"
     )
 
 

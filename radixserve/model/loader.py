@@ -1,9 +1,10 @@
-"""Load a model's weights: pick its device, dtype and quantization, read the safetensors,
-quantize and pack what a step reads (the files come from radixserve.model.files)."""
+"""Load a model's weights: pick its device, dtype and quantization, read the safetensors or
+the GGUF, quantize and pack what a step reads (the files come from radixserve.model.files)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -13,10 +14,17 @@ from radixserve.errors import DeviceError, ModelNotFoundError
 from radixserve.model import kernels
 from radixserve.model.config import ModelConfig
 from radixserve.model.decoder import DecoderModel
-from radixserve.model.files import ModelFiles, quantized_copy_path
+from radixserve.model.files import ModelFiles
 from radixserve.model.kernels import matrix
 from radixserve.model.kernels.matrix import PrefillPath
-from radixserve.model.weights import load_hf_weights, pack_model_weights, quantize_model
+from radixserve.model.quant import QuantizedWeight
+from radixserve.model.weights import (
+    coded_parameters,
+    load_hf_weights,
+    pack_model_weights,
+    quantize_model,
+    use_stored_embedding,
+)
 from radixserve.values import QUANTIZATIONS, kv_cache_dtype_name
 
 log = logging.getLogger(__name__)
@@ -148,6 +156,22 @@ def resolve_quantization(quantization: str | None, files: ModelFiles, device: to
     return "none"
 
 
+def load_memory(
+    files: ModelFiles, config: ModelConfig, dtype: torch.dtype, quantization: str
+) -> tuple[int, str]:
+    """(bytes, what) the most that loading `files` holds at once: a GGUF served as stored
+    (`quantization` "gguf") holds its matrices' codes once (`GgufWeights.resident_bytes`);
+    otherwise the checkpoint's tensors and the model's parameters are both held."""
+    if files.gguf is not None and quantization == "gguf":
+        from radixserve.model.gguf_quant import GgufWeights  # needs gguf
+
+        blocks = GgufWeights(files.gguf, files.path, config.num_heads, config.num_kv_heads)
+        return blocks.resident_bytes(), f"{files.gguf.name}, its blocks as stored"
+    n = config.num_parameters()
+    name = str(dtype).removeprefix("torch.")
+    return 2 * n * dtype.itemsize, f"{n / 1e9:.2f}B weights in {name}"
+
+
 def load_model(
     files: ModelFiles,
     dtype: torch.dtype,
@@ -157,24 +181,31 @@ def load_model(
 ) -> DecoderModel:
     """Build the DecoderModel for `files` with its weights, on `device` in `dtype`, with its
     projections quantized as `resolve_quantization` decides and prefill on `prefill_path`
-    (`resolve_prefill_path`; logged)."""
+    (`resolve_prefill_path`; logged).
+
+    A GGUF's weights are read from the file one tensor at a time. With quantization "gguf"
+    its quantized matrices (the embedding table included) are used as stored, or repacked
+    into the same values in the kernels' layout, and no float32 copy of them is made."""
     config = ModelConfig.from_dir(files.path)
+    kind = resolve_quantization(quantization, files, device)
     model = DecoderModel(config, dtype)
-    load_hf_weights(model, load_state_dict(files.path, dtype))
+    stored: Mapping[str, QuantizedWeight] = {}
+    if files.gguf is None:
+        load_hf_weights(model, load_state_dict(files.path, dtype))
+    else:
+        from radixserve.model.gguf_quant import GgufWeights  # needs gguf
+
+        blocks = GgufWeights(files.gguf, files.path, config.num_heads, config.num_kv_heads)
+        blocks.warn_unserved()
+        stored = blocks
+        coded = coded_parameters(config, blocks) if kind == "gguf" else frozenset()
+        load_hf_weights(model, blocks.dense_tensors(), skip=coded)
     model = model.to(device).eval()
     model.prepare()
-    kind = resolve_quantization(quantization, files, device)
     if kind != "none":
         kernels.load()
-        stored = {}
-        if files.gguf is not None:
-            from radixserve.model.gguf_quant import load_quantized_cached  # needs gguf
-
-            cache_file = quantized_copy_path(files.path)
-            stored = load_quantized_cached(
-                files.gguf, cache_file, config.num_heads, config.num_kv_heads
-            )
         quantize_model(model, kind, stored)
+        use_stored_embedding(model, stored)
     pack_model_weights(model)
     model.use_prefill_path(prefill_path)
     log.info("%s", matrix.describe(prefill_path))

@@ -69,6 +69,22 @@ class QuantizedWeight:
         minv = next(it) if self.minv is not None and self.minv.numel() else self.minv
         return QuantizedWeight(self.kind, qs, scale, minv, self.layout, self.cols)
 
+    def rows(self, index: torch.Tensor) -> torch.Tensor:
+        """Float32 rows `index` [n] of the weight (an embedding lookup in the codes)."""
+        index = index.to(self.qs.device)
+        if self.kind == "int4" or self.kind == "int8":
+            n = self.scale.shape[0]
+            qs = self.qs.view(n, -1)[index]
+            minv = self.minv[index] if self.minv is not None else None
+            return QuantizedWeight(self.kind, qs, self.scale[index], minv).dequantize()
+        assert self.layout is not None
+        if self.layout.shape[0] != 1:  # rows of several kinds: rare, and small
+            return self.dequantize()[index]
+        n, kind = (int(v) for v in self.layout[0])
+        blocks = self.qs.view(n, -1)[index].reshape(-1)
+        layout = torch.tensor([[index.numel(), kind]], dtype=torch.int64)
+        return QuantizedWeight("gguf", blocks, self.scale, None, layout, self.cols).dequantize()
+
     def dequantize(self) -> torch.Tensor:
         """The float32 weight these codes stand for."""
         out = torch.empty(self.shape, dtype=torch.float32, device=self.qs.device)

@@ -5,13 +5,13 @@ checkpoint's own codes (a GGUF's blocks), and packing what a step reads onto hug
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 
 from radixserve.model.config import ModelConfig
 from radixserve.model.decoder import DecoderModel, Projection
-from radixserve.model.hugepages import pack_on_huge_pages
+from radixserve.model.hugepages import PackedBuffer
 from radixserve.model.layers import Linear
 from radixserve.model.quant import GROUP, QuantizedWeight, QuantLinear, quantize, repacked
 
@@ -54,11 +54,16 @@ def is_norm(name: str) -> bool:
     return name == "norm" or name.endswith("_norm")
 
 
-def load_hf_weights(model: DecoderModel, state_dict: dict[str, torch.Tensor]) -> None:
+def load_hf_weights(
+    model: DecoderModel,
+    state_dict: Mapping[str, torch.Tensor],
+    skip: frozenset[str] = frozenset(),
+) -> None:
     """Copy transformers-named weights into `model` (cast to its dtype), fusing q/k/v and
     gate/up and adding the config's norm_weight_offset to every norm (Gemma's 1 + w), then
-    `model.prepare()`. A checkpoint without lm_head.weight for an untied head uses the
-    embedding table. Raises KeyError naming a missing weight."""
+    `model.prepare()`. Parameters named in `skip` are not read: they are left empty, for
+    codes to stand in for them (`coded_parameters`). A checkpoint without lm_head.weight for
+    an untied head uses the embedding table. Raises KeyError naming a missing weight."""
     dtype = model.embed.dtype
     names = hf_names(model.config)
     if "lm_head" in names and names["lm_head"][0] not in state_dict:
@@ -72,6 +77,9 @@ def load_hf_weights(model: DecoderModel, state_dict: dict[str, torch.Tensor]) ->
     offset = model.config.norm_weight_offset
     with torch.no_grad():
         for name, param in model.named_parameters():
+            if name in skip:
+                param.data = torch.empty(0, dtype=dtype)
+                continue
             parts = [take(n) for n in names[name]]
             w = parts[0] if len(parts) == 1 else torch.cat(parts)
             if offset and is_norm(name):
@@ -81,8 +89,29 @@ def load_hf_weights(model: DecoderModel, state_dict: dict[str, torch.Tensor]) ->
     model.prepare()
 
 
+def coded_parameters(config: ModelConfig, stored: Mapping[str, QuantizedWeight]) -> frozenset[str]:
+    """The DecoderModel parameters (projections, the LM head, the embedding table) whose
+    every transformers tensor `stored` holds as codes: with quantization "gguf" those compute
+    (and the table is looked up) from the codes, and need no dense copy."""
+    return frozenset(
+        name for name, parts in hf_names(config).items() if all(p in stored for p in parts)
+    )
+
+
+def use_stored_embedding(model: DecoderModel, stored: Mapping[str, QuantizedWeight]) -> None:
+    """Look the embedding table up in its codes (`stored`'s) once its dense values are gone:
+    the LM head's own codes when the two are tied, else the table's."""
+    if model.embed.numel():
+        return
+    head = model.head_lin
+    if model.config.tie_word_embeddings and isinstance(head, QuantLinear):
+        model.embed_codes = None  # the head's, as packing moves them
+        return
+    model.embed_codes = repacked(stored[hf_names(model.config)["embed"][0]])
+
+
 def quantize_model(
-    model: DecoderModel, kind: str, stored: dict[str, QuantizedWeight] | None = None
+    model: DecoderModel, kind: str, stored: Mapping[str, QuantizedWeight] | None = None
 ) -> None:
     """Run the projections (and the LM head) of `model` on quantized codes; sets
     `model.quantization` to `kind`.
@@ -111,7 +140,9 @@ def quantize_model(
     model.quantization = kind
 
 
-def _stored_codes(names: list[str], stored: dict[str, QuantizedWeight]) -> QuantizedWeight | None:
+def _stored_codes(
+    names: list[str], stored: Mapping[str, QuantizedWeight]
+) -> QuantizedWeight | None:
     """The rows of `names` concatenated from `stored` (GGUF blocks of any kinds, or int4 /
     int8 codes of one kind), repacked where that is the same values; None unless all are
     there."""
@@ -150,15 +181,19 @@ def pack_model_weights(model: DecoderModel) -> None:
     tensors. Call after quantizing; the computation is unchanged."""
     if model.embed.device.type != "cpu":
         return
-    moves: list[tuple[list[torch.Tensor], Callable[[list[torch.Tensor]], None]]] = []
+    # (the tensors now, how to use their copies), read again at copy time: holding the
+    # tensors here would keep every source alive until the end, two copies of the weights.
+    moves: list[tuple[Callable[[], list[torch.Tensor]], Callable[[list[torch.Tensor]], None]]]
+    moves = []
 
     def tensor(t: torch.Tensor | None) -> None:
         if t is not None and t.numel():
-            moves.append(([t.data], lambda new: setattr(t, "data", new[0])))
+            moves.append((lambda: [t.data], lambda new: setattr(t, "data", new[0])))
 
     def codes(lin: QuantLinear) -> None:
-        w = lin.weight
-        moves.append((w.tensors(), lambda new: lin.use_weight(w.with_tensors(new))))
+        moves.append(
+            (lambda: lin.weight.tensors(), lambda new: lin.use_weight(lin.weight.with_tensors(new)))
+        )
 
     for read in model.step_weights():
         if isinstance(read, torch.Tensor):  # a norm
@@ -169,7 +204,7 @@ def pack_model_weights(model: DecoderModel) -> None:
         else:
             tensor(read.weight)  # the dense parameter itself
         tensor(read.bias)
-    packed = iter(pack_on_huge_pages([t for parts, _ in moves for t in parts]))
-    for parts, use in moves:
-        use([next(packed) for _ in parts])
+    buffer = PackedBuffer([(t.shape, t.dtype) for current, _ in moves for t in current()])
+    for current, use in moves:
+        use([buffer.place(t) for t in current()])
     model.weights_moved()

@@ -25,7 +25,7 @@ def test_default_model_config_is_smollm2(default_model_files) -> None:
 
 @pytest.mark.parametrize("quantization", [None, "none"])
 def test_greedy_chat_matches_transformers_for_32_tokens(
-    default_model_files, default_tokenizer, quantization: str | None
+    default_hf_dir, default_tokenizer, quantization: str | None
 ) -> None:
     """The default (the GGUF's own 4-bit weights through our kernels) and dense weights both
     reproduce transformers on the dequantized checkpoint."""
@@ -33,7 +33,7 @@ def test_greedy_chat_matches_transformers_for_32_tokens(
 
     messages = [{"role": "user", "content": "Write a paragraph about the moon."}]
     ids = default_tokenizer.apply_chat_template(messages)
-    hf = LlamaForCausalLM.from_pretrained(str(default_model_files.path), dtype=torch.float32)
+    hf = LlamaForCausalLM.from_pretrained(str(default_hf_dir), dtype=torch.float32)
     with torch.no_grad():
         ref = hf.generate(
             torch.tensor([ids]),

@@ -17,7 +17,7 @@ from radixserve.errors import KVPoolSizeError
 from radixserve.model import kernels, loader
 from radixserve.model.config import ModelConfig
 from radixserve.model.files import missing_model_files
-from radixserve.model.gguf_convert import _progress, file_lock
+from radixserve.model.gguf_convert import file_lock
 from radixserve.model.kv_pool import KVPool, check_pool_holds_request, free_memory
 from radixserve.model.loader import dtype_problem, resolve_dtype
 from radixserve.options import types as options
@@ -102,16 +102,6 @@ def test_missing_model_files_lists_each_and_weights_only_when_asked(tmp_path: Pa
     assert missing[:2] == ["config.json", "tokenizer.json (or tokenizer.model)"]
     assert "pytorch_model.bin" in missing[2]
     assert len(missing_model_files(tmp_path, weights=False)) == 2
-
-
-def test_conversion_progress_is_logged_at_each_quarter_off_a_terminal(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    caplog.set_level(logging.INFO, logger="radixserve.model.gguf_convert")
-    assert list(_progress(list(range(8)), "dequantising m.gguf")) == list(range(8))
-    assert [r.getMessage() for r in caplog.records] == [
-        f"dequantising m.gguf: {i}/8 tensors" for i in (2, 4, 6, 8)
-    ]
 
 
 def test_file_lock_waits_for_the_process_holding_it(

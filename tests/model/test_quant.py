@@ -8,7 +8,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from radixserve.errors import ModelNotFoundError
 from radixserve.model import kernels
 from radixserve.model.attention import select_backend
 from radixserve.model.batch import SeqChunk, build_batch
@@ -116,13 +115,13 @@ def test_matrices_whose_width_is_not_a_multiple_of_32_stay_dense(tiny_pair_facto
 
 
 @pytest.mark.slow
-def test_gguf_blocks_equal_the_converted_weights(default_model_files) -> None:
-    from radixserve.model.gguf_quant import read_quantized
+def test_gguf_blocks_equal_the_exported_weights(default_model_files, default_hf_dir) -> None:
+    from radixserve.model.gguf_quant import GgufWeights
     from radixserve.model.loader import load_state_dict
 
     assert default_model_files.gguf is not None
-    stored = read_quantized(default_model_files.gguf, 9, 3)
-    dense = load_state_dict(default_model_files.path, torch.float32)
+    stored = GgufWeights(default_model_files.gguf, default_model_files.path, 9, 3)
+    dense = load_state_dict(default_hf_dir, torch.float32)
     assert stored["model.embed_tokens.weight"].kind == "gguf"  # Q8_0 blocks as stored
     assert repacked(stored["model.embed_tokens.weight"]).kind == "int8"  # the same values
     for name in (
@@ -133,54 +132,25 @@ def test_gguf_blocks_equal_the_converted_weights(default_model_files) -> None:
     ):
         assert torch.equal(stored[name].dequantize(), dense[name]), name
         assert torch.equal(repacked(stored[name]).dequantize(), dense[name]), name
+        assert torch.equal(stored.dense(name), dense[name]), name
+    assert torch.equal(stored.dense("model.norm.weight"), dense["model.norm.weight"])
+    assert "model.norm.weight" not in stored  # a float32 vector: no codes
 
 
-def test_quantized_weights_round_trip_through_their_safetensors_copy(tmp_path) -> None:
-    from radixserve.model.gguf_quant import load_quantized, load_quantized_cached, save_quantized
-
-    torch.manual_seed(3)
+@pytest.mark.parametrize("kind", ["gguf", "int8", "int4"])
+def test_rows_of_the_codes_are_the_rows_of_the_dequantized_weight(kind: str) -> None:
+    """An embedding lookup in the codes (a GGUF model's table is never dequantized whole)."""
     from radixserve.model.gguf_quant import gguf_weight
 
-    blocks = torch.randint(0, 256, (3 * 2 * 18,), dtype=torch.uint8)  # 3 rows of 2 Q4_0 blocks
-    blocks.view(3, 2, 18)[..., :2] = torch.tensor([0x00, 0x3C], dtype=torch.uint8)  # d = 1.0
-    weights = {
-        "a.weight": quantize(torch.randn(8, 64), "int4"),
-        "b": quantize(torch.randn(4, 32), "int8"),
-        "c": gguf_weight(blocks, torch.tensor([[3, 2]]), 64),  # GGML type 2: Q4_0
-    }
-    path = tmp_path / "q.safetensors"
-    save_quantized(weights, path)
-    back = load_quantized(path)
-    assert set(back) == set(weights)
-    for name, w in weights.items():
-        assert back[name].kind == w.kind
-        assert torch.equal(back[name].dequantize(), w.dequantize())
-    # With the copy present the GGUF is not read at all (a missing file would raise).
-    cached = load_quantized_cached(tmp_path / "absent.gguf", path, 9, 3)
-    assert torch.equal(cached["a.weight"].qs, weights["a.weight"].qs)
-    path.write_bytes(b"damaged")  # a damaged copy falls back to the GGUF (absent here: raises)
-    with pytest.raises(ModelNotFoundError, match="absent.gguf is not a readable GGUF file"):
-        load_quantized_cached(tmp_path / "absent.gguf", path, 9, 3)
-
-
-@pytest.mark.slow
-def test_the_default_model_loads_its_4bit_weights_from_the_cached_copy_exactly(
-    default_model_files, tmp_path
-) -> None:
-    from radixserve.model.gguf_quant import load_quantized_cached, read_quantized
-
-    assert default_model_files.gguf is not None
-    copy = tmp_path / "gguf_quantized.safetensors"
-    first = load_quantized_cached(default_model_files.gguf, copy, 9, 3)
-    assert copy.exists()
-    second = load_quantized_cached(default_model_files.gguf, copy, 9, 3)
-    direct = read_quantized(default_model_files.gguf, 9, 3)
-    assert set(first) == set(second) == set(direct)
-    for name, w in direct.items():
-        for got in (first[name], second[name]):
-            assert got.kind == w.kind and torch.equal(got.qs, w.qs)
-            assert got.layout is not None and w.layout is not None
-            assert torch.equal(got.layout, w.layout) and got.cols == w.cols
+    torch.manual_seed(4)
+    if kind == "gguf":
+        blocks = torch.randint(0, 256, (5 * 2 * 34,), dtype=torch.uint8)  # 5 rows of 2 Q8_0
+        blocks.view(5, 2, 34)[..., :2] = torch.tensor([0x00, 0x3C], dtype=torch.uint8)
+        w = gguf_weight(blocks, torch.tensor([[5, 8]]), 64)
+    else:
+        w = quantize(torch.randn(5, 64), kind)
+    ids = torch.tensor([3, 0, 3, 4])
+    assert torch.equal(w.rows(ids), w.dequantize()[ids])
 
 
 def test_float32_output_of_a_bfloat16_input_is_not_rounded_to_bfloat16() -> None:
@@ -198,29 +168,14 @@ def test_float32_output_of_a_bfloat16_input_is_not_rounded_to_bfloat16() -> None
     assert not torch.equal(rounded.float(), got)
 
 
-def test_the_4bit_copy_stays_out_of_the_model_directorys_top_level(tmp_path) -> None:
-    """vLLM loads every top-level *.safetensors file of a model directory, so the copy lives
-    in a subdirectory (and one an earlier version left at the top is removed)."""
-    from radixserve.model.files import quantized_copy_path
-    from radixserve.model.gguf_quant import save_quantized
-
-    (tmp_path / "model.safetensors").write_bytes(b"")
-    (tmp_path / "gguf_quantized.safetensors").write_bytes(b"stale")
-    path = quantized_copy_path(tmp_path)
-    save_quantized({"a.weight": quantize(torch.randn(4, 32), "int4")}, path)
-    assert path.exists() and path.parent != tmp_path
-    assert [p.name for p in tmp_path.glob("*.safetensors")] == ["model.safetensors"]
-
-
 @pytest.mark.slow
-def test_the_converted_default_model_directory_holds_only_hf_weights_at_its_top(
-    default_model_files,
-) -> None:
-    """The directory radixserve converts the GGUF into is what a user hands vLLM or
-    transformers: after a quantized load, its top-level safetensors are the HF weights only."""
+def test_a_gguf_model_directory_holds_no_weights(default_model_files) -> None:
+    """The weights stay in the GGUF: what is written for it is its config, tokenizer and
+    tensor index, a few megabytes."""
     from radixserve.model.loader import load_model
 
-    load_model(default_model_files, torch.float32, torch.device("cpu"), "int4")
-    top = sorted(p.name for p in default_model_files.path.glob("*.safetensors"))
-    assert top == ["model.safetensors"]
-    assert (default_model_files.path / "radixserve" / "gguf_blocks.safetensors").exists()
+    model = load_model(default_model_files, torch.float32, torch.device("cpu"), None)
+    assert model.embed.numel() == 0  # the table is looked up in the LM head's codes
+    written = [p for p in default_model_files.path.rglob("*") if p.is_file()]
+    assert not [p for p in written if p.suffix == ".safetensors"]
+    assert sum(p.stat().st_size for p in written) < 8 * 2**20
