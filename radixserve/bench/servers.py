@@ -69,6 +69,25 @@ class ServerProcess:
             raise RuntimeError(f"{e}\n--- {self.log_path} (tail) ---\n{self.log_tail()}") from e
         return self
 
+    def memory(self) -> tuple[int, int]:
+        """(peak, current) resident bytes of the server's process group (VmHWM, VmRSS from
+        /proc, summed over its processes); (0, 0) where /proc cannot tell."""
+        if self.proc is None:
+            return 0, 0
+        peak = now = 0
+        for status in Path("/proc").glob("[0-9]*/status"):
+            try:
+                fields = dict(
+                    line.split(":", 1) for line in status.read_text().splitlines() if ":" in line
+                )
+                if os.getpgid(int(status.parent.name)) != self.proc.pid:
+                    continue
+                peak += int(fields.get("VmHWM", "0 kB").split()[0]) * 1024
+                now += int(fields.get("VmRSS", "0 kB").split()[0]) * 1024
+            except (OSError, ValueError):
+                continue
+        return peak, now
+
     def log_tail(self, n: int = 30) -> str:
         """The last `n` lines the server wrote."""
         try:

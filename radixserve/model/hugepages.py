@@ -19,6 +19,7 @@ import torch
 
 _MADV_HUGEPAGE = 14  # Linux
 _ALIGN = 64  # bytes: a cache line, and any element size
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 
 
 def advise_huge_pages(t: torch.Tensor) -> bool:
@@ -38,6 +39,21 @@ def advise_huge_pages(t: torch.Tensor) -> bool:
         )
     except (OSError, AttributeError):
         return False
+
+
+def return_freed_memory_at_once() -> None:
+    """Make glibc hand freed blocks of 1 MiB and more back to Linux at once (and return what
+    it holds free now). By default it raises that threshold to the largest block freed so
+    far, up to 32 MiB, and keeps smaller ones in its heap: the temporaries of repacking each
+    weight at load then stayed resident, 1 GB on a 1B model."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(_M_MMAP_THRESHOLD, 1 << 20)
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def zeros_on_huge_pages(

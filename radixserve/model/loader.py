@@ -15,6 +15,7 @@ from radixserve.model import kernels
 from radixserve.model.config import ModelConfig
 from radixserve.model.decoder import DecoderModel
 from radixserve.model.files import ModelFiles
+from radixserve.model.hugepages import return_freed_memory_at_once
 from radixserve.model.kernels import matrix
 from radixserve.model.kernels.matrix import PrefillPath
 from radixserve.model.quant import QuantizedWeight
@@ -73,14 +74,17 @@ def resolve_prefill_path(
 ) -> PrefillPath:
     """Where prefill chunks' matmuls and attention run (kernels/matrix.py). `--dtype auto`
     on a CPU that runs a quantized model in float32: the fastest path the CPU has (AMX tiles
-    in bfloat16 where Linux grants them, else int8 activations on AVX-512 VNNI;
-    $RADIXSERVE_PREFILL_PATH may pick another).
+    in bfloat16 where Linux grants them, else int8 activations on AVX-512 VNNI, else, for a
+    GGUF's blocks, int8 activations through AVX2; $RADIXSERVE_PREFILL_PATH may pick another).
     Everything else, `--dtype float32` included, is fp32: float32 from end to end."""
     if dtype_name != "auto" or device.type != "cpu" or dtype != torch.float32:
         return PrefillPath.FP32
     if quantization == "none" or not kernels.load():
         return PrefillPath.FP32
-    return matrix.default_path()
+    path = matrix.default_path()
+    if path.stored_blocks and quantization != "gguf":  # it computes GGUF blocks only
+        return PrefillPath.FP32
+    return path
 
 
 def resolve_kv_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
@@ -188,6 +192,7 @@ def load_model(
     into the same values in the kernels' layout, and no float32 copy of them is made."""
     config = ModelConfig.from_dir(files.path)
     kind = resolve_quantization(quantization, files, device)
+    return_freed_memory_at_once()
     model = DecoderModel(config, dtype)
     stored: Mapping[str, QuantizedWeight] = {}
     if files.gguf is None:
@@ -204,9 +209,10 @@ def load_model(
     model.prepare()
     if kind != "none":
         kernels.load()
-        quantize_model(model, kind, stored)
+        quantize_model(model, kind, stored, repack=not prefill_path.stored_blocks)
         use_stored_embedding(model, stored)
     pack_model_weights(model)
+    return_freed_memory_at_once()
     model.use_prefill_path(prefill_path)
     log.info("%s", matrix.describe(prefill_path))
     return model

@@ -306,11 +306,14 @@ class QuantLinear:
         """Run prefill rows on `path` from now on (fp32 where this matrix's sizes do not fit
         the tiles, in_features a multiple of 32 and out_features of 16, and for GGUF blocks
         other than int4 / int8: the bfloat16 kernels read only those codes)."""
-        fits = (
-            self.weight.kind in ("int4", "int8")
-            and self.in_features % 32 == 0
-            and self.out_features % 16 == 0
-        )
+        if path is PrefillPath.INT8_AVX2:  # GGUF blocks as stored (gguf_q8.cpp takes every kind)
+            fits = self.weight.kind == "gguf"
+        else:
+            fits = (
+                self.weight.kind in ("int4", "int8")
+                and self.in_features % 32 == 0
+                and self.out_features % 16 == 0
+            )
         self.prefill_path = path if fits else PrefillPath.FP32
         self._matrix, self._rows, self._panels = None, None, None
 
@@ -333,7 +336,7 @@ class QuantLinear:
     def _on_panels(self) -> bool:
         """Whether every row of this matrix, decode or prefill, runs on `vnni_panels` (int4
         on int8-vnni)."""
-        return self.prefill_path.int8_decode and self.weight.kind == "int4"
+        return self.prefill_path is PrefillPath.INT8_VNNI and self.weight.kind == "int4"
 
     def vnni_panels(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """On int8-vnni, an int4 matrix's codes packed once for all its rows (`words`
@@ -361,6 +364,11 @@ class QuantLinear:
         if panels is not None:
             code = kernels.quant_kind_code("int4-vnni")
             return (*panels, torch.tensor([[self.out_features, code]]))
+        if self.prefill_path is PrefillPath.INT8_AVX2:  # GGUF blocks, kinds + gguf-q8
+            assert w.layout is not None
+            layout = w.layout.clone()
+            layout[:, 1] += kernels.quant_kind_code("gguf-q8")
+            return w.qs, w.scale, w.minv, layout
         if self.prefill_path.int8_decode:  # int8 codes (the path takes only int4 and int8)
             code = kernels.quant_kind_code("int8-vnni")
             return w.qs, w.scale, w.minv, torch.tensor([[self.out_features, code]])
@@ -374,7 +382,10 @@ class QuantLinear:
             if self.prefill_path.int8_decode and self._cpu_kernel() is not None:
                 qs, scale, minv, layout = self.decode_operands()
                 kind = int(layout[0, 1])
-                if kind == kernels.quant_kind_code("int4-vnni"):
+                if kind >= kernels.quant_kind_code("gguf-q8"):
+                    q8 = kernels.op("gguf_gemm_q8")
+                    self._rows = lambda x, out: q8(x, qs, layout, out)
+                elif kind == kernels.quant_kind_code("int4-vnni"):
                     v4 = kernels.op("q4_gemm_vnni")
                     self._rows = lambda x, out: v4(x, qs, scale, minv, out)
                 else:
@@ -395,6 +406,10 @@ class QuantLinear:
 
     def _bind_matrix(self, suffix: str) -> Callable[[torch.Tensor, torch.Tensor], None]:
         w, unit = self.weight, self.prefill_path.unit
+        if self.prefill_path is PrefillPath.INT8_AVX2:  # long chunks: the float32 kernels
+            kernel = self._cpu_kernel()
+            assert kernel is not None
+            return kernel
         if self.prefill_path is PrefillPath.INT8_VNNI:  # int8 activations (gemm_vnni.cpp)
             v8, qs, scale = kernels.op("q8_gemm_vnni"), w.qs, w.scale
             return lambda x, out: v8(x, qs, scale, out)

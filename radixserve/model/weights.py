@@ -107,11 +107,14 @@ def use_stored_embedding(model: DecoderModel, stored: Mapping[str, QuantizedWeig
     if model.config.tie_word_embeddings and isinstance(head, QuantLinear):
         model.embed_codes = None  # the head's, as packing moves them
         return
-    model.embed_codes = repacked(stored[hf_names(model.config)["embed"][0]])
+    model.embed_codes = stored[hf_names(model.config)["embed"][0]]  # rows: any kind
 
 
 def quantize_model(
-    model: DecoderModel, kind: str, stored: Mapping[str, QuantizedWeight] | None = None
+    model: DecoderModel,
+    kind: str,
+    stored: Mapping[str, QuantizedWeight] | None = None,
+    repack: bool = True,
 ) -> None:
     """Run the projections (and the LM head) of `model` on quantized codes; sets
     `model.quantization` to `kind`.
@@ -119,8 +122,8 @@ def quantize_model(
     "gguf": every projection whose transformers tensors are all in `stored` (a GGUF's own
     blocks, model/gguf_quant.py) computes with those blocks as they are, several kinds in one
     matrix where the file mixed them (ones wholly of Q8_0 / Q5_0, or of Q4_0 / Q4_1 / Q4_K, as
-    the int8 / int4 repacking of the same values: `repacked`); the others keep their dense
-    weights.
+    the int8 / int4 repacking of the same values: `repacked`, unless not `repack`); the others
+    keep their dense weights.
     "int4" / "int8": stored codes are used where they are that kind (or int8, as precise),
     the rest is quantized from the current dense weights, except matrices that groups of 32
     do not tile, which stay dense.
@@ -131,7 +134,7 @@ def quantize_model(
     names = hf_names(model.config)
     device = model.embed.device
     for projection in model.projections():
-        codes = _stored_codes(names[projection.weight_name], stored)
+        codes = _stored_codes(names[projection.weight_name], stored, repack)
         if codes is not None and kind != "gguf" and codes.kind not in (kind, "int8"):
             codes = None
         if kind == "gguf" and codes is None:
@@ -141,7 +144,7 @@ def quantize_model(
 
 
 def _stored_codes(
-    names: list[str], stored: Mapping[str, QuantizedWeight]
+    names: list[str], stored: Mapping[str, QuantizedWeight], repack: bool = True
 ) -> QuantizedWeight | None:
     """The rows of `names` concatenated from `stored` (GGUF blocks of any kinds, or int4 /
     int8 codes of one kind), repacked where that is the same values; None unless all are
@@ -155,7 +158,7 @@ def _stored_codes(
     codes = parts[0]
     for p in parts[1:]:
         codes = codes.concat(p)
-    return repacked(codes)
+    return repacked(codes) if repack else codes
 
 
 def _quantized(

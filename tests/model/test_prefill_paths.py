@@ -325,7 +325,10 @@ def test_bf16_attention_of_a_token_ignores_keys_after_it(unit: PrefillPath) -> N
 
 def test_dtype_auto_takes_the_cpus_default_path_and_float32_stays_fp32() -> None:
     f32 = torch.float32
-    assert resolve_prefill_path("auto", f32, CPU, "int4") is matrix.default_path()
+    assert resolve_prefill_path("auto", f32, CPU, "gguf") is matrix.default_path()
+    default = matrix.default_path()
+    want = PrefillPath.FP32 if default.stored_blocks else default  # int8-avx2: GGUF blocks only
+    assert resolve_prefill_path("auto", f32, CPU, "int4") is want
     assert resolve_prefill_path("float32", f32, CPU, "int4") is PrefillPath.FP32
     assert resolve_prefill_path("auto", f32, CPU, "none") is PrefillPath.FP32  # dense weights
     assert resolve_prefill_path("bfloat16", torch.bfloat16, CPU, "int4") is PrefillPath.FP32
@@ -334,7 +337,12 @@ def test_dtype_auto_takes_the_cpus_default_path_and_float32_stays_fp32() -> None
 def test_the_default_path_is_amx_where_the_cpu_grants_it(monkeypatch) -> None:
     monkeypatch.delenv(matrix.ENV, raising=False)
     paths = matrix.available_paths()
-    preferred = (PrefillPath.AMX_BF16, PrefillPath.INT8_VNNI, PrefillPath.FP32)
+    preferred = (
+        PrefillPath.AMX_BF16,
+        PrefillPath.INT8_VNNI,
+        PrefillPath.INT8_AVX2,
+        PrefillPath.FP32,
+    )
     assert matrix.default_path() is next(p for p in preferred if p in paths)
 
 
@@ -382,15 +390,17 @@ def test_a_path_the_cpu_cannot_run_falls_back_with_a_warning(monkeypatch, caplog
     assert value in caplog.text
 
 
-def test_an_avx2_build_runs_only_the_float32_path() -> None:
+def test_an_avx2_build_runs_int8_avx2_for_gguf_blocks_and_float32_otherwise() -> None:
     """RADIXSERVE_CPU_ISA=avx2 builds the kernels an AVX2-only CPU runs: no matrix units, so
-    `--dtype auto` keeps today's float32 prefill there (a fresh process: the kernels load once)."""
+    `--dtype auto` runs a GGUF's blocks on int8-avx2 and other codes on float32 (a fresh
+    process: the kernels load once)."""
     code = (
         "import torch\n"
         "from radixserve.model.kernels import matrix\n"
         "from radixserve.model.loader import resolve_prefill_path\n"
         "print([p.value for p in matrix.available_paths()],\n"
-        "      resolve_prefill_path('auto', torch.float32, torch.device('cpu'), 'int4').value)\n"
+        "      resolve_prefill_path('auto', torch.float32, torch.device('cpu'), 'int4').value,\n"
+        "      resolve_prefill_path('auto', torch.float32, torch.device('cpu'), 'gguf').value)\n"
     )
     env = dict(os.environ, RADIXSERVE_CPU_ISA="avx2")
     env.pop(matrix.ENV, None)
@@ -398,7 +408,7 @@ def test_an_avx2_build_runs_only_the_float32_path() -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
     )
     assert run.returncode == 0, run.stderr
-    assert run.stdout.split() == ["['fp32']", "fp32"]
+    assert run.stdout.split() == ["['int8-avx2',", "'fp32']", "fp32", "int8-avx2"]
 
 
 def _codes_linear(n: int, k: int, path: PrefillPath) -> QuantLinear:
@@ -657,7 +667,7 @@ def test_default_path_answers_like_float32(default_model_files, default_path_eng
     from radixserve.engine.params import SamplingParams
 
     default = default_path_engines[False]
-    int8 = default.engine.runner.model.prefill_path is PrefillPath.INT8_VNNI
+    int8 = default.engine.runner.model.prefill_path.int8_decode
     fp32 = LLM.from_engine(LLMEngine(EngineConfig(dtype="float32", kv_cache_memory="64MiB")))
     params = SamplingParams(max_tokens=24, temperature=0.0, return_logits=True)
     try:

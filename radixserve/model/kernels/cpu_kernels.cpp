@@ -9,6 +9,7 @@
 //   gemm.cpp       weight-only quantized GEMM / GEMV (int4, int8) and dequantization
 //   kquants.cpp    GEMM / GEMV over GGUF's blocks as stored (Q4_0 ... Q8_0, Q4_K, Q5_K, Q6_K),
 //                  reusing gemm.cpp's panel GEMM for many rows
+//   gguf_q8.cpp    the same blocks against int8 activations (AVX2; int8-avx2's decode rows)
 //   attention.cpp  paged decode and prefill attention over the K/V block pool
 //   layers.cpp     a decoder layer's fused elementwise steps, and decode_layers: every layer
 //                  of a decode step in one call
@@ -29,6 +30,7 @@
 // loops compile to the one-file build's machine code.
 #include "gemm.cpp"
 #include "kquants.cpp"
+#include "gguf_q8.cpp"
 #include "attention.cpp"
 #include "layers.cpp"
 // The bfloat16 paths last: the files above compile to the machine code they did without them.

@@ -292,7 +292,8 @@ void gemm_bf16(const at::Tensor& x, int64_t N, const at::Tensor& out, int64_t un
 #endif  // RS_AVX512_BF16
 
 // The matrix units this build and CPU run, by the names kernels/matrix.py uses: "avx512-bf16",
-// "amx-bf16" (asking Linux for AMX's tile state once; refused: not listed) and "int8-vnni".
+// "amx-bf16" (asking Linux for AMX's tile state once; refused: not listed), "int8-vnni" and
+// "int8-avx2".
 std::vector<std::string> matrix_units() {
   std::vector<std::string> units;
 #ifdef RS_AVX512_BF16
@@ -302,6 +303,9 @@ std::vector<std::string> matrix_units() {
 #endif
 #endif
   if (vnni_available()) units.push_back("int8-vnni");  // gemm_vnni.cpp
+#ifdef RS_AVX2
+  units.push_back("int8-avx2");  // gguf_q8.cpp
+#endif
   return units;
 }
 

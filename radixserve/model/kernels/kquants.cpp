@@ -654,6 +654,7 @@ int64_t quant_kind_code(const std::string& name) {
   for (int64_t k : {kInt4, kInt8, kInt4Vnni, kInt8Vnni, kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kQ4_K,
                     kQ5_K, kQ6_K})
     if (name == quant_kind_name(k)) return k;
+  if (name == "gguf-q8") return kGgufQ8;  // added to a GGML type (quant_kinds.h)
   return -1;
 }
 

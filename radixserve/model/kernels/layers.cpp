@@ -180,7 +180,7 @@ void silu_mul(const at::Tensor& gate_up, const at::Tensor& out) {
 // y = x W^T for quantized codes as `layout` [parts, 2] of (rows, kind) describes them
 // (quant_kinds.h): one part of int4 or int8 codes, the same for int8-vnni's decode rows (int4
 // as q4_vnni_pack's codes, scales and mins; int8 as they are), or GGUF blocks of one or
-// several kinds.
+// several kinds (against int8 activations where the kinds are offset by kGgufQ8).
 void quant_linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
                   const at::Tensor& minv, const at::Tensor& layout, const at::Tensor& out) {
   const int64_t k = layout.data_ptr<int64_t>()[1];
@@ -188,6 +188,7 @@ void quant_linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& s
   if (k == kInt8) return q8_gemm(x, qs, scale, out);
   if (k == kInt4Vnni) return q4_gemm_vnni(x, qs, scale, minv, out);
   if (k == kInt8Vnni) return q8_gemv_vnni(x, qs, scale, out);
+  if (k >= kGgufQ8) return gguf_gemm_q8(x, qs, layout, out);
   gguf_gemm(x, qs, layout, out);
 }
 

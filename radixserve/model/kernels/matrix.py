@@ -18,8 +18,15 @@ the CPU has.
   float32's speed for 50 new tokens over 2k cached, 1.8x for a 2k prompt, single op, both
   threads), float32 elsewhere (an Intel CPU with AMX runs two 512-bit FMAs a cycle against one
   vdpbf16ps, so there it would not pay; not measured).
+- `int8-avx2`: on CPUs with AVX2 but neither AMX nor AVX-512 VNNI (AMD Zen 2/3, older
+  Intel), a GGUF's blocks are kept as the file stores them (no repacking into int4 / int8
+  codes: the file's size in memory). Decode rows and chunks shorter than 8 rows meet them with
+  int8 activations per group of 32 through vpmaddubsw (gguf_q8.cpp), about a quarter of the
+  instructions of turning every code into a float: a decode step of a model larger than the
+  caches then waits on memory. Longer prefill chunks run the float32 kernels over the same
+  blocks; attention is float32.
 - `fp32`: float32 everywhere (radixserve's float32 kernels, exact to float32 rounding): the
-  choice on every other CPU (AVX2 ones included) and for `--dtype float32`.
+  choice on CPUs without AVX2 and for `--dtype float32`.
 
 Decode rows (1-16 a step, or the decode rows of a mixed step) run the float32 GEMV kernels on
 the bfloat16 paths and fp32. On int8-vnni they take int8 activations too (gemm_vnni.cpp):
@@ -33,7 +40,7 @@ layer GEMM shapes took 0.17 against 0.23 ms at 8 rows, 0.51 against 0.62 at 32 a
 matrices whose sizes fit the tiles (in_features a multiple of 32, out_features of 16) take
 the matrix path.
 
-RADIXSERVE_PREFILL_PATH=fp32|avx512-bf16|amx-bf16|int8-vnni picks a path for `--dtype auto`
+RADIXSERVE_PREFILL_PATH=fp32|avx512-bf16|amx-bf16|int8-vnni|int8-avx2 picks a path for `--dtype auto`
 (tests and comparisons); a path this CPU cannot run falls back to the default, with a warning.
 """
 
@@ -56,6 +63,7 @@ class PrefillPath(Enum):
     AVX512_BF16 = "avx512-bf16"
     AMX_BF16 = "amx-bf16"
     INT8_VNNI = "int8-vnni"
+    INT8_AVX2 = "int8-avx2"
 
     @property
     def unit(self) -> int:
@@ -73,14 +81,22 @@ class PrefillPath(Enum):
             PrefillPath.AVX512_BF16: 64,
             PrefillPath.AMX_BF16: 12,
             PrefillPath.INT8_VNNI: VNNI_MIN_ROWS,
+            PrefillPath.INT8_AVX2: VNNI_MIN_ROWS,
         }[self]
 
     @property
     def int8_decode(self) -> bool:
         """Whether decode rows take int8 activations too (int8-vnni: gemm_vnni.cpp's decode
         rows, whose arithmetic is each row's own, so a row gives the same result whatever
-        shares its step). The bfloat16 paths leave decode rows on the float32 kernels."""
-        return self is PrefillPath.INT8_VNNI
+        shares its step; int8-avx2: gguf_q8.cpp's). The bfloat16 paths leave decode rows on
+        the float32 kernels."""
+        return self in (PrefillPath.INT8_VNNI, PrefillPath.INT8_AVX2)
+
+    @property
+    def stored_blocks(self) -> bool:
+        """Whether a GGUF's blocks are computed as the file stores them, every kind (int8-avx2),
+        rather than repacked into int4 / int8 codes where they hold the same values."""
+        return self is PrefillPath.INT8_AVX2
 
     @property
     def bf16(self) -> bool:
@@ -118,18 +134,29 @@ def available_paths() -> tuple[PrefillPath, ...]:
     if not kernels.load():
         return (PrefillPath.FP32,)
     units = set(kernels.op("matrix_units")())
-    order = (PrefillPath.AMX_BF16, PrefillPath.AVX512_BF16, PrefillPath.INT8_VNNI)
+    order = (
+        PrefillPath.AMX_BF16,
+        PrefillPath.AVX512_BF16,
+        PrefillPath.INT8_VNNI,
+        PrefillPath.INT8_AVX2,
+    )
     found = [p for p in order if p.value in units]
     return (*found, PrefillPath.FP32)
 
 
 def default_path() -> PrefillPath:
     """What `--dtype auto` runs on this CPU: AMX where the process may use it, else int8-vnni
-    where the CPU has AVX-512 VNNI, else float32 (see the module docstring for avx512-bf16);
+    where the CPU has AVX-512 VNNI, else int8-avx2 where it has AVX2, else float32 (see the
+    module docstring for avx512-bf16);
     $RADIXSERVE_PREFILL_PATH picks another that the CPU runs (one it cannot: the default,
     with a warning)."""
     paths = available_paths()
-    preferred = (PrefillPath.AMX_BF16, PrefillPath.INT8_VNNI, PrefillPath.FP32)
+    preferred = (
+        PrefillPath.AMX_BF16,
+        PrefillPath.INT8_VNNI,
+        PrefillPath.INT8_AVX2,
+        PrefillPath.FP32,
+    )
     best = next(p for p in preferred if p in paths)
     wanted = os.environ.get(ENV, "").strip().lower()
     if not wanted:
@@ -151,6 +178,12 @@ def describe(path: PrefillPath) -> str:
     """One line for the start-up log: what prefill and decode run on."""
     if path is PrefillPath.FP32:
         return "prefill path fp32: prefill and decode run the model dtype's matmuls"
+    if path is PrefillPath.INT8_AVX2:
+        return (
+            f"prefill: int8-avx2 (GGUF blocks as stored; chunks of {path.min_rows}+ rows: "
+            "float32 kernels; decode rows and shorter chunks: int8 activations, integer dot "
+            "products with the blocks, float32 sums; attention and LM head float32)"
+        )
     attention = {0: "float32", 1: "bf16 (vdpbf16ps)", 2: "bf16 on AMX tiles"}[path.attention_unit]
     how = (
         "weights dequantized to bf16 panels"

@@ -25,6 +25,11 @@ void q8_gemm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
 void gguf_gemm(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& layout,
                const at::Tensor& out);
 
+// The same with x quantized to int8 per group of 32, each row's arithmetic its own; the
+// layout's kinds are GGML types + kGgufQ8 (see gguf_q8.cpp).
+void gguf_gemm_q8(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& layout,
+                  const at::Tensor& out);
+
 // int8-vnni's GEMMs of decode rows (gemm_vnni.cpp): out = x W^T with x quantized to int8 per
 // group of 32, each row's arithmetic its own (the same whatever the number of rows); on CPUs
 // with AVX-512 VNNI. int4 codes as q4_vnni_pack packs them ([P * G, 256] uint8 words,

@@ -25,6 +25,9 @@ enum QuantKind : int64_t {
   kInt8 = 101,
   kInt4Vnni = 102,  // int4 codes packed into int8-vnni's decode panels (gemm_vnni.cpp)
   kInt8Vnni = 103,  // int8 codes, to meet int8 activations (gemm_vnni.cpp's q8_gemv_vnni)
+  // Added to a GGML type: its blocks as stored, met by int8 activations (gguf_q8.cpp; the
+  // int8-avx2 path's decode rows).
+  kGgufQ8 = 1000,
 };
 
 inline const char* quant_kind_name(int64_t kind) {

@@ -1,0 +1,293 @@
+// GGUF blocks as the file stores them against int8 activations (the int8-avx2 path's decode
+// rows and short chunks): y = x W^T with each row of x quantized to int8 per group of 32
+// (scale max|x| / 127, rounded to nearest, as llama.cpp's Q8_0 activations), every sub-block
+// of 32 weights (kquants.cpp's Sub: signed codes, one or two scales, an offset) meeting them
+// in integer dot products:
+//   x . w_s ~= dx_s (s0 sum_{e<16} c_e q_e + s1 sum_{e>=16} c_e q_e) + off dx_s sum_e q_e.
+// vpmaddubsw multiplies |c| by q carrying c's sign, and sums pairs into 16 bits without
+// saturating (|c| <= 128, |q| <= 127); vpmaddwd sums those into 8 lanes of 4 weights, lanes
+// 0-3 the sub-block's first 16 weights: one vector of scales covers Q6_K's two halves.
+//
+// Where the float32 kernels turn every code into a float (about 25 instructions per 32
+// weights), this takes about 7 per input row, so a decode step of a model larger than the
+// caches waits on memory, not on arithmetic, while it reads the blocks at their stored size.
+// Each input row is computed by the same operations in the same order whatever else is in
+// the call, so a row's result does not depend on what shares its step.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "ops.h"
+#include "quant_kinds.h"
+#include "simd.h"
+
+namespace radixserve {
+namespace {
+
+// Each row of x [M, K] as int8 codes q [M, K] and scales d [M, K / 32] (q * d ~= x), with
+// sums [M, K / 32] of each group's codes (for the formats' offsets) and sums16 [M, K / 16] of
+// each half group's (Q6_K's, whose scales cover 16 weights).
+void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* d, float* sums,
+                      float* sums16) {
+  const int64_t G = K / 32;
+  for (int64_t g = 0; g < M * G; ++g) {
+    const float* xs = x + 32 * g;
+    float amax = 0.f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xs[j]));
+    const float scale = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+    int half[2] = {0, 0};
+    for (int j = 0; j < 32; ++j) {
+      const int v = static_cast<int>(std::nearbyint(xs[j] * inv));
+      q[32 * g + j] = static_cast<int8_t>(v);
+      half[j / 16] += v;
+    }
+    d[g] = scale;
+    sums[g] = static_cast<float>(half[0] + half[1]);
+    sums16[2 * g] = static_cast<float>(half[0]);
+    sums16[2 * g + 1] = static_cast<float>(half[1]);
+  }
+}
+
+#ifdef RS_AVX2
+// out[r * ldo] = x_r . row for MR input rows (codes q rows K apart, scales and sums rows
+// K / 32 apart), each row by its own accumulators.
+template <typename B, int MR>
+inline void row_dot_q8(const int8_t* q, const float* d, const float* sums, int64_t K,
+                       const uint8_t* row, float* out, int64_t ldo) {
+  const int64_t G = K / 32;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[MR][2];  // even and odd sub-blocks: two chains of FMAs, not one
+  float offsets[MR];
+  RS_UNROLL for (int r = 0; r < MR; ++r) {
+    acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    offsets[r] = 0.f;
+  }
+  visit_subs<B>(row, K, [&](int64_t s, const Sub& u) {
+    const __m256i mag = _mm256_abs_epi8(u.codes);
+    // Opaque to the optimizer: under -ffast-math it may otherwise regroup (d sc) dx
+    // differently for different numbers of rows, and a row's bits would depend on them.
+    float s0 = u.s0, s1 = u.s1, off = u.off;
+    asm("" : "+x"(s0), "+x"(s1), "+x"(off));
+    RS_UNROLL for (int r = 0; r < MR; ++r) {
+      const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * K + 32 * s));
+      const __m256i p16 = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(qx, u.codes));
+      const __m256 dots = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+      const float dx = d[r * G + s];
+      const __m256 scale = _mm256_setr_m128(_mm_set1_ps(s0 * dx), _mm_set1_ps(s1 * dx));
+      acc[r][s & 1] = _mm256_fmadd_ps(dots, scale, acc[r][s & 1]);
+      if (B::kOffset) offsets[r] = std::fma(off * dx, sums[r * G + s], offsets[r]);
+    }
+  });
+  RS_UNROLL for (int r = 0; r < MR; ++r)
+    out[r * ldo] = hsum(_mm256_add_ps(acc[r][0], acc[r][1])) + offsets[r];
+}
+
+// The activations a row dot reads: codes, scales and sums per 32, sums per 16; each row's
+// K, K / 32 and K / 16 apart.
+struct Q8Rows {
+  const int8_t* q;
+  const float* d;
+  const float* sums;
+  const float* sums16;
+  int64_t K;
+};
+
+// Lane j of v in every lane.
+inline __m256 lane(__m256 v, int j) { return _mm256_permutevar8x32_ps(v, _mm256_set1_epi32(j)); }
+
+// The 8 sums of 4 products each of unsigned codes and the 32 int8 activations at q.
+inline __m256i dot_u8_s8(__m256i codes, const int8_t* q) {
+  const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(codes, qx), _mm256_set1_epi16(1));
+}
+
+// Q4_K, a block at a time: the 8 sub-blocks' scales d sc_j and mins dmin m_j made into vectors
+// once, times each row's 8 activation scales in one multiply; codes are unsigned nibbles (no
+// sign handling), and the mins' term sum_j dmin m_j dx_j sum(q_j) is one FMA per block.
+template <int MR>
+inline void row_dot_q4k(const Q8Rows& a, const uint8_t* row, float* out, int64_t ldo) {
+  const int64_t K = a.K, G = K / 32;
+  // Two sums a row (even and odd sub-blocks): one chain of FMAs waited on their latency.
+  __m256 acc[MR][2];
+  RS_UNROLL for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  for (int64_t b = 0; b < K / 256; ++b) {
+    const uint8_t* blk = row + b * 144;
+    // The 8 six-bit scales and mins (k_scale_min's, all at once): bytes 0-7 and 8-15 of u.
+    uint32_t u[4];
+    std::memcpy(u, blk + 4, 12);
+    u[3] = ((u[2] >> 4) & 0x0F0F0F0F) | (((u[1] >> 6) & 0x03030303) << 4);
+    const uint32_t mins_lo = u[1] & 0x3F3F3F3F;
+    u[1] = (u[2] & 0x0F0F0F0F) | (((u[0] >> 6) & 0x03030303) << 4);
+    u[2] = mins_lo;
+    u[0] &= 0x3F3F3F3F;
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
+    __m256 vsc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(packed)),
+                               _mm256_set1_ps(f16_at(blk)));
+    __m256 vmn = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(packed, 8))),
+                               _mm256_set1_ps(f16_at(blk + 2)));
+    asm("" : "+x"(vsc), "+x"(vmn));  // see row_dot_q8
+    __m256 vs[MR];
+    RS_UNROLL for (int r = 0; r < MR; ++r) {
+      const __m256 dx = _mm256_loadu_ps(a.d + r * G + 8 * b);
+      vs[r] = _mm256_mul_ps(vsc, dx);
+      __m256 vm = _mm256_mul_ps(vmn, dx);
+      asm("" : "+x"(vs[r]), "+x"(vm));
+      acc[r][0] = _mm256_fnmadd_ps(vm, _mm256_loadu_ps(a.sums + r * G + 8 * b), acc[r][0]);
+    }
+    for (int p = 0; p < 4; ++p) {
+      const __m256i v = load32(blk + 16 + 32 * p);
+      const __m256i lo = _mm256_and_si256(v, low);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+      RS_UNROLL for (int r = 0; r < MR; ++r) {
+        const int8_t* q = a.q + r * K + 256 * b + 64 * p;
+        acc[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8_s8(lo, q)), lane(vs[r], 2 * p),
+                                    acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8_s8(hi, q + 32)),
+                                    lane(vs[r], 2 * p + 1), acc[r][1]);
+      }
+    }
+  }
+  RS_UNROLL for (int r = 0; r < MR; ++r) out[r * ldo] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
+}
+
+// Q6_K, a block at a time: codes 0..63 unsigned (w = d sc (q - 32)), their 16 scales d sc_g
+// as two vectors times each row's activation scales; the -32 is 32 d sc_g dx sum16(q_g), two
+// FMAs per block. A sub-block's two halves take lanes 0-3 and 4-7 of its scale vector.
+template <int MR>
+inline void row_dot_q6k(const Q8Rows& a, const uint8_t* row, float* out, int64_t ldo) {
+  const int64_t K = a.K, G = K / 32;
+  __m256 acc[MR][2];  // by the block's half (as row_dot_q4k's two sums); the -32 in the first
+  RS_UNROLL for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  const __m256 m32 = _mm256_set1_ps(-32.f);
+  // Lanes (2j, 2j, 2j, 2j, 2j + 1, ...) of a block's 8 half-group scales, j = sub-block % 4.
+  const __m256i pick[4] = {_mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
+                           _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
+                           _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5),
+                           _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7)};
+  // Each 32-weight group's dx for its two halves: lanes (0, 0, 1, 1, 2, 2, 3, 3).
+  const __m256i twice = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+  for (int64_t b = 0; b < K / 256; ++b) {
+    const uint8_t* blk = row + b * 210;
+    const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
+    const __m256 dvec = _mm256_set1_ps(f16_at(blk + 208));
+    __m256 sc0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)), dvec);
+    __m256 sc1 =
+        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))), dvec);
+    asm("" : "+x"(sc0), "+x"(sc1));  // see row_dot_q8
+    __m256 vs[MR][2];
+    RS_UNROLL for (int r = 0; r < MR; ++r) {
+      const __m256 dx = _mm256_loadu_ps(a.d + r * G + 8 * b);  // 8 groups of 32
+      const __m256 dx0 = _mm256_permutevar8x32_ps(dx, twice);  // halves of groups 0-3
+      const __m256 dx1 = _mm256_permutevar8x32_ps(
+          dx, _mm256_add_epi32(twice, _mm256_set1_epi32(4)));  // of groups 4-7
+      vs[r][0] = _mm256_mul_ps(sc0, dx0);
+      vs[r][1] = _mm256_mul_ps(sc1, dx1);
+      asm("" : "+x"(vs[r][0]), "+x"(vs[r][1]));
+      const float* s16 = a.sums16 + r * 2 * G + 16 * b;
+      acc[r][0] = _mm256_fmadd_ps(_mm256_mul_ps(vs[r][0], m32), _mm256_loadu_ps(s16), acc[r][0]);
+      acc[r][1] =
+          _mm256_fmadd_ps(_mm256_mul_ps(vs[r][1], m32), _mm256_loadu_ps(s16 + 8), acc[r][1]);
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m256i qh = load32(blk + 128 + 32 * h);
+      for (int t = 0; t < 4; ++t) {
+        const __m256i lo = byte_field(load32(blk + 64 * h + 32 * (t & 1)), t >= 2 ? 4 : 0, 0x0F);
+        const __m256i codes = _mm256_or_si256(lo, _mm256_slli_epi16(byte_field(qh, 2 * t, 0x03), 4));
+        RS_UNROLL for (int r = 0; r < MR; ++r) {
+          const int8_t* q = a.q + r * K + 256 * b + 128 * h + 32 * t;
+          const __m256 scale = _mm256_permutevar8x32_ps(vs[r][h], pick[t]);
+          acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8_s8(codes, q)), scale, acc[r][h]);
+        }
+      }
+    }
+  }
+  RS_UNROLL for (int r = 0; r < MR; ++r) out[r * ldo] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
+}
+
+// out [M, ldo] columns [0, N) = x W^T for one part of N rows of format B: weight rows spread
+// over the threads, input rows 4 at a time (the sub-block's codes made once for the four).
+template <typename B>
+void gemv_part_q8(const Q8Rows& a, int64_t M, const uint8_t* blocks, int64_t N, float* out,
+                  int64_t ldo) {
+  const int64_t K = a.K;
+  const int64_t row_bytes = K / B::kWeights * B::kBytes, G = K / 32;
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const uint8_t* row = blocks + n * row_bytes;
+      const char* ahead = reinterpret_cast<const char*>(blocks + std::min(n + 4, N - 1) * row_bytes);
+      for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
+      // Input rows a few at a time, each sub-block's codes made once for them (2 for the
+      // K-quants, whose two sums a row fill the registers sooner).
+      constexpr int kRows = std::is_same_v<B, QKBlock<false>> || std::is_same_v<B, Q6KBlock> ? 2 : 4;
+      for (int64_t m = 0; m < M; m += kRows) {
+        const Q8Rows at{a.q + m * K, a.d + m * G, a.sums + m * G, a.sums16 + m * 2 * G, K};
+        float* o = out + m * ldo + n;
+        with_rows<kRows>(static_cast<int>(std::min<int64_t>(kRows, M - m)), [&](auto R) {
+          if constexpr (std::is_same_v<B, QKBlock<false>>)
+            row_dot_q4k<R>(at, row, o, ldo);
+          else if constexpr (std::is_same_v<B, Q6KBlock>)
+            row_dot_q6k<R>(at, row, o, ldo);
+          else
+            row_dot_q8<B, R>(at.q, at.d, at.sums, K, row, o, ldo);
+        });
+      }
+    }
+  });
+}
+#endif
+
+}  // namespace
+
+void gguf_gemm_q8(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& layout,
+                  const at::Tensor& out) {
+  check(x.scalar_type() == at::kFloat && x.is_contiguous() && x.dim() == 2, "x: float32 [M, K]");
+  const int64_t M = x.size(0), K = x.size(1);
+  check(K % 32 == 0, "gguf_gemm_q8: K is not a multiple of 32");
+  // The layout's kinds are GGML types + kGgufQ8 (what QuantLinear.decode_operands names).
+  at::Tensor types = layout.clone();
+  int64_t* tp = types.data_ptr<int64_t>();
+  for (int64_t p = 0; p < types.size(0); ++p) {
+    check(tp[2 * p + 1] >= kGgufQ8, "gguf_gemm_q8: a layout of GGML types + kGgufQ8");
+    tp[2 * p + 1] -= kGgufQ8;
+  }
+  const int64_t N = check_layout(blocks, types, K);
+  check(out.scalar_type() == at::kFloat && out.is_contiguous() && out.size(0) == M &&
+            out.size(1) == N,
+        "out: float32 [M, rows]");
+#ifdef RS_AVX2
+  const int64_t G = K / 32;
+  std::vector<int8_t> q(M * K);
+  std::vector<float> d(M * G), sums(M * G), sums16(2 * M * G);
+  quantize_rows_q8(x.data_ptr<float>(), M, K, q.data(), d.data(), sums.data(), sums16.data());
+  const Q8Rows a{q.data(), d.data(), sums.data(), sums16.data(), K};
+  const uint8_t* bp = blocks.data_ptr<uint8_t>();
+  float* op = out.data_ptr<float>();
+  for (int64_t p = 0; p < types.size(0); ++p) {
+    const int64_t rows = tp[2 * p];
+    with_block(tp[2 * p + 1], [&](auto b) {
+      using B = decltype(b);
+      gemv_part_q8<B>(a, M, bp, rows, op, N);
+      bp += rows * (K / B::kWeights * B::kBytes);
+    });
+    op += rows;
+  }
+#else
+  gguf_gemm(x, blocks, types, out);  // no AVX2: the float32 kernels (matrix.py offers no path)
+#endif
+}
+
+}  // namespace radixserve
+
+TORCH_LIBRARY_FRAGMENT(radixserve, m) {
+  m.def("gguf_gemm_q8(Tensor x, Tensor blocks, Tensor layout, Tensor(a!) out) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(radixserve, CPU, m) { m.impl("gguf_gemm_q8", &radixserve::gguf_gemm_q8); }

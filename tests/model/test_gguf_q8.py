@@ -1,0 +1,88 @@
+"""int8-avx2's decode rows: GGUF blocks as stored against int8 activations (gguf_q8.cpp).
+Each block kind gives the exact product of the activations' int8 codes and gguf's own
+dequantization (to float32 summation), and each input row gets its bits whatever shares the
+call."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from radixserve.model import kernels
+from radixserve.model.gguf_quant import SERVED_TYPES, gguf_weight
+from radixserve.model.kernels.matrix import PrefillPath
+from radixserve.model.quant import QuantLinear
+from tests.model.test_gguf_kernels import dequantized, random_blocks
+
+pytest.importorskip("gguf")
+GGML = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+
+
+def needs_int8_avx2() -> None:
+    assert kernels.load()
+    if PrefillPath.INT8_AVX2.value not in kernels.op("matrix_units")():
+        pytest.skip("this build has no AVX2 kernels")
+
+
+def q8_activations(x: torch.Tensor) -> torch.Tensor:
+    """x quantized to int8 per group of 32 and back (scale max|x| / 127, ties to even)."""
+    g = x.double().reshape(x.shape[0], -1, 32)
+    amax = g.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    scale = (amax / 127.0).float().double()  # the kernel keeps the scale in float32
+    return (torch.round((g.float() * inv.float()).double()) * scale).reshape(x.shape)
+
+
+def gemm_q8(x: torch.Tensor, blocks: np.ndarray, type_name: str) -> torch.Tensor:
+    rows = blocks.shape[0]
+    layout = torch.tensor([[rows, GGML[type_name] + kernels.quant_kind_code("gguf-q8")]])
+    out = torch.empty(x.shape[0], rows)
+    kernels.op("gguf_gemm_q8")(x, torch.from_numpy(blocks.reshape(-1).copy()), layout, out)
+    return out
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize("type_name", SERVED_TYPES)
+def test_q8_kernel_is_the_product_of_int8_activations_and_the_blocks(
+    type_name: str, rows: int
+) -> None:
+    needs_int8_avx2()
+    blocks = random_blocks(type_name, 24, 512, seed=rows)
+    x = torch.randn(rows, 512)
+    want = q8_activations(x) @ dequantized(blocks, type_name).double().T
+    got = gemm_q8(x, blocks, type_name)
+    scale = want.abs().max().item()
+    assert (got.double() - want).abs().max().item() <= 2e-5 * scale + 1e-6
+
+
+@pytest.mark.parametrize("type_name", SERVED_TYPES)
+def test_q8_kernel_gives_each_row_its_bits_alone(type_name: str) -> None:
+    """9 rows: groups of 2 and 4 and a partial last group, each row as computed alone."""
+    needs_int8_avx2()
+    blocks = random_blocks(type_name, 20, 512, seed=7)
+    x = torch.randn(9, 512)
+    together = gemm_q8(x, blocks, type_name)
+    for r in range(9):
+        assert torch.equal(gemm_q8(x[r : r + 1].contiguous(), blocks, type_name)[0], together[r])
+
+
+def test_int8_avx2_runs_decode_rows_in_int8_and_long_chunks_in_float32() -> None:
+    """A QuantLinear of Q4_K and Q6_K parts (a Q4_K_M qkv) on int8-avx2: its first
+    `fp32_rows` (decode rows) take int8 activations, a chunk of 8+ rows after them the float32
+    kernels, and each decode row's result is the one it gets alone."""
+    needs_int8_avx2()
+    q4k, q6k = random_blocks("Q4_K", 32, 256, seed=1), random_blocks("Q6_K", 16, 256, seed=2)
+    blocks = torch.from_numpy(np.concatenate([q4k.reshape(-1), q6k.reshape(-1)]))
+    lin = QuantLinear(gguf_weight(blocks, torch.tensor([[32, 12], [16, 14]]), 256))
+    lin.use_prefill_path(PrefillPath.INT8_AVX2)
+    assert lin.prefill_path is PrefillPath.INT8_AVX2
+    dense = torch.cat([dequantized(q4k, "Q4_K"), dequantized(q6k, "Q6_K")])
+    x = torch.randn(12, 256)
+    out = lin(x, fp32_rows=2)
+    torch.testing.assert_close(out[2:], x[2:] @ dense.T, rtol=1e-4, atol=1e-4)  # float32
+    int8 = q8_activations(x[:2]) @ dense.double().T
+    torch.testing.assert_close(out[:2].double(), int8, rtol=1e-4, atol=1e-4)
+    assert torch.equal(lin(x[:1].contiguous())[0], out[0])
+    qs, _, _, layout = lin.decode_operands()  # what decode_layers takes: the same kernel
+    assert layout[:, 1].tolist() == [12 + 1000, 14 + 1000]
