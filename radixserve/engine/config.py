@@ -106,7 +106,9 @@ class EngineConfig:
         None, "torch CPU threads", type=types.positive_int, default_text="torch's"
     )
     cache_dir: str | None = option(
-        None, "where converted GGUF models live (programs only)", flag=None
+        None,
+        "where GGUF models' config, tokenizer and tensor index live (programs only)",
+        flag=None,
     )
     eviction_policy: str = option(
         DEFAULT_POLICY,

@@ -209,7 +209,7 @@ def load_model(
     model.prepare()
     if kind != "none":
         kernels.load()
-        quantize_model(model, kind, stored, repack=not prefill_path.stored_blocks)
+        quantize_model(model, kind, stored, repack_k_quants=not prefill_path.stored_blocks)
         use_stored_embedding(model, stored)
     pack_model_weights(model)
     return_freed_memory_at_once()

@@ -176,20 +176,22 @@ _AS_INT8 = frozenset({_GGML_Q8_0, _GGML_Q5_0})
 _AS_INT4 = frozenset({_GGML_Q4_0, _GGML_Q4_1, _GGML_Q4_K})
 
 
-def repacked(w: QuantizedWeight) -> QuantizedWeight:
+def repacked(w: QuantizedWeight, k_quants: bool = True) -> QuantizedWeight:
     """A GGUF weight whose every part is Q8_0 / Q5_0 blocks as int8, or Q4_0 / Q4_1 / Q4_K
     blocks as int4: the same values, each group's scale (and min) as float32 beside its codes,
     for gemm.cpp's kernels (tuned further than the block kernels; docs/models.md has the
-    gain and the memory it costs); any other weight as it is."""
+    gain and the memory it costs); any other weight as it is. Without `k_quants`, Q4_K stays
+    as stored (int8-avx2 reads it at 4.5 bits a weight, not 6)."""
     if w.kind != "gguf" or w.layout is None or w.cols % GROUP:
         return w
     import gguf
 
     parts = [(int(rows), int(kind)) for rows, kind in w.layout.tolist()]
     kinds = {kind for _, kind in parts}
+    as_int4 = _AS_INT4 if k_quants else _AS_INT4 - {_GGML_Q4_K}
     if kinds <= _AS_INT8:
         target = "int8"
-    elif kinds <= _AS_INT4:
+    elif kinds <= as_int4:
         target = "int4"
     else:
         return w

@@ -114,7 +114,7 @@ def quantize_model(
     model: DecoderModel,
     kind: str,
     stored: Mapping[str, QuantizedWeight] | None = None,
-    repack: bool = True,
+    repack_k_quants: bool = True,
 ) -> None:
     """Run the projections (and the LM head) of `model` on quantized codes; sets
     `model.quantization` to `kind`.
@@ -122,8 +122,8 @@ def quantize_model(
     "gguf": every projection whose transformers tensors are all in `stored` (a GGUF's own
     blocks, model/gguf_quant.py) computes with those blocks as they are, several kinds in one
     matrix where the file mixed them (ones wholly of Q8_0 / Q5_0, or of Q4_0 / Q4_1 / Q4_K, as
-    the int8 / int4 repacking of the same values: `repacked`, unless not `repack`); the others
-    keep their dense weights.
+    the int8 / int4 repacking of the same values: `repacked`, Q4_K only with
+    `repack_k_quants`); the others keep their dense weights.
     "int4" / "int8": stored codes are used where they are that kind (or int8, as precise),
     the rest is quantized from the current dense weights, except matrices that groups of 32
     do not tile, which stay dense.
@@ -134,7 +134,7 @@ def quantize_model(
     names = hf_names(model.config)
     device = model.embed.device
     for projection in model.projections():
-        codes = _stored_codes(names[projection.weight_name], stored, repack)
+        codes = _stored_codes(names[projection.weight_name], stored, repack_k_quants)
         if codes is not None and kind != "gguf" and codes.kind not in (kind, "int8"):
             codes = None
         if kind == "gguf" and codes is None:
@@ -144,7 +144,7 @@ def quantize_model(
 
 
 def _stored_codes(
-    names: list[str], stored: Mapping[str, QuantizedWeight], repack: bool = True
+    names: list[str], stored: Mapping[str, QuantizedWeight], k_quants: bool = True
 ) -> QuantizedWeight | None:
     """The rows of `names` concatenated from `stored` (GGUF blocks of any kinds, or int4 /
     int8 codes of one kind), repacked where that is the same values; None unless all are
@@ -158,7 +158,7 @@ def _stored_codes(
     codes = parts[0]
     for p in parts[1:]:
         codes = codes.concat(p)
-    return repacked(codes) if repack else codes
+    return repacked(codes, k_quants)
 
 
 def _quantized(

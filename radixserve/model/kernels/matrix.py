@@ -19,12 +19,14 @@ the CPU has.
   threads), float32 elsewhere (an Intel CPU with AMX runs two 512-bit FMAs a cycle against one
   vdpbf16ps, so there it would not pay; not measured).
 - `int8-avx2`: on CPUs with AVX2 but neither AMX nor AVX-512 VNNI (AMD Zen 2/3, older
-  Intel), a GGUF's blocks are kept as the file stores them (no repacking into int4 / int8
-  codes: the file's size in memory). Decode rows and chunks shorter than 8 rows meet them with
-  int8 activations per group of 32 through vpmaddubsw (gguf_q8.cpp), about a quarter of the
-  instructions of turning every code into a float: a decode step of a model larger than the
-  caches then waits on memory. Longer prefill chunks run the float32 kernels over the same
-  blocks; attention is float32.
+  Intel), a GGUF's K-quant blocks are kept as the file stores them (Q4_K at 4.5 bits a weight,
+  not repacked into int4 codes at 6). Their decode rows and chunks shorter than 8 rows meet
+  them with int8 activations per group of 32 through vpmaddubsw (gguf_q8.cpp), fewer
+  instructions than turning every code into a float; longer prefill chunks run the float32
+  kernels over the same blocks. Matrices wholly of Q4_0 / Q4_1 / Q5_0 / Q8_0 are repacked
+  into int4 / int8 codes and run the float32 kernels as on fp32 (the default model's: those
+  kernels decoded it 1.4x faster than int8 activations on its Q4_1 blocks); attention is
+  float32.
 - `fp32`: float32 everywhere (radixserve's float32 kernels, exact to float32 rounding): the
   choice on CPUs without AVX2 and for `--dtype float32`.
 
@@ -40,8 +42,9 @@ layer GEMM shapes took 0.17 against 0.23 ms at 8 rows, 0.51 against 0.62 at 32 a
 matrices whose sizes fit the tiles (in_features a multiple of 32, out_features of 16) take
 the matrix path.
 
-RADIXSERVE_PREFILL_PATH=fp32|avx512-bf16|amx-bf16|int8-vnni|int8-avx2 picks a path for `--dtype auto`
-(tests and comparisons); a path this CPU cannot run falls back to the default, with a warning.
+RADIXSERVE_PREFILL_PATH=fp32|avx512-bf16|amx-bf16|int8-vnni|int8-avx2 picks a path for
+`--dtype auto` (tests and comparisons); a path this CPU cannot run falls back to the default,
+with a warning.
 """
 
 from __future__ import annotations
@@ -94,8 +97,8 @@ class PrefillPath(Enum):
 
     @property
     def stored_blocks(self) -> bool:
-        """Whether a GGUF's blocks are computed as the file stores them, every kind (int8-avx2),
-        rather than repacked into int4 / int8 codes where they hold the same values."""
+        """Whether a GGUF's K-quant blocks are computed as the file stores them (int8-avx2),
+        rather than Q4_K repacked into int4 codes holding the same values."""
         return self is PrefillPath.INT8_AVX2
 
     @property
@@ -180,9 +183,10 @@ def describe(path: PrefillPath) -> str:
         return "prefill path fp32: prefill and decode run the model dtype's matmuls"
     if path is PrefillPath.INT8_AVX2:
         return (
-            f"prefill: int8-avx2 (GGUF blocks as stored; chunks of {path.min_rows}+ rows: "
-            "float32 kernels; decode rows and shorter chunks: int8 activations, integer dot "
-            "products with the blocks, float32 sums; attention and LM head float32)"
+            f"prefill: int8-avx2 (GGUF K-quant blocks as stored; chunks of {path.min_rows}+ "
+            "rows: float32 kernels; decode rows and shorter chunks: int8 activations, integer "
+            "dot products with the blocks, float32 sums; other codes, attention and LM head "
+            "float32)"
         )
     attention = {0: "float32", 1: "bf16 (vdpbf16ps)", 2: "bf16 on AMX tiles"}[path.attention_unit]
     how = (
