@@ -268,17 +268,11 @@ void gguf_gemm_q8(const at::Tensor& x, const at::Tensor& blocks, const at::Tenso
   std::vector<float> d(M * G), sums(M * G), sums16(2 * M * G);
   quantize_rows_q8(x.data_ptr<float>(), M, K, q.data(), d.data(), sums.data(), sums16.data());
   const Q8Rows a{q.data(), d.data(), sums.data(), sums16.data(), K};
-  const uint8_t* bp = blocks.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
-  for (int64_t p = 0; p < types.size(0); ++p) {
-    const int64_t rows = tp[2 * p];
-    with_block(tp[2 * p + 1], [&](auto b) {
-      using B = decltype(b);
-      gemv_part_q8<B>(a, M, bp, rows, op, N);
-      bp += rows * (K / B::kWeights * B::kBytes);
-    });
-    op += rows;
-  }
+  for_each_part(tp, types.size(0), K, blocks.data_ptr<uint8_t>(),
+                [&](auto b, int64_t rows, const uint8_t* bp, int64_t first) {
+                  gemv_part_q8<decltype(b)>(a, M, bp, rows, op + first, N);
+                });
 #else
   gguf_gemm(x, blocks, types, out);  // no AVX2: the float32 kernels (matrix.py offers no path)
 #endif

@@ -591,6 +591,22 @@ int64_t check_layout(const at::Tensor& blocks, const at::Tensor& layout, int64_t
   return rows;
 }
 
+// f(Block{}, rows, the part's blocks, its first row) for each part of a checked layout
+// [parts, 2] (lp: its data) over rows of K weights, in order.
+template <typename F>
+void for_each_part(const int64_t* lp, int64_t parts, int64_t K, const uint8_t* bp, F&& f) {
+  int64_t first = 0;
+  for (int64_t p = 0; p < parts; ++p) {
+    const int64_t rows = lp[2 * p];
+    with_block(lp[2 * p + 1], [&](auto b) {
+      using B = decltype(b);
+      f(b, rows, bp, first);
+      bp += rows * (K / B::kWeights * B::kBytes);
+    });
+    first += rows;
+  }
+}
+
 }  // namespace
 
 void gguf_gemm(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& layout,
@@ -632,21 +648,15 @@ void gguf_dequant(const at::Tensor& blocks, const at::Tensor& layout, const at::
   check(out.scalar_type() == at::kFloat && out.is_contiguous() && out.dim() == 2, "out");
   const int64_t K = out.size(1);
   check(check_layout(blocks, layout, K) == out.size(0), "out rows");
-  const int64_t* lp = layout.data_ptr<int64_t>();
-  const uint8_t* bp = blocks.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
-  for (int64_t p = 0; p < layout.size(0); ++p) {
-    const int64_t rows = lp[2 * p];
-    with_block(lp[2 * p + 1], [&](auto b) {
-      using B = decltype(b);
-      const int64_t row_bytes = K / B::kWeights * B::kBytes;
-      at::parallel_for(0, rows, 64, [&](int64_t n0, int64_t n1) {
-        dequant_block_rows<B>(bp, row_bytes, n0, n1 - n0, K, op + n0 * K);
-      });
-      bp += rows * row_bytes;
-    });
-    op += rows * K;
-  }
+  for_each_part(layout.data_ptr<int64_t>(), layout.size(0), K, blocks.data_ptr<uint8_t>(),
+                [&](auto b, int64_t rows, const uint8_t* bp, int64_t first) {
+                  using B = decltype(b);
+                  const int64_t row_bytes = K / B::kWeights * B::kBytes;
+                  at::parallel_for(0, rows, 64, [&](int64_t n0, int64_t n1) {
+                    dequant_block_rows<B>(bp, row_bytes, n0, n1 - n0, K, op + (first + n0) * K);
+                  });
+                });
 }
 
 // Our code for a QuantizedWeight kind name ("int4", "q4_k", ...), -1 for none.
