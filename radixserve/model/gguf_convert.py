@@ -98,6 +98,7 @@ def _once(out_dir: Path, write: Callable[[Path], None], source: str) -> bool:
         for stale in out_dir.parent.glob(_temp_prefix(out_dir) + "*"):  # a killed run's
             shutil.rmtree(stale, ignore_errors=True)
         t0 = time.perf_counter()
+        log.info("writing %s from %s (once)", out_dir, source)
         _write_atomically(out_dir, write)
         log.info("wrote %s from %s in %.1fs", out_dir, source, time.perf_counter() - t0)
         return True
