@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shlex
 import statistics
 import time
 
@@ -134,22 +133,8 @@ def main() -> None:
     results: dict[str, list[dict[str, float]]] = {label: [] for label, _ in args.server}
     for rnd in range(args.rounds):
         for label, command in args.server:
-            argv = shlex.split(command)
-            env = {}
-            while argv and "=" in argv[0] and not argv[0].startswith("-"):
-                key, _, value = argv.pop(0).partition("=")
-                env[key] = value
-            saved = {key: os.environ.get(key) for key in env}
-            os.environ.update(env)  # for this server only
-            try:
-                t0 = time.perf_counter()
-                server = ServerProcess(argv).start(timeout=args.start_timeout)
-            finally:
-                for key, old in saved.items():
-                    if old is None:
-                        os.environ.pop(key, None)
-                    else:
-                        os.environ[key] = old
+            t0 = time.perf_counter()
+            server = ServerProcess(command).start(timeout=args.start_timeout)
             started = time.perf_counter() - t0
             print(f"{label}: healthy after {started:.1f} s", flush=True)
             try:

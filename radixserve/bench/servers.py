@@ -29,11 +29,22 @@ def radixserve_command(*args: str) -> list[str]:
 
 class ServerProcess:
     """A server subprocess. `command` may hold `{port}`; without it `--port P` is appended.
-    Its output goes to a log file (kept, and shown in errors)."""
+    Leading `NAME=VALUE` words of `command` (as a shell reads them) and `env` are added to
+    this server's environment only. Its output goes to a log file (kept, and shown in
+    errors)."""
 
-    def __init__(self, command: str | list[str], log_dir: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        command: str | list[str],
+        log_dir: str | Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.port = free_port()
         argv = shlex.split(command) if isinstance(command, str) else list(command)
+        self.env = dict(env or {})
+        while argv and "=" in argv[0] and not argv[0].startswith("-"):
+            key, _, value = argv.pop(0).partition("=")
+            self.env[key] = value
         if any("{port}" in a for a in argv):
             argv = [a.replace("{port}", str(self.port)) for a in argv]
         else:
@@ -53,7 +64,7 @@ class ServerProcess:
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=os.environ.copy(),
+            env={**os.environ, **self.env},
             start_new_session=True,
         )
         log.close()
