@@ -79,12 +79,13 @@ class Linear:
     """y = x W^T (+ b), with the weight prepacked for oneDNN where that is faster.
 
     On CPU in bfloat16, oneDNN's prepacked GEMM is ~1.7x faster than F.linear for the
-    few-row matmuls of decode steps; elsewhere this is F.linear.
+    few-row matmuls of decode steps; elsewhere this is F.linear. A weight still empty (a GGUF
+    matrix that will compute from its codes) is not packed.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.weight, self.bias, self.packed = weight, bias, None
-        if weight.device.type == "cpu" and weight.dtype == torch.bfloat16:
+        if weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and weight.numel():
             try:
                 packed = torch.ops.mkldnn._reorder_linear_weight(weight, 8)
                 probe = torch.ones(2, weight.shape[1], dtype=weight.dtype)
