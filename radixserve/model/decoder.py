@@ -349,7 +349,7 @@ class DecoderModel(nn.Module):
         quantized projections take it, the LM head stays on the float32 kernels. Call after
         quantizing; the attention backend reads `prefill_path` too (the runner passes it)."""
         self.prefill_path = path
-        self.weights_moved()  # int8-vnni's decode step reads int4 codes packed for it
+        self.weights_moved()  # int8-vnni repacks int4 codes into panels
         fp32: list[str] = []  # projections that stay on the float32 kernels
         for i, layer in enumerate(self.decoder_layers()):
             for attr, lin, _ in layer.projections():

@@ -211,8 +211,8 @@ def load_model(
         kernels.load()
         quantize_model(model, kind, stored, repack_k_quants=not prefill_path.stored_blocks)
         use_stored_embedding(model, stored)
+    model.use_prefill_path(prefill_path)  # before packing: int8-vnni repacks int4 in place
     pack_model_weights(model)
     return_freed_memory_at_once()
-    model.use_prefill_path(prefill_path)
     log.info("%s", matrix.describe(prefill_path))
     return model

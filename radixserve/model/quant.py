@@ -33,6 +33,9 @@ class QuantizedWeight:
     gguf: qs uint8 [bytes]: the blocks of every row, as the file stores them; layout int64
           [parts, 2]: consecutive runs of rows as (rows, GGML type number); `cols` = in.
           `scale` is empty.
+    int4-vnni: int4's codes, scales and mins in int8-vnni's panels of 16 rows (`to_panels`):
+          qs [P * G, 256] uint8, scale / minv [P * G, 16] (P = out / 16, G = in / 32);
+          `cols` = in.
     """
 
     kind: str
@@ -40,7 +43,7 @@ class QuantizedWeight:
     scale: torch.Tensor  # [out, in/32]
     minv: torch.Tensor | None  # [out, in/32], int4 only
     layout: torch.Tensor | None = None  # gguf only
-    cols: int = 0  # gguf only
+    cols: int = 0  # gguf and int4-vnni only
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -48,7 +51,33 @@ class QuantizedWeight:
         if self.kind == "gguf":
             assert self.layout is not None
             return int(self.layout[:, 0].sum()), self.cols
+        if self.kind == "int4-vnni":
+            return self.scale.numel() // (self.cols // GROUP), self.cols
         return self.scale.shape[0], self.scale.shape[1] * GROUP
+
+    def to_panels(self) -> QuantizedWeight:
+        """This int4 weight as int4-vnni: each panel of 16 rows holds, for every group, the
+        16 rows' code bytes 4j..4j+3 side by side (j = 0..3) and the group's 16 scales and
+        mins, the order gemm_vnni.cpp reads (q4_vnni_pack). The same values, the same bytes;
+        the int4 tensors are not kept."""
+        assert self.kind == "int4" and self.minv is not None
+        (n, k), groups = self.shape, self.scale.shape[1]
+        words = torch.empty(n // 16 * groups, 256, dtype=torch.uint8)
+        scale, minv = torch.empty(n // 16 * groups, 16), torch.empty(n // 16 * groups, 16)
+        kernels.op("q4_vnni_pack")(self.qs, self.scale, self.minv, words, scale, minv)
+        return QuantizedWeight("int4-vnni", words, scale, minv, cols=k)
+
+    def from_panels(self, index: torch.Tensor | None = None) -> QuantizedWeight:
+        """This int4-vnni weight (its rows `index`, or all) as int4."""
+        assert self.kind == "int4-vnni" and self.minv is not None
+        (n, _), groups = self.shape, self.cols // GROUP
+        rows = torch.arange(n) if index is None else index
+        panel, col = rows // 16, rows % 16
+        words = self.qs.view(n // 16, groups, 4, 16, 4)[panel, :, :, col, :]
+        scale = self.scale.view(n // 16, groups, 16)[panel, :, col]
+        minv = self.minv.view(n // 16, groups, 16)[panel, :, col]
+        qs = words.reshape(rows.numel(), groups * GROUP // 2).contiguous()
+        return QuantizedWeight("int4", qs, scale.contiguous(), minv.contiguous())
 
     def kernel_layout(self) -> torch.Tensor:
         """The int64 [parts, 2] (rows, kind number) list our kernels read (decode_layers'
@@ -72,6 +101,8 @@ class QuantizedWeight:
     def rows(self, index: torch.Tensor) -> torch.Tensor:
         """Float32 rows `index` [n] of the weight (an embedding lookup in the codes)."""
         index = index.to(self.qs.device)
+        if self.kind == "int4-vnni":
+            return self.from_panels(index).dequantize()
         if self.kind == "int4" or self.kind == "int8":
             n = self.scale.shape[0]
             qs = self.qs.view(n, -1)[index]
@@ -87,6 +118,8 @@ class QuantizedWeight:
 
     def dequantize(self) -> torch.Tensor:
         """The float32 weight these codes stand for."""
+        if self.kind == "int4-vnni":
+            return self.from_panels().dequantize()
         out = torch.empty(self.shape, dtype=torch.float32, device=self.qs.device)
         if self.kind == "gguf":
             return self._dequantize_gguf(out)
@@ -286,38 +319,44 @@ class QuantLinear:
     On the CPU with a `prefill_path` other than fp32, the rows after the first `fp32_rows`
     of a call (a step's prefill chunks; its decode rows come first) run on the matrix units
     when there are at least `prefill_path.min_rows` of them; the rest run the one-row kernels
-    (float32, or on int8-vnni its decode-row kernel), so a decode row's result never depends
-    on what shares its step. On int8-vnni an int4 matrix runs every row, decode or prefill, in
-    one call on `vnni_panels`."""
+    (float32, or on the int8 paths their decode-row kernels), so a decode row's result never
+    depends on what shares its step. On int8-vnni an int4 matrix is held as int4-vnni panels,
+    on which every row runs, decode or prefill, in one call."""
 
     def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None = None) -> None:
-        self.weight, self.bias = weight, bias
+        self.bias, self.prefill_path = bias, PrefillPath.FP32
         self.out_features, self.in_features = weight.shape
         self._kernel: Callable[[torch.Tensor, torch.Tensor], None] | None = None
         self._matrix: Callable[[torch.Tensor, torch.Tensor], None] | None = None
         self._rows: Callable[[torch.Tensor, torch.Tensor], None] | None = None
-        self._panels: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-        self.prefill_path = PrefillPath.FP32
+        self.use_weight(weight)
 
     def use_weight(self, weight: QuantizedWeight) -> None:
-        """Compute with `weight` (the same matrix, e.g. moved in memory) from now on."""
+        """Compute with `weight` (the same matrix, e.g. moved in memory) from now on, int4
+        held as int4-vnni panels on int8-vnni and as int4 elsewhere."""
+        on_panels = self.prefill_path is PrefillPath.INT8_VNNI
+        if weight.kind == "int4-vnni" and not on_panels:
+            weight = weight.from_panels()
+        elif weight.kind == "int4" and on_panels:
+            weight = weight.to_panels()
         self.weight, self._kernel, self._matrix, self._rows = weight, None, None, None
-        self._panels = None
 
     def use_prefill_path(self, path: PrefillPath) -> None:
-        """Run prefill rows on `path` from now on (fp32 where this matrix's sizes do not fit
-        the tiles, in_features a multiple of 32 and out_features of 16, and for GGUF blocks
-        other than int4 / int8: the bfloat16 kernels read only those codes)."""
-        if path is PrefillPath.INT8_AVX2:  # GGUF blocks as stored (gguf_q8.cpp takes every kind)
-            fits = self.weight.kind == "gguf"
-        else:
+        """Run prefill rows on `path` from now on (fp32 where it does not take this matrix:
+        sizes off the tiles, in_features a multiple of 32 and out_features of 16, or GGUF
+        blocks as stored on the bfloat16 paths, which read int4 / int8 codes only). On
+        int8-vnni an int4 weight is repacked into int4-vnni panels in place (and back on
+        leaving it)."""
+        if self.weight.kind == "gguf":  # gguf_q8.cpp takes every kind as stored
+            fits = path.int8_decode
+        else:  # int4 / int8 codes; int8-avx2 leaves them on the float32 kernels
             fits = (
-                self.weight.kind in ("int4", "int8")
+                path is not PrefillPath.INT8_AVX2
                 and self.in_features % 32 == 0
                 and self.out_features % 16 == 0
             )
         self.prefill_path = path if fits else PrefillPath.FP32
-        self._matrix, self._rows, self._panels = None, None, None
+        self.use_weight(self.weight)
 
     def _cpu_kernel(self) -> Callable[[torch.Tensor, torch.Tensor], None] | None:
         """kernel(x, out) for float32 x [M, in] on the CPU, bound to this weight once (a
@@ -330,71 +369,52 @@ class QuantLinear:
             elif w.kind == "int4":
                 q4, qs, scale, minv = kernels.op("q4_gemm"), w.qs, w.scale, w.minv
                 self._kernel = lambda x, out: q4(x, qs, scale, minv, out)
+            elif w.kind == "int4-vnni":  # every row on the panels (gemm_vnni.cpp)
+                v4, qs, scale, minv = kernels.op("q4_gemm_vnni"), w.qs, w.scale, w.minv
+                self._kernel = lambda x, out: v4(x, qs, scale, minv, out)
             else:
                 q8, qs, scale = kernels.op("q8_gemm"), w.qs, w.scale
                 self._kernel = lambda x, out: q8(x, qs, scale, out)
         return self._kernel
 
     def _on_panels(self) -> bool:
-        """Whether every row of this matrix, decode or prefill, runs on `vnni_panels` (int4
-        on int8-vnni)."""
-        return self.prefill_path is PrefillPath.INT8_VNNI and self.weight.kind == "int4"
-
-    def vnni_panels(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """On int8-vnni, an int4 matrix's codes packed once for all its rows (`words`
-        [P * G, 256] uint8, scales and mins [P * G, 16]: panels of 16 columns, gemm_vnni.cpp's
-        q4_vnni_pack); None elsewhere. As many bytes again as the codes, scales and mins."""
-        w = self.weight
-        if self._panels is None and self._on_panels():
-            assert w.minv is not None
-            groups = (self.out_features // 16) * (self.in_features // 32)
-            words = torch.empty(groups, 256, dtype=torch.uint8)
-            scale, minv = torch.empty(groups, 16), torch.empty(groups, 16)
-            kernels.op("q4_vnni_pack")(w.qs, w.scale, w.minv, words, scale, minv)
-            self._panels = (words, scale, minv)
-        return self._panels
+        """Whether every row of this matrix, decode or prefill, runs in one call on int4-vnni
+        panels."""
+        return self.weight.kind == "int4-vnni"
 
     def decode_operands(
         self,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """(codes, scales, mins or None, layout) as the kernels take this matrix for decode
-        rows (`decode_layers`' weights, `quant_linear` in layers.cpp): on int8-vnni its decode
-        rows' kinds (int4 on `vnni_panels`, as its prefill rows; int8 codes as they are, with
-        int8 activations), else the codes' own. Kernels must be loaded."""
+        rows (`decode_layers`' weights, `quant_linear` in layers.cpp): on the int8 paths their
+        decode rows' kinds (GGUF blocks + gguf-q8; int8 codes as int8-vnni; int4-vnni panels
+        as they are), else the codes' own. Kernels must be loaded."""
         w = self.weight
-        panels = self.vnni_panels()
-        if panels is not None:
-            code = kernels.quant_kind_code("int4-vnni")
-            return (*panels, torch.tensor([[self.out_features, code]]))
-        if self.prefill_path is PrefillPath.INT8_AVX2:  # GGUF blocks, kinds + gguf-q8
+        if self.prefill_path.int8_decode and w.kind == "gguf":  # blocks as stored
             assert w.layout is not None
             layout = w.layout.clone()
             layout[:, 1] += kernels.quant_kind_code("gguf-q8")
             return w.qs, w.scale, w.minv, layout
-        if self.prefill_path.int8_decode:  # int8 codes (the path takes only int4 and int8)
+        if self.prefill_path.int8_decode and w.kind == "int8":
             code = kernels.quant_kind_code("int8-vnni")
             return w.qs, w.scale, w.minv, torch.tensor([[self.out_features, code]])
         return w.qs, w.scale, w.minv, w.kernel_layout()
 
     def _rows_kernel(self) -> Callable[[torch.Tensor, torch.Tensor], None] | None:
         """kernel(x, out) for the rows that stay off the matrix units (decode rows, short
-        chunks; int4 on int8-vnni: all rows): on int8-vnni its decode rows' kernel, on
+        chunks; int4-vnni: all rows): on the int8 paths their decode rows' kernel, on
         `decode_operands`, else the float32 one."""
         if self._rows is None:
-            if self.prefill_path.int8_decode and self._cpu_kernel() is not None:
-                qs, scale, minv, layout = self.decode_operands()
-                kind = int(layout[0, 1])
-                if kind >= kernels.quant_kind_code("gguf-q8"):
+            self._rows = self._cpu_kernel()
+            kind = self.weight.kind
+            if self._rows is not None and self.prefill_path.int8_decode and kind != "int4-vnni":
+                qs, scale, _, layout = self.decode_operands()
+                if kind == "gguf":
                     q8 = kernels.op("gguf_gemm_q8")
                     self._rows = lambda x, out: q8(x, qs, layout, out)
-                elif kind == kernels.quant_kind_code("int4-vnni"):
-                    v4 = kernels.op("q4_gemm_vnni")
-                    self._rows = lambda x, out: v4(x, qs, scale, minv, out)
                 else:
                     v8 = kernels.op("q8_gemv_vnni")
                     self._rows = lambda x, out: v8(x, qs, scale, out)
-            else:
-                self._rows = self._cpu_kernel()
         return self._rows
 
     def _matrix_kernel(self, silu: bool = False) -> Callable[[torch.Tensor, torch.Tensor], None]:
@@ -408,7 +428,7 @@ class QuantLinear:
 
     def _bind_matrix(self, suffix: str) -> Callable[[torch.Tensor, torch.Tensor], None]:
         w, unit = self.weight, self.prefill_path.unit
-        if self.prefill_path is PrefillPath.INT8_AVX2:  # long chunks: the float32 kernels
+        if w.kind == "gguf":  # long chunks of blocks as stored: the float32 kernels
             kernel = self._cpu_kernel()
             assert kernel is not None
             return kernel

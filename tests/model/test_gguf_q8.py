@@ -1,4 +1,4 @@
-"""int8-avx2's decode rows: GGUF blocks as stored against int8 activations (gguf_q8.cpp).
+"""The int8 paths' decode rows on GGUF blocks as stored, against int8 activations (gguf_q8.cpp).
 Each block kind gives the exact product of the activations' int8 codes and gguf's own
 dequantization (to float32 summation), and each input row gets its bits whatever shares the
 call."""
@@ -67,16 +67,22 @@ def test_q8_kernel_gives_each_row_its_bits_alone(type_name: str) -> None:
         assert torch.equal(gemm_q8(x[r : r + 1].contiguous(), blocks, type_name)[0], together[r])
 
 
-def test_int8_avx2_runs_decode_rows_in_int8_and_long_chunks_in_float32() -> None:
-    """A QuantLinear of Q4_K and Q6_K parts (a Q4_K_M qkv) on int8-avx2: its first
+@pytest.mark.parametrize("path", [PrefillPath.INT8_AVX2, PrefillPath.INT8_VNNI])
+def test_int8_paths_run_stored_blocks_decode_rows_in_int8_and_long_chunks_in_float32(
+    path: PrefillPath,
+) -> None:
+    """A QuantLinear of Q4_K and Q6_K parts (a Q4_K_M qkv) as stored, on int8-avx2 and on
+    int8-vnni (where blocks that are not int4 / int8 codes stay as stored): its first
     `fp32_rows` (decode rows) take int8 activations, a chunk of 8+ rows after them the float32
     kernels, and each decode row's result is the one it gets alone."""
     needs_int8_avx2()
+    if path.value not in kernels.op("matrix_units")():
+        pytest.skip(f"this CPU or build does not run {path.value}")
     q4k, q6k = random_blocks("Q4_K", 32, 256, seed=1), random_blocks("Q6_K", 16, 256, seed=2)
     blocks = torch.from_numpy(np.concatenate([q4k.reshape(-1), q6k.reshape(-1)]))
     lin = QuantLinear(gguf_weight(blocks, torch.tensor([[32, 12], [16, 14]]), 256))
-    lin.use_prefill_path(PrefillPath.INT8_AVX2)
-    assert lin.prefill_path is PrefillPath.INT8_AVX2
+    lin.use_prefill_path(path)
+    assert lin.prefill_path is path
     dense = torch.cat([dequantized(q4k, "Q4_K"), dequantized(q6k, "Q6_K")])
     x = torch.randn(12, 256)
     out = lin(x, fp32_rows=2)

@@ -172,16 +172,12 @@ def test_vnni_gemm_is_the_exact_product_of_int8_activations_and_the_codes(
 
 
 def _vnni_decode(kind: str, x: torch.Tensor, w) -> torch.Tensor:
-    """int8-vnni's decode rows: int4 on the panels q4_vnni_pack packs once (prefill rows too),
-    int8 as stored."""
-    n, k = w.shape
-    out = torch.empty(x.shape[0], n)
+    """int8-vnni's decode rows: int4 on its int4-vnni panels (prefill rows too), int8 as
+    stored."""
+    out = torch.empty(x.shape[0], w.shape[0])
     if kind == "int4":
-        groups = (n // 16) * (k // 32)
-        words = torch.empty(groups, 256, dtype=torch.uint8)
-        scale, minv = torch.empty(groups, 16), torch.empty(groups, 16)
-        ops.q4_vnni_pack(w.qs, w.scale, w.minv, words, scale, minv)
-        ops.q4_gemm_vnni(x, words, scale, minv, out)
+        p = w.to_panels()
+        ops.q4_gemm_vnni(x, p.qs, p.scale, p.minv, out)
     else:
         ops.q8_gemv_vnni(x, w.qs, w.scale, out)
     return out
@@ -415,6 +411,29 @@ def _codes_linear(n: int, k: int, path: PrefillPath) -> QuantLinear:
     lin = QuantLinear(quantize(torch.randn(n, k) * 0.1, "int4"))
     lin.use_prefill_path(path)
     return lin
+
+
+def test_int8_vnni_holds_int4_as_panels_in_place_of_the_codes() -> None:
+    """On int8-vnni an int4 matrix is held once, as int4-vnni panels (the same bytes
+    reordered, no int4 copy beside them); leaving the path gives back the int4 codes bit for
+    bit, and rows and dequantize read the panels as the codes."""
+    needs(PrefillPath.INT8_VNNI)
+    torch.manual_seed(4)
+    w = quantize(torch.randn(48, 96), "int4")
+    lin = QuantLinear(w)
+    lin.use_prefill_path(PrefillPath.INT8_VNNI)
+    held = lin.weight
+    assert held.kind == "int4-vnni" and held.shape == (48, 96)
+    assert sum(t.numel() * t.element_size() for t in held.tensors()) == sum(
+        t.numel() * t.element_size() for t in w.tensors()
+    )
+    assert torch.equal(held.dequantize(), w.dequantize())
+    index = torch.tensor([0, 17, 47, 5])
+    assert torch.equal(held.rows(index), w.dequantize()[index])
+    lin.use_prefill_path(PrefillPath.FP32)
+    back = lin.weight
+    assert back.kind == "int4"
+    assert all(torch.equal(a, b) for a, b in zip(back.tensors(), w.tensors(), strict=True))
 
 
 def test_decode_rows_of_a_mixed_call_equal_the_float32_kernel_bit_for_bit() -> None:
