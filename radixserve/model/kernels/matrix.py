@@ -32,8 +32,9 @@ the CPU has.
 
 Decode rows (1-16 a step, or the decode rows of a mixed step) run the float32 GEMV kernels on
 the bfloat16 paths and fp32. On int8-vnni they take int8 activations too (gemm_vnni.cpp):
-int4 matrices are packed once into panels (QuantLinear.vnni_panels) on which every row runs,
-decode or prefill, in one call; int8 codes are read as stored. On the AMD EPYC Zen 4 the
+int4 matrices are held as panels (QuantizedWeight kind int4-vnni, in place of the codes) on
+which every row runs, decode or prefill, in one call; int8 codes are read as stored, and GGUF
+blocks of other kinds (Q6_K, Q5_K, mixed) meet int8 activations as on int8-avx2. On the AMD EPYC Zen 4 the
 default model's 120 layer GEMMs of a step (int4, read from memory) took 2.8-3.4 ms for one row
 against float32's 4.2-4.6, and 4.9 for six rows (a step verifying five drafts) against
 12.0-14.1. The panels also spare prefill chunks the per-call packing: the default model's four
