@@ -31,17 +31,17 @@ the CPU has.
   choice on CPUs without AVX2 and for `--dtype float32`.
 
 Decode rows (1-16 a step, or the decode rows of a mixed step) run the float32 GEMV kernels on
-the bfloat16 paths and fp32. On int8-vnni they take int8 activations too (gemm_vnni.cpp):
-int4 matrices are held as panels (QuantizedWeight kind int4-vnni, in place of the codes) on
-which every row runs, decode or prefill, in one call; int8 codes are read as stored, and GGUF
-blocks of other kinds (Q6_K, Q5_K, mixed) meet int8 activations as on int8-avx2. On the AMD EPYC Zen 4 the
-default model's 120 layer GEMMs of a step (int4, read from memory) took 2.8-3.4 ms for one row
-against float32's 4.2-4.6, and 4.9 for six rows (a step verifying five drafts) against
+the bfloat16 paths and fp32. On int8-vnni they take int8 activations too (gemm_vnni.cpp): int4
+matrices are held as panels (QuantizedWeight kind int4-vnni, in place of the codes) on which
+every row runs, decode or prefill, in one call; int8 codes are read as stored, and GGUF blocks
+of other kinds (Q6_K, Q5_K, mixed) meet int8 activations as on int8-avx2. On the AMD EPYC Zen 4
+the default model's 120 layer GEMMs of a step (int4, read from memory) took 2.8-3.4 ms for one
+row against float32's 4.2-4.6, and 4.9 for six rows (a step verifying five drafts) against
 12.0-14.1. The panels also spare prefill chunks the per-call packing: the default model's four
 layer GEMM shapes took 0.17 against 0.23 ms at 8 rows, 0.51 against 0.62 at 32 and level from
 512 rows (35.0 against 35.8 ms at 2,000). The LM head stays on the float32 kernels. Only
-matrices whose sizes fit the tiles (in_features a multiple of 32, out_features of 16) take
-the matrix path.
+matrices whose sizes fit the tiles (in_features a multiple of 32, out_features of 16) take the
+matrix path.
 
 RADIXSERVE_PREFILL_PATH=fp32|avx512-bf16|amx-bf16|int8-vnni|int8-avx2 picks a path for
 `--dtype auto` (tests and comparisons); a path this CPU cannot run falls back to the default,
