@@ -1,5 +1,5 @@
-"""Value types every layer shares: memory sizes, and the names of dtypes, devices, attention
-backends and quantizations.
+"""Value types every layer shares: memory sizes, the names of dtypes, devices, attention
+backends and quantizations, and ceiling division.
 
 The bottom of the package (it imports nothing of ours): the cache, the model, the option
 declarations (`radixserve.config`) and the command line all read these names from here, so a
@@ -10,6 +10,12 @@ from __future__ import annotations
 
 import math
 import re
+
+
+def ceil_div(a: int, b: int) -> int:
+    """a / b rounded up, for positive b (blocks for a number of tokens, pages for bytes)."""
+    return -(-a // b)
+
 
 # Weights' dtype (--dtype): auto picks per device (radixserve.model.loader.resolve_dtype).
 DTYPES = ("auto", "float32", "bfloat16", "float16")

@@ -30,6 +30,7 @@ from typing import Any
 
 from radixserve.bench.analyze import Analysis, CachePoint, fill_curves
 from radixserve.cache import DEFAULT_POLICY, BlockPool, RadixCache, make_policy
+from radixserve.values import ceil_div
 
 FORMATS = {"mooncake": 512, "bailian": 16}  # each format's block size in tokens
 _MAX_ID = 2**32 - 1  # the cache packs ids as 32-bit tokens; bigger ids are renumbered
@@ -160,7 +161,7 @@ def _parse(line: str, lineno: int, fmt: str, block_size: int, ids: _Ids) -> Hash
     raw = obj.get("hash_ids")
     if not isinstance(raw, list) or not raw:
         raise TraceLineError(f"line {lineno}: 'hash_ids' must be a non-empty list")
-    need = -(-input_length // block_size)
+    need = ceil_div(input_length, block_size)
     if len(raw) != need:
         raise TraceLineError(
             f"line {lineno}: {len(raw)} hash ids for input_length {input_length}, which needs "

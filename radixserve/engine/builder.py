@@ -37,6 +37,7 @@ from radixserve.model.loader import (
 )
 from radixserve.model.runner import ModelRunner
 from radixserve.options import default_of
+from radixserve.values import ceil_div
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +193,7 @@ class WindowPool:
     @property
     def block_bytes(self) -> int:
         """Memory per block, its share of the window pool included."""
-        return self.full_block_bytes + -(-self.slot_bytes * self.num_slots // self.num_blocks)
+        return self.full_block_bytes + ceil_div(self.slot_bytes * self.num_slots, self.num_blocks)
 
 
 def window_pool(
@@ -225,7 +226,7 @@ def window_pool(
     window = max(windows)
     # Enough for one request's window plus a full step of new tokens: slots never stop a
     # request that has the pool to itself.
-    least = -(-(window + config.max_num_batched_tokens) // bs) + 2
+    least = ceil_div(window + config.max_num_batched_tokens, bs) + 2
     ratio = config.swa_full_tokens_ratio
     if config.num_blocks:
         num_blocks = config.num_blocks
@@ -258,5 +259,5 @@ def window_bytes_per_token(
 ) -> float:
     """K/V bytes per token of a `context`-token request whose window layers keep only the
     blocks their window reads (the window and one partial block)."""
-    kept = min(context, -(-window // block_size) * block_size + block_size)
+    kept = min(context, ceil_div(window, block_size) * block_size + block_size)
     return (full_block_bytes * context + slot_bytes * kept) / block_size / context

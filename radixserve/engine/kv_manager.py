@@ -7,6 +7,7 @@ from collections.abc import Callable
 from radixserve.cache import CacheEvent, CacheFullError, PrefixCache, RadixNode, SessionRetention
 from radixserve.cache.window import NO_SLOT
 from radixserve.engine.request import Request
+from radixserve.values import ceil_div
 
 
 def _path_blocks(node: RadixNode) -> list[int]:
@@ -173,7 +174,7 @@ class KVCacheManager:
     def ensure_blocks(self, req: Request, num_tokens: int) -> bool:
         """Grow `req`'s block table to cover `num_tokens` tokens, evicting cached blocks if
         needed. Returns False, changing nothing, when the pool cannot supply them."""
-        need = -(-num_tokens // self.block_size) - len(req.block_table)
+        need = ceil_div(num_tokens, self.block_size) - len(req.block_table)
         if need <= 0:
             return True
         try:
@@ -191,7 +192,7 @@ class KVCacheManager:
         have = len(req.block_table) * self.block_size - num_tokens
         short = len(drafts) - have
         if short > 0:
-            need = -(-short // self.block_size)
+            need = ceil_div(short, self.block_size)
             if self.pool.num_free >= need and self.ensure_blocks(req, num_tokens + len(drafts)):
                 return drafts
         return drafts[: max(0, have)]

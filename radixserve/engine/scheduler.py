@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from radixserve.engine.kv_manager import KVCacheManager
 from radixserve.engine.request import Request, RequestState
 from radixserve.model.batch import SeqChunk
+from radixserve.values import ceil_div
 
 LPM_MAX_QUEUE = 128  # past this many waiting requests, ordering by match costs too much
 
@@ -137,7 +138,7 @@ class Scheduler:
             peek = self.kv.peek(req)
             if self._shares_uncached_prefix(req, peek):
                 continue  # let the other request compute it once, then hit the cache
-            need = -(-len(req.token_ids) // bs) - peek // bs
+            need = ceil_div(len(req.token_ids), bs) - peek // bs
             reserve = len(self.running)
             if need + reserve + peek // bs > self.kv.num_available():
                 break

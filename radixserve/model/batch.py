@@ -7,6 +7,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from radixserve.values import ceil_div
+
 
 @dataclass(frozen=True)
 class SeqChunk:
@@ -172,12 +174,12 @@ def build_batch(
             logits_rows.append(row0 + r)
             logits_chunk.append(i)
         if n > 1:
-            used = torch.tensor(table[: -(-end // block_size)], dtype=torch.long, device=device)
+            used = torch.tensor(table[: ceil_div(end, block_size)], dtype=torch.long, device=device)
             prefills.append(PrefillMeta(row0, n, end, used))
     max_blocks = 0
     if decode_idx:
         lens = [chunks[i].start_pos + 1 for i in decode_idx]
-        max_blocks = -(-max(lens) // block_size)
+        max_blocks = ceil_div(max(lens), block_size)
     if buffers is not None and not buffers.fits(len(ids), len(decode_idx), max_blocks):
         buffers = None
     bufs: StepBuffers | None = buffers

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from radixserve.values import ceil_div
+
 _MADV_HUGEPAGE = 14  # Linux
 _ALIGN = 64  # bytes: a cache line, and any element size
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
@@ -28,7 +30,7 @@ def advise_huge_pages(t: torch.Tensor) -> bool:
     if t.device.type != "cpu" or not sys.platform.startswith("linux"):
         return False
     page = mmap.PAGESIZE
-    start = -(-t.data_ptr() // page) * page
+    start = ceil_div(t.data_ptr(), page) * page
     end = t.data_ptr() + t.numel() * t.element_size()
     if end - start < 2 * 1024 * 1024:
         return False
@@ -92,7 +94,7 @@ class PackedBuffer:
         self._slots: list[tuple[int, torch.Size, torch.dtype]] = []
         total = 0
         for shape, dtype in specs:
-            total = -(-total // _ALIGN) * _ALIGN
+            total = ceil_div(total, _ALIGN) * _ALIGN
             self._slots.append((total, torch.Size(shape), dtype))
             total += torch.Size(shape).numel() * dtype.itemsize
         self._buf = torch.empty(total + _ALIGN, dtype=torch.uint8)

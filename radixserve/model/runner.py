@@ -31,6 +31,7 @@ from radixserve.model.batch import (
 from radixserve.model.decoder import DecoderModel
 from radixserve.model.kv_pool import KVPool
 from radixserve.model.sampling import SamplingRow, TokenLogprobs, sample_rows, token_logprobs
+from radixserve.values import ceil_div
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ class ModelRunner:
         self.buffers = StepBuffers(
             max(max_num_batched_tokens, max_num_seqs),
             max_num_seqs,
-            -(-max_len // block_size),
+            ceil_div(max_len, block_size),
             self.device,
         )
         self.enforce_eager = enforce_eager

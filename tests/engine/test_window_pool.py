@@ -18,7 +18,7 @@ from radixserve.engine.engine import LLMEngine
 from radixserve.engine.stats import cache_stats
 from radixserve.engine.tokenizer import Tokenizer
 from radixserve.model.weights import quantize_model
-from radixserve.values import parse_size
+from radixserve.values import ceil_div, parse_size
 from tests.engine.test_architectures import generate, prompts
 from tests.support.models import TINY_WINDOW
 
@@ -56,7 +56,7 @@ def windowed(request, tiny_pair_factory, default_tokenizer):
 def test_a_small_window_pool_gives_the_one_pools_tokens(windowed, default_tokenizer) -> None:
     arch, model = windowed
     # The fewest slots the engine accepts: one request's window plus a step of 16 tokens.
-    small = replace(BASE, window_slots=-(-(TINY_WINDOW + 16) // 4) + 2)
+    small = replace(BASE, window_slots=ceil_div(TINY_WINDOW + 16, 4) + 2)
     hybrid, engine = run(model, default_tokenizer, small)
     one_pool, plain = run(model, default_tokenizer, replace(BASE, disable_hybrid_swa_memory=True))
     off, _ = run(model, default_tokenizer, replace(small, enable_prefix_cache=False))
@@ -82,7 +82,7 @@ def test_a_small_window_pool_gives_the_one_pools_tokens(windowed, default_tokeni
 
 def test_a_hit_stops_where_the_window_lost_its_slots(windowed, default_tokenizer) -> None:
     arch, model = windowed
-    config = replace(BASE, window_slots=-(-(TINY_WINDOW + 16) // 4) + 2)
+    config = replace(BASE, window_slots=ceil_div(TINY_WINDOW + 16, 4) + 2)
     engine = LLMEngine.from_parts(config, model, default_tokenizer, "tiny")
     first, second = long_prompts()[-2], long_prompts()[-3]  # 97 and 70 tokens, 40 shared
     [(tokens, _)] = generate(engine, [first], one_by_one=True)
@@ -135,7 +135,7 @@ def test_fused_decode_steps_read_the_window_pool(tiny_pair_factory, default_toke
             intermediate_size=128, max_position_embeddings=512,
         )  # fmt: skip
         quantize_model(model, "int4")
-        small = replace(BASE, window_slots=-(-(TINY_WINDOW + 16) // 4) + 2)
+        small = replace(BASE, window_slots=ceil_div(TINY_WINDOW + 16, 4) + 2)
         hybrid, engine = run(model, default_tokenizer, small)
         one_pool, _ = run(model, default_tokenizer, replace(BASE, disable_hybrid_swa_memory=True))
         assert [t for t, _ in hybrid] == [t for t, _ in one_pool], arch
@@ -147,7 +147,7 @@ def test_speculative_rows_read_and_write_the_window_pool(windowed, default_token
     rejected) give the tokens decoding without drafts gives, regenerated answers drafted."""
     arch, model = windowed
     spec = json.dumps({"method": "radix", "num_speculative_tokens": 4})
-    small = replace(BASE, window_slots=-(-(TINY_WINDOW + 16) // 4) + 2)
+    small = replace(BASE, window_slots=ceil_div(TINY_WINDOW + 16, 4) + 2)
     batch = long_prompts() * 2  # the second round regenerates the first's answers
     outs = {}
     for name, config in (("plain", small), ("spec", replace(small, speculative_config=spec))):
@@ -167,7 +167,7 @@ def test_the_window_pool_is_sized_within_the_memory(tiny_pair_factory, arch, mem
     config = EngineConfig(block_size=4, kv_cache_memory=memory, max_num_batched_tokens=16)
     pool = window_pool(config, model.config, torch.device("cpu"), torch.float32, quiet=True)
     assert pool is not None
-    least = -(-(TINY_WINDOW + 16) // 4) + 2
+    least = ceil_div(TINY_WINDOW + 16, 4) + 2
     assert least <= pool.num_slots <= pool.num_blocks
     used = pool.num_blocks * pool.full_block_bytes + pool.num_slots * pool.slot_bytes
     if pool.num_slots > least:
@@ -195,7 +195,7 @@ def test_random_traffic_on_the_fewest_slots_gives_the_one_pools_tokens(
         for _ in range(8)
     ]
     batch += [list(p) for p in rng.sample(batch, 4)]
-    small = replace(BASE, window_slots=-(-(TINY_WINDOW + 16) // 4) + 2)
+    small = replace(BASE, window_slots=ceil_div(TINY_WINDOW + 16, 4) + 2)
     engine = LLMEngine.from_parts(small, model, default_tokenizer, "tiny")
     hybrid = generate(engine, batch, one_by_one=True) + generate(engine, batch, one_by_one=False)
     plain = LLMEngine.from_parts(

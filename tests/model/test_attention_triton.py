@@ -23,6 +23,7 @@ import torch
 from radixserve.model import attention
 from radixserve.model.attention import SdpaBackend, select_backend
 from radixserve.model.batch import DecodeMeta, ForwardBatch, SeqChunk, StepBuffers, build_batch
+from radixserve.values import ceil_div
 
 TRITON = importlib.util.find_spec("triton") is not None
 NO_TRITON = "triton is not installed (pip install 'radixserve[gpu]')"
@@ -100,7 +101,7 @@ def tables(lengths: list[int], seed: int = 2) -> list[list[int]]:
     perm = torch.randperm(NB, generator=torch.Generator().manual_seed(seed)).tolist()
     out, i = [], 0
     for n in lengths:
-        nblk = -(-n // BS)
+        nblk = ceil_div(n, BS)
         out.append(perm[i : i + nblk])
         i += nblk
     assert i <= NB

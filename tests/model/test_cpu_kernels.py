@@ -18,6 +18,7 @@ from radixserve.model.decoder import DecoderModel
 from radixserve.model.decoder_layer import DecoderLayer
 from radixserve.model.layers import apply_rope, rms_norm
 from radixserve.model.weights import quantize_model
+from radixserve.values import ceil_div
 
 ops = torch.ops.radixserve
 # K/V pool element types (--kv-cache-dtype); the kernels compute in float32 either way.
@@ -125,7 +126,7 @@ def test_paged_decode_attention_equals_sdpa_over_the_same_blocks(
     torch.manual_seed(head_dim + block_size)
     heads, kv_heads = 9, 3
     lens = [1, 7, block_size, block_size + 1, 63, 64, 65, 300]
-    width = max(-(-n // block_size) for n in lens)
+    width = max(ceil_div(n, block_size) for n in lens)
     nblocks = len(lens) * width + 1
     k_blocks = torch.randn(nblocks, block_size, kv_heads, head_dim).to(kv_dtype)
     v_blocks = torch.randn_like(k_blocks)
@@ -160,11 +161,11 @@ def test_paged_prefill_attention_equals_sdpa_over_the_same_blocks(
     head_dim = 64
     # (new tokens, cached); 1: decode
     shapes = [(50, 0), (2, 300), (37, 70), (1, 20), (17, 17), (100, 40)]
-    nblocks = sum(-(-(start + n) // block_size) for n, start in shapes) + 3
+    nblocks = sum(ceil_div(start + n, block_size) for n, start in shapes) + 3
     order = torch.randperm(nblocks).tolist()
     chunks = []
     for i, (n, start) in enumerate(shapes):
-        need = -(-(start + n) // block_size)
+        need = ceil_div(start + n, block_size)
         chunks.append(SeqChunk([i + 1] * n, start, order[:need]))
         order = order[need:]
     batch = build_batch(chunks, block_size)

@@ -29,6 +29,7 @@ from radixserve.model.kv_pool import KVPool
 from radixserve.model.loader import resolve_prefill_path
 from radixserve.model.quant import QuantLinear, quantize
 from radixserve.model.weights import quantize_model
+from radixserve.values import ceil_div
 from tests.support.models import ARCHITECTURES
 
 ops = torch.ops.radixserve
@@ -241,7 +242,7 @@ def test_bf16_gemm_rejects_shapes_the_tiles_do_not_fit(unit: PrefillPath) -> Non
 
 
 def _pools(ctx: int, dtype: torch.dtype, kv_heads: int = 2, d: int = 64, bs: int = 16):
-    blocks = -(-ctx // bs)
+    blocks = ceil_div(ctx, bs)
     k = torch.randn(blocks + 3, bs, kv_heads, d).to(dtype)
     v = torch.randn(blocks + 3, bs, kv_heads, d).to(dtype)
     return k, v, torch.randperm(blocks + 3)[:blocks]
