@@ -34,6 +34,8 @@ ATTENTION_BACKENDS = ("auto", "sdpa", "cpu", "triton")
 # Weight-only quantization of the projections (--quantization).
 # gguf: a GGUF file's own blocks as it stores them (CPU; the default there).
 QUANTIZATIONS = ("none", "int8", "int4", "gguf")
+# Waiting-queue order (--schedule-policy): longest cached prefix first, or arrival order.
+SCHEDULE_POLICIES = ("lpm", "fcfs")
 # Python logging levels, lower-cased (--log-level).
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 # vLLM accepts block sizes 1..256; larger blocks make prefix sharing too coarse to pay.

@@ -109,7 +109,7 @@ def assemble(
     elif config.num_blocks:
         num_blocks = config.num_blocks
     else:
-        memory = config.kv_cache_memory or default_of(EngineConfig, "kv_cache_memory")
+        memory = kv_cache_bytes(config)
         num_blocks = KVPool.blocks_for_memory(mc, memory, config.block_size, kv_dtype)
     max_model_len = min(
         config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings
@@ -179,6 +179,11 @@ def assemble(
     )  # fmt: skip
 
 
+def kv_cache_bytes(config: EngineConfig) -> int:
+    """The K/V pool's memory: --kv-cache-memory, or its declared default."""
+    return parse_memory(config.kv_cache_memory or default_of(EngineConfig, "kv_cache_memory"))
+
+
 @dataclass(frozen=True)
 class WindowPool:
     """How the KV memory is split when sliding-window layers keep their K/V in a pool of
@@ -232,7 +237,7 @@ def window_pool(
         num_blocks = config.num_blocks
         slots = config.window_slots or max(least, int(ratio * num_blocks))
     else:
-        memory = parse_memory(config.kv_cache_memory or default_of(EngineConfig, "kv_cache_memory"))
+        memory = kv_cache_bytes(config)
         num_blocks = max(1, int(memory / (full_bytes + ratio * slot_bytes)))
         slots = config.window_slots or int(ratio * num_blocks)
         if slots < least:

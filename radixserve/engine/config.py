@@ -12,9 +12,7 @@ from dataclasses import dataclass
 from radixserve.cache import DEFAULT_POLICY, POLICIES
 from radixserve.engine.spec_config import speculative_config_arg
 from radixserve.options import option, types
-from radixserve.values import ATTENTION_BACKENDS, DTYPES, QUANTIZATIONS
-
-SCHEDULE_POLICIES = ("lpm", "fcfs")
+from radixserve.values import ATTENTION_BACKENDS, DTYPES, QUANTIZATIONS, SCHEDULE_POLICIES
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from radixserve.engine.kv_manager import KVCacheManager
 from radixserve.engine.request import Request, RequestState
 from radixserve.model.batch import SeqChunk
-from radixserve.values import ceil_div
+from radixserve.values import SCHEDULE_POLICIES, ceil_div
 
 LPM_MAX_QUEUE = 128  # past this many waiting requests, ordering by match costs too much
 
@@ -66,8 +66,8 @@ class Scheduler:
         policy: str = "lpm",
         aging_s: float = 5.0,
     ) -> None:
-        if policy not in ("lpm", "fcfs"):
-            raise ValueError(f"unknown schedule policy {policy!r}; use lpm or fcfs")
+        if policy not in SCHEDULE_POLICIES:
+            raise ValueError(f"unknown schedule policy {policy!r}; use one of {SCHEDULE_POLICIES}")
         self.kv = kv
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
