@@ -10,7 +10,7 @@ import torch
 from radixserve.errors import KVPoolSizeError, ModelTooLargeError
 from radixserve.model.config import ModelConfig
 from radixserve.model.hugepages import zeros_on_huge_pages
-from radixserve.values import format_size, parse_size
+from radixserve.values import ceil_div, format_size, parse_size
 
 # Share of the free memory a suggested --kv-cache-memory leaves the pool (the rest: activations).
 FIT_FRACTION = 0.9
@@ -79,7 +79,7 @@ def check_pool_holds_request(
     num_blocks: int, block_size: int, max_model_len: int, bytes_per_block: int
 ) -> None:
     """Raise KVPoolSizeError if `num_blocks` cannot hold one request of `max_model_len` tokens."""
-    need = math.ceil(max_model_len / block_size)
+    need = ceil_div(max_model_len, block_size)
     if num_blocks >= need:
         return
     raise KVPoolSizeError(

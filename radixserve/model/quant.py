@@ -58,8 +58,8 @@ class QuantizedWeight:
     def to_panels(self) -> QuantizedWeight:
         """This int4 weight as int4-vnni: each panel of 16 rows holds, for every group, the
         16 rows' code bytes 4j..4j+3 side by side (j = 0..3) and the group's 16 scales and
-        mins, the order gemm_vnni.cpp reads (q4_vnni_pack). The same values, the same bytes;
-        the int4 tensors are not kept."""
+        mins, the order gemm_vnni.cpp reads (q4_vnni_pack): the same values in as many bytes,
+        meant to replace the int4 tensors (QuantLinear.use_weight keeps only one)."""
         assert self.kind == "int4" and self.minv is not None
         (n, k), groups = self.shape, self.scale.shape[1]
         words = torch.empty(n // 16 * groups, 256, dtype=torch.uint8)
