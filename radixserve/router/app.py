@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -21,6 +20,7 @@ from radixserve.router.dashboard import add_router_dashboard
 from radixserve.router.errors import error_response
 from radixserve.router.metrics import RouterMetrics
 from radixserve.router.prompt import normalize_body
+from radixserve.server import auth
 
 log = logging.getLogger(__name__)
 
@@ -329,15 +329,16 @@ def build_app(
     app.state.balancer = balancer
     app.state.metrics = metrics
 
+    keys = auth.ApiKeys([api_key] if api_key else [])
+
     @app.middleware("http")
     async def check_key(
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
-        if api_key and request.url.path.startswith("/v1/"):
-            auth = request.headers.get("authorization", "")
-            given = auth[7:] if auth.lower().startswith("bearer ") else ""
-            if not hmac.compare_digest(given.encode(), api_key.encode()):
-                return error_response(401, "invalid or missing API key", "invalid_api_key")
+        if keys and request.url.path.startswith("/v1/") and not keys.allow(request):
+            response = error_response(401, auth.MESSAGE, auth.CODE)
+            response.headers.update(auth.CHALLENGE)
+            return response
         return await call_next(request)
 
     @app.post("/v1/chat/completions")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
@@ -14,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from radixserve import __version__
+from radixserve.server import auth
 from radixserve.server.bridge import EngineBridge
 from radixserve.server.cache_events import CacheEventHub
 from radixserve.server.dashboard import add_dashboard
@@ -29,18 +29,11 @@ if TYPE_CHECKING:
 
 
 def _auth_dependency(api_keys: list[str]) -> Callable[[Request], Awaitable[None]]:
-    expected = [f"Bearer {k}".encode() for k in api_keys]
+    keys = auth.ApiKeys(api_keys)
 
     async def require_api_key(request: Request) -> None:
-        given = request.headers.get("authorization", "").encode()
-        # compare with every key (no early exit), so timing does not tell which one matched
-        if not sum(hmac.compare_digest(given, e) for e in expected):
-            raise APIError(
-                401,
-                "missing or incorrect API key; send 'Authorization: Bearer <key>'",
-                code="invalid_api_key",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
+        if not keys.allow(request):
+            raise APIError(401, auth.MESSAGE, code=auth.CODE, headers=auth.CHALLENGE)
 
     return require_api_key
 
