@@ -339,6 +339,19 @@ def test_the_build_key_covers_every_source_and_header(tmp_path, monkeypatch) -> 
     assert kernels._build_key(flags + ["-DX"]) not in keys
 
 
+def test_two_checkouts_of_the_same_sources_build_apart(tmp_path, monkeypatch) -> None:
+    """The build files name sources by path: a second checkout sharing the first's directory
+    would make each rebuild it on every alternate start."""
+    here = Path(kernels.__file__).parent
+    flags = kernels.compile_flags()
+    ours = kernels._build_key(flags)
+    for p in here.iterdir():
+        if p.is_file() and p.suffix != ".py":
+            (tmp_path / p.name).write_bytes(p.read_bytes())
+    monkeypatch.setattr(kernels, "_DIR", tmp_path)
+    assert kernels._build_key(flags) != ours
+
+
 def _native_threads() -> set[int]:
     """Ids of this process's OS threads that Python did not start (OpenMP's among them)."""
     python = {t.native_id for t in threading.enumerate()}

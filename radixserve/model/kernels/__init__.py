@@ -103,9 +103,10 @@ def compile_flags() -> list[str]:
 
 
 def _build_key(flags: list[str]) -> str:
-    """A hash of every C++ source and header here, torch's version and the flags: a change to
-    any of them builds anew, into its own directory."""
-    digest = hashlib.sha1(f"{torch.__version__}{flags}".encode())
+    """A hash of every C++ source and header here, their directory, torch's version and the
+    flags: a change to any of them builds anew, into its own directory. (The build files
+    name the sources by path: two checkouts sharing one directory would each rebuild it.)"""
+    digest = hashlib.sha1(f"{torch.__version__}{flags}{_DIR.resolve()}".encode())
     for path in sorted([*_DIR.glob("*.cpp"), *_DIR.glob("*.h")]):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:12]
