@@ -359,6 +359,8 @@ class DecoderModel(nn.Module):
                     not isinstance(lin, QuantLinear) or lin.prefill_path is PrefillPath.FP32
                 ):
                     fp32.append(f"layers.{i}.{attr}")
+        if isinstance(self.head_lin, QuantLinear):
+            self.head_lin.use_prefill_path(path)
         if fp32:
             log.info(
                 "prefill on %s: %d of %d layer projections stay float32 (dense, or codes or "

@@ -49,8 +49,9 @@ def rope_inv_freq(
 
 
 class Rotary(nn.Module):
-    """cos/sin tables for every position up to the model's maximum, built once: table 0 for
-    full-attention layers, table 1 for sliding layers with their own base (Gemma 3)."""
+    """cos/sin tables for every position up to the model's maximum, built once (and cut to the
+    served context by `keep`): table 0 for full-attention layers, table 1 for sliding layers
+    with their own base (Gemma 3)."""
 
     cos: torch.Tensor
     sin: torch.Tensor
@@ -69,6 +70,13 @@ class Rotary(nn.Module):
             sin.append(emb.sin().to(dtype))
         self.register_buffer("cos", torch.stack(cos), persistent=False)
         self.register_buffer("sin", torch.stack(sin), persistent=False)
+
+    def keep(self, positions: int) -> None:
+        """Hold the tables of the first `positions` positions only (the served context:
+        a 128k-position model served at 8k holds 1/16 of them)."""
+        if positions < self.cos.shape[1]:
+            self.cos = self.cos[:, :positions].clone()
+            self.sin = self.sin[:, :positions].clone()
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin [tables, T, head_dim] of each position [T]."""
