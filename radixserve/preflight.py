@@ -81,7 +81,13 @@ def check_engine_args(args: argparse.Namespace) -> None:
     check_model_fits_memory(*load_memory(files, config, dtype, quantization), device)
 
     try:
-        kv_dtype = resolve_kv_cache_dtype(getattr(args, "kv_cache_dtype", "auto"), dtype)
+        kv_dtype = resolve_kv_cache_dtype(
+            getattr(args, "kv_cache_dtype", "auto"),
+            dtype,
+            dtype_name=args.dtype,
+            device=device,
+            quantization=quantization,
+        )  # auto's 16 bits: bfloat16 or float16 by the prefill path, of the same size
     except ValueError as e:
         raise ConfigError(str(e)) from None
     problem = kv_dtype_problem(getattr(args, "attention_backend", "auto"), device, dtype, kv_dtype)

@@ -16,6 +16,7 @@ from radixserve.engine.config import EngineConfig
 from radixserve.engine.kv_manager import KVCacheManager
 from radixserve.engine.kv_persist import KVPersistence
 from radixserve.engine.scheduler import Scheduler
+from radixserve.engine.startup import phase
 from radixserve.engine.tokenizer import Tokenizer
 from radixserve.model.config import ModelConfig
 from radixserve.model.decoder import DecoderModel
@@ -81,14 +82,22 @@ def load_parts(config: EngineConfig) -> EngineParts:
     """Find and load the model `config` names (weights, tokenizer), then `assemble` the rest."""
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
-    files = resolve_model(config.model, Path(config.cache_dir) if config.cache_dir else None)
+    with phase("model files"):
+        cache_dir = Path(config.cache_dir) if config.cache_dir else None
+        files = resolve_model(config.model, cache_dir)
     device = resolve_device(config.device)
-    quantization = resolve_quantization(config.quantization, files, device)
-    dtype = resolve_dtype(config.dtype, device, quantized=quantization != "none")
-    prefill = resolve_prefill_path(config.dtype, dtype, device, quantization)
-    model = load_model(files, dtype, device, quantization, prefill)
-    tokenizer = Tokenizer.from_dir(files.path, chat_template=config.chat_template)
-    return assemble(config, model, tokenizer, files.name)
+    with phase("kernels"):
+        quantization = resolve_quantization(config.quantization, files, device)
+        dtype = resolve_dtype(config.dtype, device, quantized=quantization != "none")
+        prefill = resolve_prefill_path(config.dtype, dtype, device, quantization)
+    with phase("weights"):
+        model = load_model(files, dtype, device, quantization, prefill)
+        if config.max_model_len:  # no position reaches it (request.check_prompt)
+            model.rotary.keep(config.max_model_len)
+    with phase("tokenizer"):
+        tokenizer = Tokenizer.from_dir(files.path, chat_template=config.chat_template)
+    with phase("KV pool, runner and cache"):
+        return assemble(config, model, tokenizer, files.name)
 
 
 def assemble(
@@ -99,9 +108,17 @@ def assemble(
     the offload tier, the cache, and the saved cache of a warm restart loaded into them."""
     mc = model.config
     dtype = next(model.parameters()).dtype
-    kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype)
+    device = next(model.parameters()).device
+    kv_dtype = resolve_kv_cache_dtype(
+        config.kv_cache_dtype,
+        dtype,
+        dtype_name=config.dtype,
+        device=device,
+        quantization=model.quantization,
+        prefill_path=model.prefill_path,
+    )
     per_block = bytes_per_token(mc, kv_dtype) * config.block_size
-    window = window_pool(config, mc, next(model.parameters()).device, kv_dtype)
+    window = window_pool(config, mc, device, kv_dtype)
     slots = None
     if window is not None:
         num_blocks, per_block = window.num_blocks, window.block_bytes

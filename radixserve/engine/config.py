@@ -77,9 +77,10 @@ class EngineConfig:
     )
     kv_cache_dtype: str = option(
         "auto",
-        "K/V storage dtype (auto: the model's; bfloat16 or float16 halve a float32 model's KV "
-        "bytes: twice the cached tokens per --kv-cache-memory, and decode steps read half as "
-        "much)",
+        "K/V storage dtype (auto: the model's, but 16 bits where --dtype auto runs quantized "
+        "weights in float32 on the CPU, as llama.cpp's f16: bfloat16 where prefill attention "
+        "rounds to it anyway, else float16; bfloat16 or float16 halve a float32 model's KV "
+        "bytes: twice the cached tokens per --kv-cache-memory)",
         type=types.kv_cache_dtype,
     )
     enforce_eager: bool = option(

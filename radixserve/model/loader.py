@@ -87,15 +87,34 @@ def resolve_prefill_path(
     return path
 
 
-def resolve_kv_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
-    """The KV pool's element type: `auto` is the model dtype (as vLLM's); float32, bfloat16 or
-    float16 (aliases bf16, fp16, fp32) store K/V so. Raises ValueError for anything else."""
+def resolve_kv_cache_dtype(
+    kv_cache_dtype: str,
+    model_dtype: torch.dtype,
+    *,
+    dtype_name: str = "auto",
+    device: torch.device | None = None,
+    quantization: str = "none",
+    prefill_path: PrefillPath = PrefillPath.FP32,
+) -> torch.dtype:
+    """The KV pool's element type: float32, bfloat16 or float16 (aliases bf16, fp16, fp32)
+    store K/V so. `auto` is the model dtype (as vLLM's), except where `--dtype auto`
+    (`dtype_name`) runs a model with quantized projections in float32 on the CPU, a GGUF's
+    default: there 16 bits, half float32's bytes, as llama.cpp's f16 K/V. bfloat16 where
+    `prefill_path`'s attention rounds K and V to bfloat16 anyway (the int8-vnni and bfloat16
+    paths: nothing it reads changes), float16 elsewhere (finer: 10 bits of mantissa to 7).
+    Quality of each: docs/cpu.md. `--dtype float32` stays float32 from end to end. Raises
+    ValueError for anything else."""
     try:
         name = kv_cache_dtype_name(kv_cache_dtype)
     except ValueError as e:
         raise ValueError(f"--kv-cache-dtype {e}") from None
     table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    return model_dtype if name == "auto" else table[name]
+    if name != "auto":
+        return table[name]
+    on_cpu = device is not None and device.type == "cpu"
+    if dtype_name == "auto" and on_cpu and quantization != "none" and model_dtype == torch.float32:
+        return torch.bfloat16 if prefill_path.attention_unit else torch.float16
+    return model_dtype
 
 
 def dtype_problem(dtype: str, device: torch.device, bf16_supported: bool) -> str | None:

@@ -67,6 +67,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
         tiers = load_api_key_tiers(opts.api_key_tiers)  # a bad file: ValueError, one line
     from radixserve.engine.engine import LLMEngine
+    from radixserve.engine.startup import phase
 
     # Start-up errors propagate: radixserve.cli prints them as one line (after the checks
     # of radixserve.preflight, which run before this).
@@ -75,7 +76,8 @@ def run_serve(args: argparse.Namespace) -> int:
     if fault:
         install_fault_injection(engine, fault)  # a bad spec is a ValueError: one line, exit 2
     try:
-        engine.prepare_structured_outputs()
+        with phase("structured outputs' tables"):
+            engine.prepare_structured_outputs()
         engine.start()
         return _serve(engine, opts.server_config(), tiers)
     finally:

@@ -338,3 +338,24 @@ def test_an_unknown_kv_cache_dtype_is_an_error(make_tiny_engine) -> None:
         make_tiny_engine(kv_cache_dtype="fp8")
     with pytest.raises(ValueError, match="use one of auto, float32, bfloat16, float16"):
         make_tiny_engine(kv_cache_dtype="int8")
+
+
+def test_auto_kv_dtype_is_16_bits_only_for_quantized_float32_on_the_cpu_by_default() -> None:
+    """auto: the model dtype (vLLM's meaning), except where --dtype auto runs quantized weights
+    in float32 on the CPU: bfloat16 where the prefill path's attention already rounds K/V to
+    it, float16 where it reads them in float32."""
+    from radixserve.model.kernels.matrix import PrefillPath
+    from radixserve.model.loader import resolve_kv_cache_dtype
+
+    cpu, f32 = torch.device("cpu"), torch.float32
+    q = {"device": cpu, "quantization": "gguf"}
+    assert resolve_kv_cache_dtype("auto", f32, **q) == torch.float16
+    path = PrefillPath.AMX_BF16  # its attention_unit is never 0
+    assert resolve_kv_cache_dtype("auto", f32, prefill_path=path, **q) == torch.bfloat16
+    assert resolve_kv_cache_dtype("auto", f32, dtype_name="float32", **q) == f32
+    assert resolve_kv_cache_dtype("auto", f32, device=cpu) == f32  # dense weights
+    assert resolve_kv_cache_dtype("auto", torch.bfloat16, **q) == torch.bfloat16
+    assert (
+        resolve_kv_cache_dtype("auto", f32, device=torch.device("cuda"), quantization="int8") == f32
+    )
+    assert resolve_kv_cache_dtype("fp32", f32, **q) == f32  # an explicit dtype is kept
