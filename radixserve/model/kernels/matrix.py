@@ -39,7 +39,7 @@ the default model's 120 layer GEMMs of a step (int4, read from memory) took 2.8-
 row against float32's 4.2-4.6, and 4.9 for six rows (a step verifying five drafts) against
 12.0-14.1. The panels also spare prefill chunks the per-call packing: the default model's four
 layer GEMM shapes took 0.17 against 0.23 ms at 8 rows, 0.51 against 0.62 at 32 and level from
-512 rows (35.0 against 35.8 ms at 2,000). The LM head stays on the float32 kernels. Only
+512 rows (35.0 against 35.8 ms at 2,000). The LM head takes the same decode kernels. Only
 matrices whose sizes fit the tiles (in_features a multiple of 32, out_features of 16) take the
 matrix path.
 
@@ -186,8 +186,8 @@ def describe(path: PrefillPath) -> str:
         return (
             f"prefill: int8-avx2 (GGUF K-quant blocks as stored; chunks of {path.min_rows}+ "
             "rows: float32 kernels; decode rows and shorter chunks: int8 activations, integer "
-            "dot products with the blocks, float32 sums; other codes, attention and LM head "
-            "float32)"
+            "dot products with the blocks, float32 sums, the LM head's blocks too; other "
+            "codes and attention float32)"
         )
     attention = {0: "float32", 1: "bf16 (vdpbf16ps)", 2: "bf16 on AMX tiles"}[path.attention_unit]
     how = (
@@ -197,7 +197,7 @@ def describe(path: PrefillPath) -> str:
     )
     decode = (
         "decode rows and shorter chunks: int8 activations too (int4: every row on panels "
-        "packed once); LM head: float32 kernels"
+        "packed once), the LM head's too"
         if path.int8_decode
         else "decode and LM head: float32 GEMV kernels"
     )
