@@ -21,12 +21,9 @@ import numpy as np
 
 from radixserve.errors import ModelNotFoundError
 from radixserve.model.gguf_arch import (
-    GgufArch,
     field_value,
     gguf_arch,
     hf_config,
-    hf_name,
-    rope_heads,
 )
 
 log = logging.getLogger(__name__)
@@ -153,54 +150,22 @@ def _config(reader: Any, gguf_path: Path) -> dict[str, Any]:
     return hf_config(reader, gguf_path.name, tensor_names, int(embed.shape[-1]))
 
 
-def dense_tensor(t: Any, arch: GgufArch, heads: int, kv_heads: int) -> np.ndarray:
-    """The float32 values of GGUF tensor `t` as transformers holds them: dequantized, q/k rows
-    out of llama.cpp's RoPE order, norms without llama.cpp's added shift. Raises
-    ModelNotFoundError for a tensor type gguf cannot dequantize."""
-    import gguf
-
-    try:
-        w = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
-    except NotImplementedError as e:
-        raise ModelNotFoundError(
-            f"tensor {t.name} is {t.tensor_type.name}, a type gguf cannot dequantize ({e})"
-        ) from e
-    n_head = rope_heads(t.name, arch, heads, kv_heads)
-    if n_head is not None:
-        w = unpermute(w, n_head)
-    if arch.norm_shift and t.name.endswith("norm.weight"):
-        w = w - np.float32(arch.norm_shift)  # transformers' convention: the norm is 1 + w
-    return np.ascontiguousarray(w)
-
-
-def dense_tensors(
-    gguf_path: Path, wanted: Callable[[str], bool] = lambda name: True
-) -> Iterator[tuple[str, np.ndarray]]:
-    """(transformers name, float32 values) of each tensor of the file the model uses whose
-    name `wanted` accepts, in file order, one at a time."""
-    reader = open_gguf(gguf_path)
-    _, arch = gguf_arch(reader, gguf_path.name)
-    config = _config(reader, gguf_path)
-    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-    for t in reader.tensors:
-        target = hf_name(t.name, arch)
-        if target is not None and wanted(target):
-            try:
-                yield target, dense_tensor(t, arch, heads, kv_heads)
-            except ModelNotFoundError as e:
-                raise ModelNotFoundError(f"{gguf_path.name}: {e}") from e
-
-
 def export_hf(gguf_path: Path, out_dir: Path) -> None:
     """Write `gguf_path` into the existing directory `out_dir` as a complete Hugging Face
-    directory: its weights dequantized into float32 safetensors, config.json and the
-    tokenizer. What transformers or vLLM load; radixserve itself serves the GGUF as it is."""
-    from safetensors.numpy import save_file
+    directory: its weights dequantized into float32 safetensors (as `GgufWeights.dense` reads
+    them), config.json and the tokenizer. What transformers or vLLM load; radixserve itself
+    serves the GGUF as it is."""
+    from safetensors.torch import save_file
+
+    from radixserve.model.gguf_quant import GgufWeights
 
     write_model_dir(gguf_path, out_dir)
-    (out_dir / TENSOR_INDEX).unlink()
+    config = json.loads((out_dir / "config.json").read_text())
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    weights = GgufWeights(gguf_path, out_dir, heads, kv_heads)
     log.info("dequantising %s into float32 safetensors", gguf_path.name)
-    tensors = dict(dense_tensors(gguf_path))
+    tensors = dict(weights.dense_tensors())
+    (out_dir / TENSOR_INDEX).unlink()
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
 
 
