@@ -6,9 +6,12 @@ gemma3). gguf_convert.py and gguf_quant.py read files through it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixserve.errors import ModelNotFoundError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # Per-layer tensor names every architecture shares (GGUF base name -> transformers module).
 _LAYER_NAMES = {
@@ -215,3 +218,18 @@ def hf_config(reader: Any, file_name: str, tensor_names: set[str], vocab: int) -
             config["sliding_window"] = int(window)
             config["use_sliding_window"] = True
     return config
+
+
+# The file's tensors (name, GGML type, shape, offset, bytes) beside its config: reading them
+# from the JSON takes milliseconds, gguf.GGUFReader seconds (it parses the whole vocabulary).
+TENSOR_INDEX = "gguf_tensors.json"
+
+
+def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's RoPE row permutation of q/k projections (rows of any element type:
+    floats, or the bytes of whole quantized blocks, which never straddle rows)."""
+    rows = w.shape[0]
+    out: np.ndarray = (
+        w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    )
+    return out

@@ -6,40 +6,20 @@ float32 safetensors too, for tools that want a full Hugging Face directory (tran
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from radixserve.errors import ModelNotFoundError
-from radixserve.model.gguf_arch import (
-    field_value,
-    gguf_arch,
-    hf_config,
-)
+from radixserve.model.gguf_arch import TENSOR_INDEX, field_value, gguf_arch, hf_config
+from radixserve.model.locks import file_lock
 
 log = logging.getLogger(__name__)
-# The file's tensors (name, GGML type, shape, offset, bytes) beside its config: reading them
-# from the JSON takes milliseconds, gguf.GGUFReader seconds (it parses the whole vocabulary).
-TENSOR_INDEX = "gguf_tensors.json"
-
-
-def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """Undo llama.cpp's RoPE row permutation of q/k projections (rows of any element type:
-    floats, or the bytes of whole quantized blocks, which never straddle rows)."""
-    rows = w.shape[0]
-    out: np.ndarray = (
-        w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-    )
-    return out
 
 
 def open_gguf(gguf_path: Path) -> Any:
@@ -54,23 +34,6 @@ def open_gguf(gguf_path: Path) -> Any:
         raise ModelNotFoundError(
             f"{gguf_path} is not a readable GGUF file (truncated or corrupt?): {why}"
         ) from e
-
-
-@contextlib.contextmanager
-def file_lock(path: Path, waiting_message: str) -> Iterator[None]:
-    """Hold an exclusive lock on `path` (created if absent; never deleted, so every process
-    locks the same inode). Logs `waiting_message` once when another process holds it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.info("%s", waiting_message)
-            fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def write_model_dir_once(gguf_path: Path, out_dir: Path) -> bool:

@@ -16,8 +16,7 @@ import numpy as np
 import torch
 
 from radixserve.errors import ModelNotFoundError
-from radixserve.model.gguf_arch import GGUF_ARCHS, hf_name, rope_heads
-from radixserve.model.gguf_convert import TENSOR_INDEX, unpermute
+from radixserve.model.gguf_arch import GGUF_ARCHS, TENSOR_INDEX, hf_name, rope_heads, unpermute
 from radixserve.model.quant import QuantizedWeight
 
 log = logging.getLogger(__name__)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -337,6 +340,21 @@ def test_the_build_key_covers_every_source_and_header(tmp_path, monkeypatch) -> 
         keys.add(kernels._build_key(flags))
     assert len(keys) == len(sources) + 1
     assert kernels._build_key(flags + ["-DX"]) not in keys
+
+
+def test_a_build_killed_midway_does_not_block_the_next_load(tmp_path) -> None:
+    """torch's build baton (a plain `lock` file) outlives a builder killed mid-build; without
+    radixserve's own lock around builds, every later load waited on it forever."""
+    if not kernels.load():
+        pytest.skip("radixserve's CPU kernels do not build here")
+    built = kernels.kernel_cache_dir() / f"cpu-{kernels._build_key(kernels.compile_flags())}"
+    copy = tmp_path / built.name
+    shutil.copytree(built, copy, ignore=shutil.ignore_patterns("lock", "*.lock"))
+    (copy / "lock").touch()  # as the killed build left it
+    env = {**os.environ, "RADIXSERVE_KERNEL_CACHE_DIR": str(tmp_path)}
+    code = "from radixserve.model import kernels; assert kernels.load()"
+    subprocess.run([sys.executable, "-c", code], env=env, timeout=600, check=True)
+    assert not (copy / "lock").exists()
 
 
 def test_two_checkouts_of_the_same_sources_build_apart(tmp_path, monkeypatch) -> None:

@@ -17,9 +17,9 @@ from radixserve.errors import KVPoolSizeError
 from radixserve.model import kernels, loader
 from radixserve.model.config import ModelConfig
 from radixserve.model.files import missing_model_files
-from radixserve.model.gguf_convert import file_lock
 from radixserve.model.kv_pool import KVPool, check_pool_holds_request, free_memory
 from radixserve.model.loader import dtype_problem, resolve_dtype
+from radixserve.model.locks import file_lock
 from radixserve.options import types as options
 
 TINY = ModelConfig(
@@ -107,7 +107,7 @@ def test_missing_model_files_lists_each_and_weights_only_when_asked(tmp_path: Pa
 def test_file_lock_waits_for_the_process_holding_it(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="radixserve.model.gguf_convert")
+    caplog.set_level(logging.INFO, logger="radixserve.model.locks")
     lock = tmp_path / "m.lock"
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLD_LOCK, str(lock)],
@@ -126,7 +126,7 @@ def test_file_lock_waits_for_the_process_holding_it(
             holder.stdin.flush()  # type: ignore[union-attr]
 
     release = ReleaseWhenWaiting()
-    logger = logging.getLogger("radixserve.model.gguf_convert")
+    logger = logging.getLogger("radixserve.model.locks")
     logger.addHandler(release)
     try:
         with file_lock(lock, "waiting for the other one"):

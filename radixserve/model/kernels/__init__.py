@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 
+from radixserve.model.locks import file_lock
+
 log = logging.getLogger(__name__)
 
 _DIR = Path(__file__).parent
@@ -131,19 +133,32 @@ def load() -> bool:
 
         build_dir.mkdir(parents=True, exist_ok=True)
         log.info("loading radixserve CPU kernels from %s (built on first use)", build_dir)
-        build(
-            name=f"radixserve_cpu_{key}",
-            sources=[str(p) for p in _SOURCES],
-            extra_cflags=flags,
-            extra_ldflags=["-fopenmp"],
-            is_python_module=False,
-            build_directory=str(build_dir),
-        )
+        with file_lock(build_dir / "radixserve.lock", "waiting for another process's build"):
+            _drop_stale_baton(build_dir)
+            build(
+                name=f"radixserve_cpu_{key}",
+                sources=[str(p) for p in _SOURCES],
+                extra_cflags=flags,
+                extra_ldflags=["-fopenmp"],
+                is_python_module=False,
+                build_directory=str(build_dir),
+            )
     except Exception as e:  # no compiler, no ninja, an unusual platform: run without them
         log.warning("radixserve's CPU kernels are unavailable (%s); using torch fallbacks", e)
         return False
     _loaded = True
     return True
+
+
+def _drop_stale_baton(build_dir: Path) -> None:
+    """Delete torch's build baton (`lock`, a plain file it creates and deletes around a build)
+    left by a builder killed mid-build, which would make every later load wait forever. Call
+    holding the directory's file_lock: every radixserve builder takes that first, and the
+    kernel dropped it when the killed one died, so no live build holds the baton."""
+    baton = build_dir / "lock"
+    if baton.exists():
+        log.warning("%s: removing the lock a killed build left behind", build_dir)
+        baton.unlink(missing_ok=True)
 
 
 @functools.cache
