@@ -91,14 +91,11 @@ class RadixCache(PrefixCache):
         with self._lock:
             counters = self.counters
             counters.lookups += 1
-            root = self._roots.get(namespace)
+            root = self._root(namespace)
             if root is None:
                 counters.missed_tokens += len(token_ids)
                 return MatchResult(0, [], RadixNode(b"", [], None, namespace))
-            path, matched, child, k = self._walk(root, token_ids)
-            if child is not None:
-                path.append(self._split(child, k))
-                matched += k * self._block_bytes
+            path, matched = self._split_walk(*self._walk(root, token_ids))
             self._clock += 1
             tick = self._clock
             for node in path:
@@ -122,7 +119,7 @@ class RadixCache(PrefixCache):
         Read-only: no split, no access-time update, no statistics.
         """
         with self._lock:
-            root = self._roots.get(namespace)
+            root = self._root(namespace)
             if root is None:
                 return 0
             _, matched, _, k = self._walk(root, token_ids)
@@ -137,7 +134,7 @@ class RadixCache(PrefixCache):
         Read-only, like `peek_prefix`: the speculative drafter asks this every decode step.
         """
         with self._lock:
-            root = self._roots.get(namespace)
+            root = self._root(namespace)
             if root is None:
                 return []
             return continuation(root, self._block_bytes, token_ids, max_tokens)
@@ -171,14 +168,9 @@ class RadixCache(PrefixCache):
             raise ValueError("insert needs blocks allocated from this cache's pool")
         with self._lock:
             counters = self.counters
-            root = self._roots.get(namespace)
-            if root is None:
-                root = self._roots[namespace] = RadixNode(b"", [], None, namespace)
+            root = self._root_or_new(namespace)
             query = LazyQuery(token_ids, len(token_ids))
-            path, matched, child, k = walk(root, self._block_bytes, query)
-            if child is not None:
-                path.append(self._split(child, k))
-                matched += k * self._block_bytes
+            path, matched = self._split_walk(*walk(root, self._block_bytes, query))
             num_cached = matched // self._block_bytes
             self._adopt(path, blocks)
             tree_blocks = path_blocks(path)
@@ -297,7 +289,7 @@ class RadixCache(PrefixCache):
         if num_bytes == 0 or num_bytes % self._block_bytes:
             raise ValueError("evict_path needs a non-empty whole number of blocks")
         with self._lock:
-            root = self._roots.get(namespace)
+            root = self._root(namespace)
             if root is None:
                 return 0
             query = LazyQuery(token_ids, len(token_ids))
@@ -438,6 +430,27 @@ class RadixCache(PrefixCache):
 
     # ----------------------------------------------------------------- internals
 
+    def _root(self, namespace: Hashable) -> RadixNode | None:
+        """`namespace`'s root; None where it has none."""
+        return self._roots.get(namespace)
+
+    def _root_or_new(self, namespace: Hashable) -> RadixNode:
+        """`namespace`'s root, made where it has none."""
+        root = self._roots.get(namespace)
+        if root is None:
+            root = self._roots[namespace] = RadixNode(b"", [], None, namespace)
+        return root
+
+    def _split_walk(
+        self, path: list[RadixNode], matched: int, child: RadixNode | None, k: int
+    ) -> tuple[list[RadixNode], int]:
+        """A walk's (path, matched bytes) once the node it ends inside (`child`, `k` blocks
+        in) is split at that block boundary, its upper half appended to the path."""
+        if child is not None:
+            path.append(self._split(child, k))
+            matched += k * self._block_bytes
+        return path, matched
+
     def _walk(
         self, root: RadixNode, token_ids: TokenIds
     ) -> tuple[list[RadixNode], int, RadixNode | None, int]:
@@ -559,9 +572,7 @@ class RadixCache(PrefixCache):
         if n == 0 or rem:
             raise ValueError("a restored run must be a positive whole number of blocks")
         if parent is None:
-            parent = self._roots.get(record.namespace)
-            if parent is None:
-                parent = self._roots[record.namespace] = RadixNode(b"", [], None, record.namespace)
+            parent = self._root_or_new(record.namespace)
         if home.num_free < n:
             return None
         node = RadixNode(
