@@ -65,7 +65,7 @@ class RadixCache(PrefixCache):
             else None
         )
         self._roots: dict[Hashable, RadixNode] = {None: RadixNode(b"", [], None, None)}
-        self._clock = 0  # logical time: one tick per lookup or insert
+        self._tick = 0  # logical time: one tick per lookup or insert
 
     @property
     def policy(self) -> EvictionPolicy:
@@ -96,8 +96,8 @@ class RadixCache(PrefixCache):
                 counters.missed_tokens += len(token_ids)
                 return MatchResult(0, [], RadixNode(b"", [], None, namespace))
             path, matched = self._split_walk(*self._walk(root, token_ids))
-            self._clock += 1
-            tick = self._clock
+            self._tick += 1
+            tick = self._tick
             for node in path:
                 node.last_access = tick
             path, matched = self._bring_into_pool(path, matched)
@@ -176,8 +176,8 @@ class RadixCache(PrefixCache):
             tree_blocks = path_blocks(path)
             mine = blocks[: len(tree_blocks)]
             duplicates = [b for b, t in zip(mine, tree_blocks, strict=True) if b != t]
-            self._clock += 1
-            tick = self._clock
+            self._tick += 1
+            tick = self._tick
             events: list[CacheEvent] = []
             leaf: RadixNode | None = None
             reused = False
@@ -345,10 +345,7 @@ class RadixCache(PrefixCache):
                                     "insert", node.namespace, path, node.num_tokens, node.offloaded
                                 )
                             )
-            self.pool.free(freed)
-            self.counters.evicted_blocks += len(freed)
-            self._emit(events, detailed)
-            return len(freed)
+            return self._release(freed, events, detailed)
 
     def allocate(self, num_blocks: int) -> list[int]:
         """Allocate blocks from the pool, evicting first if the pool is short.
@@ -585,7 +582,7 @@ class RadixCache(PrefixCache):
             return None
         parent.children[key] = node
         self.counters.num_nodes += 1
-        self._clock = max(self._clock, record.last_access)
+        self._tick = max(self._tick, record.last_access)
         return node
 
     def _announce_restored(self, node: RadixNode) -> None:
@@ -600,11 +597,17 @@ class RadixCache(PrefixCache):
             event = CacheEvent("insert", node.namespace, path, node.num_tokens, node.offloaded)
             self._emit([event])
 
-    def _release(self, freed: list[int], events: list[CacheEvent]) -> int:
-        """Return evicted blocks to the pool, count them and tell the listeners."""
+    def _release(
+        self,
+        freed: list[int],
+        events: list[CacheEvent],
+        detailed: list[CacheEvent] | None = None,
+    ) -> int:
+        """Return evicted blocks to the pool, count them and tell the listeners (`_emit`'s
+        `detailed`: what detailed listeners get instead of `events`)."""
         self.pool.free(freed)
         self.counters.evicted_blocks += len(freed)
-        self._emit(events)
+        self._emit(events, detailed)
         return len(freed)
 
     def _check(
