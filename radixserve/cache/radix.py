@@ -95,12 +95,12 @@ class RadixCache(PrefixCache):
             if root is None:
                 counters.missed_tokens += len(token_ids)
                 return MatchResult(0, [], RadixNode(b"", [], None, namespace))
-            path, matched = self._split_walk(*self._walk(root, token_ids))
+            path, matched_bytes = self._split_walk(*self._walk(root, token_ids))
             self._tick += 1
             tick = self._tick
             for node in path:
                 node.last_access = tick
-            path, matched = self._bring_into_pool(path, matched)
+            path, matched_bytes = self._bring_into_pool(path, matched_bytes)
             now = time.monotonic()
             for node in path:
                 node.access_time = now
@@ -108,7 +108,7 @@ class RadixCache(PrefixCache):
             if path:
                 self._policy.on_hit(path, tick)
             blocks = path_blocks(path)
-            num_tokens = matched // TOKEN_BYTES
+            num_tokens = matched_bytes // TOKEN_BYTES
             counters.hit_tokens += num_tokens
             counters.missed_tokens += len(token_ids) - num_tokens
             return MatchResult(num_tokens, blocks, path[-1] if path else root)
@@ -122,8 +122,8 @@ class RadixCache(PrefixCache):
             root = self._root(namespace)
             if root is None:
                 return 0
-            _, matched, _, k = self._walk(root, token_ids)
-            return matched // TOKEN_BYTES + k * self.block_size
+            _, matched_bytes, _, k = self._walk(root, token_ids)
+            return matched_bytes // TOKEN_BYTES + k * self.block_size
 
     def continuation(
         self, token_ids: TokenIds, namespace: Hashable = None, max_tokens: int = 8
@@ -170,8 +170,8 @@ class RadixCache(PrefixCache):
             counters = self.counters
             root = self._root_or_new(namespace)
             query = LazyQuery(token_ids, len(token_ids))
-            path, matched = self._split_walk(*walk(root, self._block_bytes, query))
-            num_cached = matched // self._block_bytes
+            path, matched_bytes = self._split_walk(*walk(root, self._block_bytes, query))
+            num_cached = matched_bytes // self._block_bytes
             self._adopt(path, blocks)
             tree_blocks = path_blocks(path)
             mine = blocks[: len(tree_blocks)]
@@ -184,8 +184,8 @@ class RadixCache(PrefixCache):
             if num_cached < len(blocks):
                 data = query.ensure(query.limit_bytes)
                 parent = path[-1] if path else root
-                leaf = RadixNode(data[matched:], list(blocks[num_cached:]), parent, namespace)
-                parent.children[data[matched : matched + self._block_bytes]] = leaf
+                leaf = RadixNode(data[matched_bytes:], list(blocks[num_cached:]), parent, namespace)
+                parent.children[data[matched_bytes : matched_bytes + self._block_bytes]] = leaf
                 path.append(leaf)
                 n = len(leaf.blocks)
                 counters.num_nodes += 1
@@ -293,12 +293,12 @@ class RadixCache(PrefixCache):
             if root is None:
                 return 0
             query = LazyQuery(token_ids, len(token_ids))
-            path, matched, child, k = walk(root, self._block_bytes, query)
+            path, matched_bytes, child, k = walk(root, self._block_bytes, query)
             if child is None:
-                if matched < num_bytes:
+                if matched_bytes < num_bytes:
                     return 0
                 child, k = path[-1], len(path[-1].blocks)
-            elif matched + k * self._block_bytes < num_bytes:
+            elif matched_bytes + k * self._block_bytes < num_bytes:
                 return 0
             if k > 1:
                 self._split(child, k - 1)  # `child` keeps the last block of the path
@@ -439,14 +439,14 @@ class RadixCache(PrefixCache):
         return root
 
     def _split_walk(
-        self, path: list[RadixNode], matched: int, child: RadixNode | None, k: int
+        self, path: list[RadixNode], matched_bytes: int, child: RadixNode | None, k: int
     ) -> tuple[list[RadixNode], int]:
         """A walk's (path, matched bytes) once the node it ends inside (`child`, `k` blocks
         in) is split at that block boundary, its upper half appended to the path."""
         if child is not None:
             path.append(self._split(child, k))
-            matched += k * self._block_bytes
-        return path, matched
+            matched_bytes += k * self._block_bytes
+        return path, matched_bytes
 
     def _walk(
         self, root: RadixNode, token_ids: TokenIds
@@ -455,15 +455,15 @@ class RadixCache(PrefixCache):
         sliding-window layers in their own pool (`pool.window`), one whose last window of
         tokens still has its window slots."""
         query = LazyQuery(token_ids, len(token_ids) // self.block_size * self.block_size)
-        path, matched, child, k = walk(root, self._block_bytes, query)
+        path, matched_bytes, child, k = walk(root, self._block_bytes, query)
         window = self.pool.window
         if window is None or not (path or k):
-            return path, matched, child, k
-        total = matched // TOKEN_BYTES + k * self.block_size
+            return path, matched_bytes, child, k
+        total = matched_bytes // TOKEN_BYTES + k * self.block_size
         blocks = path_blocks(path) + (child.blocks[:k] if child is not None else [])
         usable = window.usable(blocks, total)
         if usable == total:
-            return path, matched, child, k
+            return path, matched_bytes, child, k
         return walk(root, self._block_bytes, LazyQuery(token_ids, usable))
 
     def _split(self, node: RadixNode, k: int) -> RadixNode:
@@ -632,10 +632,12 @@ class RadixCache(PrefixCache):
 
     # ----------------------------------------------------------------- hooks (tiered.py)
 
-    def _bring_into_pool(self, path: list[RadixNode], matched: int) -> tuple[list[RadixNode], int]:
-        """The part of a matched `path` (of `matched` bytes) a request may use, and its bytes.
+    def _bring_into_pool(
+        self, path: list[RadixNode], matched_bytes: int
+    ) -> tuple[list[RadixNode], int]:
+        """The part of a matched `path` (of `matched_bytes` bytes) a request may use, and its bytes.
         Every node of this tree is in the pool: all of it."""
-        return path, matched
+        return path, matched_bytes
 
     def _adopt(self, path: list[RadixNode], blocks: Sequence[int]) -> None:
         """Called by `insert` with the already-cached `path` and the caller's `blocks`, before

@@ -76,11 +76,13 @@ class TieredRadixCache(RadixCache):
 
     # ----------------------------------------------------------------- the tree's hooks
 
-    def _bring_into_pool(self, path: list[RadixNode], matched: int) -> tuple[list[RadixNode], int]:
+    def _bring_into_pool(
+        self, path: list[RadixNode], matched_bytes: int
+    ) -> tuple[list[RadixNode], int]:
         """Promote the matched path's offloaded nodes into the pool (allocating there, which
         may demote other nodes); what cannot be promoted is not matched."""
         if not path or not path[-1].offloaded:
-            return path, matched
+            return path, matched_bytes
         path, promoted = self._promote_path(path[-1])
         self.counters.offload_hit_tokens += promoted * self.block_size
         return path, sum(len(node.tokens) for node in path)
