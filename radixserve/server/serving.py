@@ -135,7 +135,7 @@ class OpenAIServing:
         err = req.unsupported()
         if err is not None:
             raise err
-        if req.best_of_value() > 1 and not getattr(self.bridge, "supports_choices", False):
+        if req.best_of_value() > 1 and not self.bridge.supports_choices:
             param = "n" if req.n > 1 else "best_of"
             raise APIError(400, f"{param} > 1 is not available on this deployment", param=param)
 
