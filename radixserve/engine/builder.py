@@ -86,7 +86,7 @@ def load_parts(config: EngineConfig) -> EngineParts:
         cache_dir = Path(config.cache_dir) if config.cache_dir else None
         files = resolve_model(config.model, cache_dir)
     device = resolve_device(config.device)
-    with phase("kernels"):
+    with phase("kernels and prefill path"):
         quantization = resolve_quantization(config.quantization, files, device)
         dtype = resolve_dtype(config.dtype, device, quantized=quantization != "none")
         prefill = resolve_prefill_path(config.dtype, dtype, device, quantization)

@@ -346,8 +346,9 @@ class DecoderModel(nn.Module):
 
     def use_prefill_path(self, path: PrefillPath) -> None:
         """Run prefill chunks' layer matmuls on `path` (kernels/matrix.py) from now on: the
-        quantized projections take it, the LM head stays on the float32 kernels. Call after
-        quantizing; the attention backend reads `prefill_path` too (the runner passes it)."""
+        quantized projections and a quantized LM head take it (the head's decode rows with
+        the layers' decode kernels). Call after quantizing; the attention backend reads
+        `prefill_path` too (the runner passes it)."""
         self.prefill_path = path
         self.weights_moved()  # int8-vnni repacks int4 codes into panels
         fp32: list[str] = []  # projections that stay on the float32 kernels
