@@ -12,11 +12,13 @@ POLICIES = ("cache_aware", "round_robin", "least_load", "random")
 
 # Reasons a decision gives; they label the router's `decisions_total` metric.
 CACHE_HIT = "cache_hit"  # longest cached prefix won
-LEAST_LOAD = "least_load"  # no useful prefix anywhere: most free cache, then fewest in-flight
+# No useful prefix anywhere: the worker with the most free cache, then the fewest in-flight.
+MOST_FREE_CACHE = "most_free_cache"
 LOAD_IMBALANCE = "load_imbalance"  # loads too uneven: least loaded first, cache second
+LEAST_LOAD = "least_load"  # the least_load policy: fewest in-flight
 ROUND_ROBIN = "round_robin"
 RANDOM = "random"
-REASONS = (CACHE_HIT, LEAST_LOAD, LOAD_IMBALANCE, ROUND_ROBIN, RANDOM)
+REASONS = (CACHE_HIT, MOST_FREE_CACHE, LOAD_IMBALANCE, LEAST_LOAD, ROUND_ROBIN, RANDOM)
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,7 @@ def choose_cache_aware(
             return Decision(best.index, CACHE_HIT, best.matched_tokens)
     if prompt_len > 0 and placed.matched_tokens > 0 and placed.matched_tokens >= need:
         return Decision(placed.index, CACHE_HIT, placed.matched_tokens)
-    return Decision(placed.index, LEAST_LOAD, placed.matched_tokens)
+    return Decision(placed.index, MOST_FREE_CACHE, placed.matched_tokens)
 
 
 def rank_cache_aware(

@@ -10,6 +10,7 @@ from radixserve.router.policy import (
     CACHE_HIT,
     LEAST_LOAD,
     LOAD_IMBALANCE,
+    MOST_FREE_CACHE,
     NoWorkerError,
     PolicyConfig,
     WorkerView,
@@ -37,7 +38,7 @@ def test_longest_match_wins_when_it_saves_enough_prefill() -> None:
 def test_prefix_every_worker_holds_does_not_pin_traffic() -> None:
     # Both hold the 32-token system prompt: no gain, so the least loaded one is picked.
     d = choose_cache_aware(views((1, 32), (0, 32)), prompt_len=200, cfg=CFG)
-    assert (d.index, d.reason) == (1, LEAST_LOAD)
+    assert (d.index, d.reason) == (1, MOST_FREE_CACHE)
 
 
 def test_small_gain_goes_to_least_loaded_worker() -> None:
@@ -53,7 +54,7 @@ def test_least_loaded_worker_with_enough_cache_is_a_cache_hit() -> None:
 
 def test_no_match_picks_fewest_in_flight() -> None:
     d = choose_cache_aware(views((3, 0), (1, 0), (2, 0)), prompt_len=50, cfg=CFG)
-    assert (d.index, d.reason) == (1, LEAST_LOAD)
+    assert (d.index, d.reason) == (1, MOST_FREE_CACHE)
 
 
 def test_no_match_ties_go_to_most_free_cache() -> None:
@@ -83,7 +84,7 @@ def test_imbalance_needs_both_thresholds() -> None:
 
 def test_empty_prompt_routes_by_load() -> None:
     d = choose_cache_aware(views((2, 0), (1, 0)), prompt_len=0, cfg=CFG)
-    assert (d.index, d.reason) == (1, LEAST_LOAD)
+    assert (d.index, d.reason) == (1, MOST_FREE_CACHE)
 
 
 def test_single_worker_always_chosen() -> None:
@@ -105,6 +106,10 @@ def test_round_robin_cycles_over_given_workers() -> None:
 def test_least_load_breaks_ties_cyclically() -> None:
     vs = views((1, 0), (0, 0), (0, 0))
     assert [choose_least_load(vs, c).index for c in range(3)] == [1, 2, 1]
+
+
+def test_least_load_policy_gives_least_load_as_its_reason() -> None:
+    assert choose_least_load(views((1, 0), (0, 0))).reason == LEAST_LOAD
 
 
 def test_random_policy_only_picks_given_workers() -> None:
@@ -139,7 +144,7 @@ def test_no_match_goes_to_the_most_free_cache_before_the_fewest_in_flight() -> N
         WorkerView(1, in_flight=2, cached_blocks=20, total_blocks=100),
     ]
     d = choose_cache_aware(vs, prompt_len=50, cfg=CFG)
-    assert (d.index, d.reason) == (1, LEAST_LOAD)
+    assert (d.index, d.reason) == (1, MOST_FREE_CACHE)
 
 
 def test_a_prefix_only_one_worker_holds_does_not_pin_new_conversations() -> None:
@@ -151,7 +156,7 @@ def test_a_prefix_only_one_worker_holds_does_not_pin_new_conversations() -> None
         WorkerView(1, 0, 0, cached_blocks=5, total_blocks=100),
     ]
     d = choose_cache_aware(vs, prompt_len=200, cfg=CFG)
-    assert (d.index, d.reason) == (1, LEAST_LOAD)
+    assert (d.index, d.reason) == (1, MOST_FREE_CACHE)
 
 
 def test_a_conversations_next_turn_stays_where_its_history_is() -> None:
