@@ -1,9 +1,10 @@
 """The ingress' side of the engine: the server's serving code, talking to engine replicas.
 
-`RemoteEngine` gives the OpenAI app what it reads from an engine (tokenizer, context length,
-model name, stats) and `RemoteBridge` submits requests through a Ray Serve handle instead of
-to an in-process engine, so `radixserve.server.app.build_app` serves the same routes, errors,
-auth and streaming in front of Ray as it does alone.
+`RemoteEngine` is the server's `ServedEngine` for engines in Serve replicas: it gives the
+OpenAI app what it reads from an engine (tokenizer, context length, model name, stats) and
+answers plainly for what only a replica can do; `RemoteBridge` submits requests through a Ray
+Serve handle instead of to an in-process engine, so `radixserve.server.app.build_app` serves
+the same routes, errors, auth and streaming in front of Ray as it does alone.
 
 A replica that dies is not the client's problem where that can be helped: a non-streamed
 request is sent again (another replica answers), and so is a streamed one that has not
@@ -17,15 +18,22 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from radixserve.engine.engine import EngineStats
 from radixserve.engine.outputs import RequestMetrics, RequestOutput
 from radixserve.engine.params import SamplingParams
+from radixserve.engine.stats import EngineStats
 from radixserve.errors import EngineDeadError
 from radixserve.server.bridge import EngineBridge, OutputObserver
+from radixserve.server.engine_api import ServedEngine
+
+if TYPE_CHECKING:
+    from radixserve.cache import CacheEvent, TreeSnapshot
+    from radixserve.engine.request import OutputCallback
+    from radixserve.engine.structured import GrammarCompiler
+    from radixserve.engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +86,19 @@ def slim(out: RequestOutput) -> RequestOutput:
     return dataclasses.replace(out, prompt_token_ids=[], token_ids=[], text="")
 
 
-class RemoteEngine:
-    """What the OpenAI app reads from an engine, for engines that live in Serve replicas."""
+class RemoteEngine(ServedEngine):
+    """What the OpenAI app reads from an engine, for engines that live in Serve replicas.
 
-    def __init__(self, tokenizer: Any, info: dict[str, Any], event_log: Any = None) -> None:
+    The ingress holds no engine and no cache of its own: grammars compile in the replica that
+    takes the request, requests go through `RemoteBridge`, the routers read the replicas'
+    cache events from the event log, and there is no reset route. The members for those
+    raise NotImplementedError (a /v1/cache/tree request answers 500, as it always has here).
+    """
+
+    grammars: GrammarCompiler | None = None  # each replica compiles a request's grammar
+    can_reset_prefix_cache = False  # one cache per replica; no route resets them all
+
+    def __init__(self, tokenizer: Tokenizer, info: dict[str, Any], event_log: Any = None) -> None:
         self.tokenizer = tokenizer
         self.model_name: str = info["model_name"]
         self.max_model_len: int = info["max_model_len"]
@@ -133,13 +150,59 @@ class RemoteEngine:
             "replicas": self._replica_stats,
         }
 
+    def cache_tree(self) -> TreeSnapshot | None:
+        """Not here: each replica has its own tree."""
+        raise _not_on_ingress("cache_tree")
+
+    def cache_snapshot(self) -> list[tuple[Hashable, tuple[int, ...]]]:
+        """Not here: each replica has its own tree (RadixEngine.cache_snapshot)."""
+        raise _not_on_ingress("cache_snapshot")
+
+    def add_cache_listener(self, fn: Callable[[CacheEvent], None]) -> None:
+        """Not here: the replicas' cache events go to the event log (build_app is given
+        cache_events=False)."""
+        raise _not_on_ingress("add_cache_listener")
+
+    def remove_cache_listener(self, fn: Callable[[CacheEvent], None]) -> None:
+        """Not here: nothing listens to the ingress (see add_cache_listener)."""
+        raise _not_on_ingress("remove_cache_listener")
+
+    def reset_prefix_cache(self) -> int:
+        """Not here: `can_reset_prefix_cache` is False, so the app has no reset route."""
+        raise _not_on_ingress("reset_prefix_cache")
+
+    def add_request(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        request_id: str | None = None,
+        namespace: Hashable = None,
+        priority: int = 0,
+        on_output: OutputCallback | None = None,
+        bounded: bool = False,
+        session_id: str | None = None,
+    ) -> str:
+        """Not here: `RemoteBridge.submit` sends requests to the replicas."""
+        raise _not_on_ingress("add_request")
+
+    def abort(self, request_id: str) -> None:
+        """Not here: a `RemoteStream` cancels its own request on its replica."""
+        raise _not_on_ingress("abort")
+
+
+def _not_on_ingress(member: str) -> NotImplementedError:
+    return NotImplementedError(
+        f"RemoteEngine.{member}: the Ray ingress holds no engine; its replicas do"
+    )
+
 
 class RemoteBridge(EngineBridge):
     """Submits requests to the engine deployment through a Serve handle."""
 
     def __init__(
         self,
-        engine: Any,
+        engine: RemoteEngine,
         handle: Any,
         observer: OutputObserver | None = None,
         on_resend: Callable[[], None] | None = None,
@@ -150,7 +213,7 @@ class RemoteBridge(EngineBridge):
 
     supports_choices = False  # RemoteStream ends at the first finished choice
 
-    async def submit(  # type: ignore[override]
+    async def submit(
         self,
         prompt_token_ids: list[int],
         params: SamplingParams,
@@ -171,7 +234,9 @@ class RemoteBridge(EngineBridge):
 
 
 class RemoteStream:
-    """A request's outputs from an engine replica, shaped like `server.bridge.RequestStream`."""
+    """A request's outputs from an engine replica (a `server.bridge.OutputStream`)."""
+
+    num_choices = 1  # RemoteBridge.supports_choices is False
 
     def __init__(
         self,
@@ -239,6 +304,15 @@ class RemoteStream:
         self._observe(out)
         self.finished, self.final = True, out
         return out
+
+    async def results(self) -> list[RequestOutput]:
+        """The final output of its one choice, as a list (see `result`)."""
+        return [await self.result()]
+
+    @property
+    def finals(self) -> list[RequestOutput]:
+        """Its one choice's last output, once finished."""
+        return [self.final] if self.final is not None else []
 
     async def _retrying(self, attempt: Callable[[], Awaitable[T]], when: str) -> T:
         for n in range(MAX_ATTEMPTS):

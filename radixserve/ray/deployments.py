@@ -141,7 +141,7 @@ class OpenAIIngress:
             return RemoteBridge(remote, self.engine_handle, metrics, on_resend=resent.inc)
 
         app = build_openai_app(
-            remote,  # type: ignore[arg-type]
+            remote,
             api_key=self.opts.api_key,
             served_model_name=self.opts.served_model_name or info["model_name"],
             default_max_tokens=self.opts.default_max_tokens,

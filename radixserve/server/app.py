@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi.encoders import jsonable_encoder
@@ -25,7 +25,7 @@ from radixserve.server.protocol import MAX_BODY_BYTES
 from radixserve.server.serving import DEFAULT_MAX_TOKENS, SSE_HEADERS, OpenAIServing
 
 if TYPE_CHECKING:
-    from radixserve.engine.engine import LLMEngine
+    from radixserve.server.engine_api import ServedEngine
 
 
 def _auth_dependency(api_keys: list[str]) -> Callable[[Request], Awaitable[None]]:
@@ -39,7 +39,7 @@ def _auth_dependency(api_keys: list[str]) -> Callable[[Request], Awaitable[None]
 
 
 def build_app(
-    engine: LLMEngine,
+    engine: ServedEngine,
     api_key: str | None = None,
     served_model_name: str | None = None,
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
@@ -49,7 +49,7 @@ def build_app(
     dashboard_show_text: bool = False,
     api_key_tiers: dict[str, int] | None = None,
 ) -> FastAPI:
-    """An OpenAI-compatible app over a started `LLMEngine`; the caller owns the engine.
+    """An OpenAI-compatible app over a started engine; the caller owns the engine.
 
     `bridge_factory(metrics)` replaces the in-process bridge (the Ray ingress passes one that
     submits to engine replicas); without `cache_events` there is no /v1/cache/events route.
@@ -65,7 +65,6 @@ def build_app(
     serving = OpenAIServing(engine, bridge, [model_name], default_max_tokens, max_body_bytes)
     serving.api_key_tiers = dict(api_key_tiers or {})
     hub = CacheEventHub(engine)
-    created = int(time.time())
 
     app = FastAPI(title="radixserve", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     install_openapi(app)
@@ -79,6 +78,22 @@ def build_app(
     keys = ([api_key] if api_key else []) + list(api_key_tiers or {})
     deps = [Depends(_auth_dependency(keys))] if keys else []
     v1 = APIRouter(prefix="/v1", dependencies=deps)
+    _add_openai_routes(v1, serving, engine, model_name)
+    _add_cache_routes(v1, engine, hub if cache_events else None)
+    # The cache dashboard: /dashboard (page), /v1/cache/tree, /v1/dashboard/stats.
+    add_dashboard(app, v1, engine, metrics, api_key, show_text=dashboard_show_text)
+    app.include_router(v1)
+    if engine.can_reset_prefix_cache:  # not on the Ray ingress: its replicas' caches
+        _add_reset_route(app, engine, deps)
+    _add_service_routes(app, engine, metrics)
+    return app
+
+
+def _add_openai_routes(
+    v1: APIRouter, serving: OpenAIServing, engine: ServedEngine, model_name: str
+) -> None:
+    """/v1/chat/completions, /v1/completions and /v1/models."""
+    created = int(time.time())
 
     @v1.post("/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -99,11 +114,15 @@ def build_app(
         }
         return JSONResponse({"object": "list", "data": [card]})
 
+
+def _add_cache_routes(v1: APIRouter, engine: ServedEngine, hub: CacheEventHub | None) -> None:
+    """/v1/cache/stats, and /v1/cache/events where `hub` streams them."""
+
     @v1.get("/cache/stats")
     async def cache_stats() -> JSONResponse:
         return JSONResponse(jsonable_encoder(engine.cache_stats()))
 
-    if cache_events:
+    if hub is not None:
 
         @v1.get("/cache/events")
         async def cache_event_stream() -> StreamingResponse:
@@ -111,17 +130,18 @@ def build_app(
                 hub.stream(), media_type="text/event-stream", headers=SSE_HEADERS
             )
 
-    # The cache dashboard: /dashboard (page), /v1/cache/tree, /v1/dashboard/stats.
-    add_dashboard(app, v1, engine, metrics, api_key, show_text=dashboard_show_text)
 
-    app.include_router(v1)
+def _add_reset_route(app: FastAPI, engine: ServedEngine, deps: list[Any]) -> None:
+    """POST /reset_prefix_cache (vLLM's route; KV events hear of it as one clear)."""
 
-    if hasattr(engine, "reset_prefix_cache"):  # the Ray ingress's remote engine has none
+    @app.post("/reset_prefix_cache", dependencies=deps)
+    async def reset_prefix_cache() -> JSONResponse:
+        freed = await asyncio.to_thread(engine.reset_prefix_cache)
+        return JSONResponse({"status": "ok", "freed_blocks": freed})
 
-        @app.post("/reset_prefix_cache", dependencies=deps)
-        async def reset_prefix_cache() -> JSONResponse:  # vLLM's route; KV events: cleared
-            freed = await asyncio.to_thread(engine.reset_prefix_cache)
-            return JSONResponse({"status": "ok", "freed_blocks": freed})
+
+def _add_service_routes(app: FastAPI, engine: ServedEngine, metrics: ServerMetrics) -> None:
+    """/health, /metrics and /version: no API key needed."""
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -134,7 +154,5 @@ def build_app(
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     @app.get("/version")
-    async def version() -> JSONResponse:  # as vLLM: the radixserve version, no key needed
+    async def version() -> JSONResponse:  # as vLLM: the radixserve version
         return JSONResponse({"version": __version__})
-
-    return app

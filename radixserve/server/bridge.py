@@ -20,7 +20,7 @@ from radixserve.engine.outputs import RequestOutput
 from radixserve.engine.params import SamplingParams
 
 if TYPE_CHECKING:
-    from radixserve.engine.engine import LLMEngine
+    from radixserve.server.engine_api import ServedEngine
 
 
 class OutputObserver(Protocol):
@@ -30,12 +30,47 @@ class OutputObserver(Protocol):
         """Called on the event loop for each output, in order."""
 
 
+class OutputStream(Protocol):
+    """A submitted request's outputs as the serving code reads them: `RequestStream` here,
+    `RemoteStream` (radixserve/ray/bridge.py) on the Ray ingress."""
+
+    client_gone: bool  # set when the client disconnects (abort_on_disconnect)
+
+    @property
+    def num_choices(self) -> int:
+        """How many choices (n) the outputs carry; each output says which (`index`)."""
+
+    @property
+    def finished(self) -> bool:
+        """Whether every choice has finished."""
+
+    @property
+    def final(self) -> RequestOutput | None:
+        """Choice 0's last output, once finished."""
+
+    @property
+    def finals(self) -> list[RequestOutput]:
+        """Every choice's last output, by index, once finished."""
+
+    def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        """Every output of every choice, in order, until all have finished."""
+
+    async def results(self) -> list[RequestOutput]:
+        """Wait for every choice's last output (by index), for a non-streamed response."""
+
+    def abort(self) -> None:
+        """Abort the request unless it already finished (idempotent)."""
+
+    def close(self) -> None:
+        """Release the request: abort it if its consumer stopped before it finished."""
+
+
 class RequestStream:
     """Outputs of one engine request as an async iterator; `close()` aborts it if unfinished."""
 
     def __init__(
         self,
-        engine: LLMEngine,
+        engine: ServedEngine,
         loop: asyncio.AbstractEventLoop,
         observer: OutputObserver | None,
         num_choices: int = 1,
@@ -96,11 +131,11 @@ class RequestStream:
 
 
 class EngineBridge:
-    """Submits requests to an `LLMEngine` from the event loop."""
+    """Submits requests to an in-process engine from the event loop."""
 
     supports_choices = True  # streams carry n > 1 choices (RequestStream.results)
 
-    def __init__(self, engine: LLMEngine, observer: OutputObserver | None = None) -> None:
+    def __init__(self, engine: ServedEngine, observer: OutputObserver | None = None) -> None:
         self.engine = engine
         self.observer = observer
 
@@ -113,7 +148,7 @@ class EngineBridge:
         priority: int = 0,
         stream: bool = True,
         session_id: str | None = None,
-    ) -> RequestStream:
+    ) -> OutputStream:
         """Add a request; raises the engine's validation errors (QueueFullError, ...) directly.
 
         `stream` says whether the caller reads every output or only the last; a bridge to a
@@ -135,7 +170,7 @@ class EngineBridge:
 
 
 @contextlib.asynccontextmanager
-async def abort_on_disconnect(request: Request, stream: RequestStream) -> AsyncIterator[None]:
+async def abort_on_disconnect(request: Request, stream: OutputStream) -> AsyncIterator[None]:
     """While inside, a client that closes its connection aborts `stream`'s request."""
 
     async def watch() -> None:

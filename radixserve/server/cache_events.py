@@ -20,7 +20,7 @@ from radixserve.server.errors import APIError
 from radixserve.server.protocol import sse
 
 if TYPE_CHECKING:
-    from radixserve.engine.engine import LLMEngine
+    from radixserve.server.engine_api import ServedEngine
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class _Subscriber:
 class CacheEventHub:
     """Fans the engine's cache events out to `/v1/cache/events` subscribers."""
 
-    def __init__(self, engine: LLMEngine, max_queue: int = 4096) -> None:
+    def __init__(self, engine: ServedEngine, max_queue: int = 4096) -> None:
         self.engine = engine
         self.max_queue = max_queue
         self._subscribers: set[_Subscriber] = set()
@@ -117,10 +117,9 @@ class CacheEventHub:
 
     def _unsubscribe(self, sub: _Subscriber) -> None:
         self._subscribers.discard(sub)
-        # The engine stops paying for events once nobody listens (when it can drop listeners).
-        remove = getattr(self.engine, "remove_cache_listener", None)
-        if not self._subscribers and self._listening and remove is not None:
-            remove(self._on_engine_event)
+        # The engine stops paying for events once nobody listens.
+        if not self._subscribers and self._listening:
+            self.engine.remove_cache_listener(self._on_engine_event)
             self._listening = False
 
     async def stream(self) -> AsyncIterator[bytes]:

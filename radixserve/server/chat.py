@@ -9,7 +9,7 @@ from typing import Any
 from radixserve.engine.outputs import RequestOutput
 from radixserve.engine.tokenizer import Tokenizer
 from radixserve.engine.tool_calls import ParsedCall, ToolCallStream, parse_calls
-from radixserve.server.bridge import RequestStream
+from radixserve.server.bridge import OutputStream
 from radixserve.server.logprobs import chat_entries
 from radixserve.server.protocol import sse
 from radixserve.server.usage import failure, usage
@@ -64,11 +64,11 @@ class ChatResponder:
         entries = out.logprobs[start:stop]
         return {"content": chat_entries(self.tok, entries, self.top_logprobs), "refusal": None}
 
-    async def events(self, stream: RequestStream, include_usage: bool) -> AsyncIterator[bytes]:
+    async def events(self, stream: OutputStream, include_usage: bool) -> AsyncIterator[bytes]:
         """The SSE body: a role delta per choice, content / tool-call deltas as they come,
         a finish chunk per choice, the usage chunk if asked, then [DONE]."""
         extra = {"usage": None} if include_usage else {}
-        n = getattr(stream, "num_choices", 1)
+        n = stream.num_choices
         parsers = {i: ToolCallStream(self.tool_names, self.constrained_calls) for i in range(n)}
         sent_tokens = dict.fromkeys(range(n), 0)
         calls_sent = dict.fromkeys(range(n), 0)
@@ -97,7 +97,7 @@ class ChatResponder:
                     called = calls_sent[i] and out.finish_reason == "stop"
                     yield chunk(i, {}, finish_reason="tool_calls" if called else out.finish_reason)
             if include_usage and stream.finished and failure(stream.final) is None:
-                yield sse({**self.base, "choices": [], "usage": usage(_finals(stream))})
+                yield sse({**self.base, "choices": [], "usage": usage(stream.finals)})
             yield b"data: [DONE]\n\n"
         finally:
             stream.close()
@@ -134,8 +134,3 @@ class ChatResponder:
 
 def _call(c: ParsedCall) -> dict[str, Any]:
     return {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-
-
-def _finals(stream: RequestStream) -> list[RequestOutput]:
-    finals = getattr(stream, "finals", None)
-    return list(finals) if finals else [stream.final] if stream.final is not None else []

@@ -8,7 +8,7 @@ from typing import Any
 
 from radixserve.engine.outputs import RequestOutput
 from radixserve.engine.tokenizer import Tokenizer
-from radixserve.server.bridge import RequestStream
+from radixserve.server.bridge import OutputStream
 from radixserve.server.chat import shown_tokens
 from radixserve.server.logprobs import CompletionLogprobs
 from radixserve.server.protocol import sse
@@ -58,11 +58,11 @@ class CompletionResponder:
         keys = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
         return {k: [x for p in parts for x in p.get(k, [])] for k in keys}
 
-    async def events(self, stream: RequestStream, include_usage: bool) -> AsyncIterator[bytes]:
+    async def events(self, stream: OutputStream, include_usage: bool) -> AsyncIterator[bytes]:
         """The SSE body: text deltas per choice (the prompt first when `echo`), a finish
         chunk per choice, the usage chunk if asked, then [DONE]."""
         extra = {"usage": None} if include_usage else {}
-        n = getattr(stream, "num_choices", 1)
+        n = stream.num_choices
         builders = {i: CompletionLogprobs(self.tok, self.logprobs or 0) for i in range(n)}
         sent = dict.fromkeys(range(n), 0)
         echoed: set[int] = set()
@@ -92,8 +92,7 @@ class CompletionResponder:
                 if text or out.finished or (lp and lp["tokens"]):
                     yield chunk(out, text, lp)
             if include_usage and stream.finished and failure(stream.final) is None:
-                finals = getattr(stream, "finals", None) or [stream.final]
-                yield sse({**self.base, "choices": [], "usage": usage(finals)})
+                yield sse({**self.base, "choices": [], "usage": usage(stream.finals)})
             yield b"data: [DONE]\n\n"
         finally:
             stream.close()

@@ -30,7 +30,7 @@ from radixserve.server.cache_tree import DEFAULT_MAX_NODES, MAX_MAX_NODES, tree_
 from radixserve.server.errors import APIError
 
 if TYPE_CHECKING:
-    from radixserve.engine.engine import LLMEngine
+    from radixserve.server.engine_api import ServedEngine
     from radixserve.server.metrics import ServerMetrics
 
 MIN_SNAPSHOT_INTERVAL_S = 0.5
@@ -84,7 +84,7 @@ def add_static_routes(app: FastAPI, config: dict[str, Any]) -> None:
 class DashboardData:
     """The data routes' answers for one engine: shared, rate-limited tree copies and stats."""
 
-    def __init__(self, engine: LLMEngine, metrics: ServerMetrics, show_text: bool) -> None:
+    def __init__(self, engine: ServedEngine, metrics: ServerMetrics, show_text: bool) -> None:
         self.engine = engine
         self.metrics = metrics
         self.show_text = show_text
@@ -158,7 +158,7 @@ class DashboardData:
 def add_dashboard(
     app: FastAPI,
     v1: APIRouter,
-    engine: LLMEngine,
+    engine: ServedEngine,
     metrics: ServerMetrics,
     api_key: str | None,
     show_text: bool,

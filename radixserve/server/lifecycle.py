@@ -14,11 +14,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from radixserve.server.errors import RETRY_AFTER_SECONDS, APIError
+
+if TYPE_CHECKING:
+    from radixserve.server.engine_api import ServedEngine
 
 log = logging.getLogger("radixserve.server")
 
@@ -78,7 +81,9 @@ class Drain:
                 self._idle.set()
 
 
-async def watch_engine(engine: Any, on_dead: Callable[[], None], interval: float = 0.2) -> None:
+async def watch_engine(
+    engine: ServedEngine, on_dead: Callable[[], None], interval: float = 0.2
+) -> None:
     """Call `on_dead()` once, as soon as the engine loop is no longer alive."""
     while engine.is_alive():
         await asyncio.sleep(interval)

@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from radixserve.engine.outputs import RequestOutput
 
 if TYPE_CHECKING:
-    from radixserve.engine.engine import LLMEngine
+    from radixserve.server.engine_api import ServedEngine
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -30,7 +30,7 @@ E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320
 class EngineCollector(Collector):
     """Engine counters and gauges, read from `engine.stats()` at every scrape."""
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: ServedEngine) -> None:
         self.engine = engine
 
     def collect(self) -> Iterator[Metric]:
@@ -117,7 +117,7 @@ class EngineCollector(Collector):
 class ServerMetrics:
     """The app's registry: the engine collector plus latency histograms and HTTP responses."""
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: ServedEngine) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(EngineCollector(engine))
         self.ttft = Histogram(

@@ -16,7 +16,7 @@ from radixserve.engine.outputs import RequestOutput
 from radixserve.engine.params import SamplingParams
 from radixserve.engine.structured import StructuredOutput
 from radixserve.errors import ModelNotFoundError, PromptTooLongError
-from radixserve.server.bridge import EngineBridge, RequestStream, abort_on_disconnect
+from radixserve.server.bridge import EngineBridge, OutputStream, abort_on_disconnect
 from radixserve.server.chat import ChatResponder
 from radixserve.server.completion import CompletionResponder
 from radixserve.server.constraints import structured_output, tool_mode
@@ -32,7 +32,7 @@ from radixserve.server.tiers import bearer_token, session_id
 from radixserve.server.usage import failure, usage
 
 if TYPE_CHECKING:
-    from radixserve.engine.engine import LLMEngine
+    from radixserve.server.engine_api import ServedEngine
 
 # When a request sets no max_tokens it gets what fits in the context, at most this many.
 DEFAULT_MAX_TOKENS = 256
@@ -52,7 +52,7 @@ class OpenAIServing:
 
     def __init__(
         self,
-        engine: LLMEngine,
+        engine: ServedEngine,
         bridge: EngineBridge,
         model_names: list[str],
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
@@ -172,7 +172,7 @@ class OpenAIServing:
     async def _compile(self, spec: StructuredOutput) -> None:
         """Compile `spec` in a worker thread (a cache hit returns at once); a 400 naming the
         field when it does not compile, or not within GRAMMAR_COMPILE_TIMEOUT_S."""
-        grammars = getattr(self.engine, "grammars", None)
+        grammars = self.engine.grammars
         if grammars is None or grammars.cached(spec) is not None:
             return  # an engine elsewhere (Ray) compiles it when the request arrives
         loop = asyncio.get_running_loop()
@@ -195,7 +195,7 @@ class OpenAIServing:
         prompt_ids: list[int],
         rid: str,
         params: SamplingParams,
-    ) -> RequestStream:
+    ) -> OutputStream:
         tier = self.api_key_tiers.get(bearer_token(request) or "")
         session_key = req.user or getattr(req, "prompt_cache_key", None)
         return await self.bridge.submit(
@@ -234,15 +234,12 @@ async def _maybe_in_thread(fn: Callable[[Any], list[int]], arg: Any, size: int) 
     return await asyncio.to_thread(fn, arg)
 
 
-async def _collect(request: Request, stream: RequestStream) -> list[RequestOutput]:
+async def _collect(request: Request, stream: OutputStream) -> list[RequestOutput]:
     """Wait for a non-streaming request's final outputs (every choice, by index); a client
     that leaves aborts it."""
     try:
         async with abort_on_disconnect(request, stream):
-            if getattr(stream, "num_choices", 1) > 1:
-                outs = await stream.results()
-            else:
-                outs = [await stream.result()]
+            outs = await stream.results()
     finally:
         stream.close()
     if stream.client_gone:  # nobody reads this; 499 keeps it apart from real errors in metrics

@@ -13,12 +13,19 @@ CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</
 
 
 class ScriptedStream:
-    """A RequestStream that yields the text in pieces of `size` characters, then stops."""
+    """An OutputStream of one choice that yields the text in pieces of `size` characters,
+    then stops."""
+
+    num_choices = 1
 
     def __init__(self, text: str, size: int) -> None:
         self.pieces = [text[i : i + size] for i in range(0, len(text), size)]
         self.final: RequestOutput | None = None
         self.finished = False
+
+    @property
+    def finals(self) -> list[RequestOutput]:
+        return [self.final] if self.final is not None else []
 
     async def __aiter__(self) -> Any:
         text = ""
