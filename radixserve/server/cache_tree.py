@@ -13,7 +13,7 @@ import hashlib
 import heapq
 from array import array
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import Any, NamedTuple
 
 from radixserve.cache import TreeSnapshot
 
@@ -48,13 +48,44 @@ def tree_json(
     namespaces as digests, so a viewer cannot read other tenants' prompts. Otherwise each
     node has its text, and also the token ids it came from if `token_ids`.
     """
+    shape = _shape(snap)
+    selected, folded = _select(snap, shape.children, shape.sub_tokens, max(1, max_nodes))
+    nodes, heads = _nodes(snap, shape, selected, folded, decode is not None, now)
+    if decode is not None:
+        _add_text(nodes, heads, decode, token_ids)
+    top = _top_prefixes(snap, shape.depth, shape.parent, decode, now)
+    return {
+        "object": "cache.tree",
+        "block_size": snap.block_size,
+        "num_nodes": snap.num_nodes,
+        "num_namespaces": len(snap.namespaces),
+        "cached_tokens": sum(shape.sub_tokens[i] for i in snap.namespaces),
+        "max_nodes": max_nodes,
+        "text": decode is not None,
+        "nodes": nodes,
+        "top_prefixes": top,
+    }
+
+
+class _Shape(NamedTuple):
+    """Per row of a snapshot: where it sits and what is below it."""
+
+    parent: list[int]  # -1 for a namespace root
+    children: dict[int, list[int]]  # only rows that have children: fewer allocations
+    sub_tokens: list[int]  # tokens of the row and every row below it
+    sub_nodes: list[int]  # the row and every row below it
+    depth: list[int]  # tokens from the root to the end of the row
+
+
+def _shape(snap: TreeSnapshot) -> _Shape:
+    """Parents, children, subtree sums and depths of every row, in two passes."""
     rows = snap.rows
     n = len(rows)
     parent = [r[0] for r in rows]
     sub_tokens = [r[1] for r in rows]
     sub_nodes = [1] * n
-    depth = [0] * n  # tokens from the root to the end of the node
-    children: dict[int, list[int]] = {}  # only rows that have children: fewer allocations
+    depth = [0] * n
+    children: dict[int, list[int]] = {}
     for i in range(n):
         p = parent[i]
         if p >= 0:
@@ -69,8 +100,21 @@ def tree_json(
         if p >= 0:
             sub_tokens[p] += sub_tokens[i]
             sub_nodes[p] += sub_nodes[i]
+    return _Shape(parent, children, sub_tokens, sub_nodes, depth)
 
-    selected, folded = _select(snap, children, sub_tokens, max(1, max_nodes))
+
+def _nodes(
+    snap: TreeSnapshot,
+    shape: _Shape,
+    selected: list[int],
+    folded: dict[int, list[int]],
+    show_text: bool,
+    now: float,
+) -> tuple[list[dict[str, Any]], list[list[int]]]:
+    """The output nodes of the `selected` rows, each followed by the aggregate of its
+    `folded` children if any; with `show_text`, also each node's head tokens (empty for an
+    aggregate), to be decoded."""
+    rows, parent = snap.rows, shape.parent
     nodes: list[dict[str, Any]] = []
     out_id: dict[int, int] = {}
     heads: list[list[int]] = []
@@ -81,44 +125,36 @@ def tree_json(
             "id": len(nodes),
             "parent": out_id[parent[i]] if parent[i] >= 0 else None,
             "tokens": r[1],
-            "subtree_tokens": sub_tokens[i],
-            "subtree_nodes": sub_nodes[i] - (parent[i] < 0),
-            "depth_tokens": depth[i],
+            "subtree_tokens": shape.sub_tokens[i],
+            "subtree_nodes": shape.sub_nodes[i] - (parent[i] < 0),
+            "depth_tokens": shape.depth[i],
             "hits": r[2],
             "age_s": _age(r[3], now),
             "lock_ref": r[4],
             "aggregated": 0,
         }
         if parent[i] < 0:
-            node["namespace"] = namespace_label(snap.namespaces[i], decode is not None)
-        if decode is not None:
+            node["namespace"] = namespace_label(snap.namespaces[i], show_text)
+        if show_text:
             heads.append(list(array("I", r[5])))
         nodes.append(node)
         rest = folded.get(i)
         if rest:
-            nodes.append(
-                _aggregate(len(nodes), out_id[i], rest, rows, sub_tokens, sub_nodes, depth[i], now)
-            )
-            if decode is not None:
+            nodes.append(_aggregate(len(nodes), out_id[i], rest, rows, shape, now))
+            if show_text:
                 heads.append([])
-    if decode is not None:
-        for node, head, text in zip(nodes, heads, decode(heads), strict=True):
-            if not node["aggregated"] and node["parent"] is not None:
-                if token_ids:
-                    node["token_ids"] = head  # the start of its own run (at most 32 tokens)
-                node["text"] = text
-    top = _top_prefixes(snap, depth, parent, decode, now)
-    return {
-        "object": "cache.tree",
-        "block_size": snap.block_size,
-        "num_nodes": snap.num_nodes,
-        "num_namespaces": len(snap.namespaces),
-        "cached_tokens": sum(sub_tokens[i] for i in snap.namespaces),
-        "max_nodes": max_nodes,
-        "text": decode is not None,
-        "nodes": nodes,
-        "top_prefixes": top,
-    }
+    return nodes, heads
+
+
+def _add_text(
+    nodes: list[dict[str, Any]], heads: list[list[int]], decode: Decoder, token_ids: bool
+) -> None:
+    """Give every real node below a root its text (and its head's ids if `token_ids`)."""
+    for node, head, text in zip(nodes, heads, decode(heads), strict=True):
+        if not node["aggregated"] and node["parent"] is not None:
+            if token_ids:
+                node["token_ids"] = head  # the start of its own run (at most 32 tokens)
+            node["text"] = text
 
 
 def _select(
@@ -164,12 +200,11 @@ def _aggregate(
     parent_id: int,
     rest: list[int],
     rows: list[Any],
-    sub_tokens: list[int],
-    sub_nodes: list[int],
-    parent_depth: int,
+    shape: _Shape,
     now: float,
 ) -> dict[str, Any]:
     """One node standing for the subtrees at `rest` (siblings under one shown parent)."""
+    sub_tokens, sub_nodes = shape.sub_tokens, shape.sub_nodes
     # A lookup or insert touches every node on its path, so the most recent access and any
     # lock in a subtree show on the subtree's top node: the folded children suffice.
     return {
@@ -178,7 +213,7 @@ def _aggregate(
         "tokens": sum(sub_tokens[c] for c in rest),
         "subtree_tokens": sum(sub_tokens[c] for c in rest),
         "subtree_nodes": sum(sub_nodes[c] for c in rest),
-        "depth_tokens": parent_depth,
+        "depth_tokens": shape.depth[shape.parent[rest[0]]],  # their parent's
         "hits": sum(rows[c][2] for c in rest),
         "age_s": _age(max(rows[c][3] for c in rest), now),
         "lock_ref": max(rows[c][4] for c in rest),
