@@ -24,8 +24,7 @@ import torch
 from radixserve.model.batch import SeqChunk
 from radixserve.model.files import ModelFiles
 from radixserve.model.loader import load_model
-from radixserve.model.runner import ModelRunner
-from radixserve.model.sampling import SamplingRow
+from radixserve.model.runner import ModelRunner, StepRow
 
 SHAPES: dict[str, Any] = dict(
     vocab_size=49152,
@@ -60,10 +59,10 @@ def write_checkpoint(root: Path, name: str) -> ModelFiles:
 def decode_rate(runner: ModelRunner, steps: int, context: int = 256) -> float:
     """Tokens/s of `steps` single-sequence decode steps after a `context`-token prefill."""
     table = list(range((context + steps) // 16 + 2))
-    runner.run([SeqChunk([(7 * i) % 40000 + 100 for i in range(context)], 0, table)], [None])
+    runner.run([StepRow(SeqChunk([(7 * i) % 40000 + 100 for i in range(context)], 0, table))])
     t0 = time.perf_counter()
     for i in range(steps):
-        runner.run([SeqChunk([(11 * i) % 40000 + 100], context + i, table)], [SamplingRow(0.0)])
+        runner.run([StepRow(SeqChunk([(11 * i) % 40000 + 100], context + i, table))])
     return steps / (time.perf_counter() - t0)
 
 

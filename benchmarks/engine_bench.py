@@ -33,7 +33,7 @@ from radixserve.model import kernels
 from radixserve.model.batch import SeqChunk
 from radixserve.model.config import ModelConfig
 from radixserve.model.kernels.matrix import PrefillPath
-from radixserve.model.sampling import SamplingRow
+from radixserve.model.runner import StepRow
 from radixserve.values import ATTENTION_BACKENDS, KV_CACHE_DTYPES
 
 
@@ -205,11 +205,11 @@ def case_step_vs_weights(llm: LLM, ctx: int = 2048, steps: int = 16) -> dict[str
     table = kv.cache.allocate(n_blocks)
     try:
         ids = text_tokens(llm, ctx, 99)
-        engine.runner.run([SeqChunk(ids, 0, table)], [SamplingRow(0.0)])
+        engine.runner.run([StepRow(SeqChunk(ids, 0, table))])
         times = []
         for i in range(steps):
             t = time.perf_counter()
-            engine.runner.run([SeqChunk([ids[i]], ctx + i, table)], [SamplingRow(0.0)])
+            engine.runner.run([StepRow(SeqChunk([ids[i]], ctx + i, table))])
             times.append(time.perf_counter() - t)
     finally:
         kv.pool.free(table)
@@ -270,7 +270,7 @@ def case_prefill_vs_ceiling(llm: LLM, n: int = 2048, trials: int = 3) -> dict[st
         for i in range(trials):
             ids = text_tokens(llm, n, 200 + i)
             t = time.perf_counter()
-            engine.runner.run([SeqChunk(ids, 0, table)], [SamplingRow(0.0)])
+            engine.runner.run([StepRow(SeqChunk(ids, 0, table))])
             times.append(time.perf_counter() - t)
         ceiling = matmul_ceiling(c, path, n)
     finally:

@@ -38,7 +38,7 @@ from radixserve.engine.params import SamplingParams
 from radixserve.engine.spec_config import parse_speculative_config
 from radixserve.engine.speculative import Speculator
 from radixserve.model.batch import SeqChunk
-from radixserve.model.sampling import SamplingRow
+from radixserve.model.runner import StepRow
 
 
 @dataclass
@@ -81,19 +81,19 @@ def measure(engine: LLMEngine, contexts: tuple[int, int], k: int, repeats: int) 
     """Min-of-`repeats` times of a one-row step and a step verifying `k` drafts, at each
     context length, written into the pool's first blocks (before the engine starts)."""
     r = engine.runner
-    greedy = SamplingRow(temperature=0.0)
     points = []
     for ctx in contexts:
         table = list(range(ctx // r.block_size + 2))
         toks = [100 + (i * 7) % 3000 for i in range(ctx + k + 1)]
-        r.run([SeqChunk(toks[:ctx], 0, table)], [greedy])
+        r.run([StepRow(SeqChunk(toks[:ctx], 0, table))])
         chain = [SeqChunk([toks[ctx + j]], ctx + j, table) for j in range(k + 1)]
         drafts: list[int | None] = [toks[ctx + 1 + j] for j in range(k)]
         times: dict[int, list[float]] = {1: [], k + 1: []}
         for _ in range(repeats):
             for rows in times:
                 t0 = time.perf_counter()
-                r.run(chain[:rows], [greedy] * rows, drafts=(drafts[: rows - 1] + [None]))
+                marks = [*drafts[: rows - 1], None]
+                r.run([StepRow(c, draft=d) for c, d in zip(chain[:rows], marks, strict=True)])
                 times[rows].append((time.perf_counter() - t0) * 1e3)
         one, many = min(times[1]), min(times[k + 1])
         points.append((ctx, one, (many - one) / k))

@@ -28,9 +28,8 @@ from radixserve.engine.structured import GrammarCompiler
 from radixserve.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from radixserve.errors import EngineDeadError, InvalidRequestError, QueueFullError
 from radixserve.model import kernels
-from radixserve.model.batch import SeqChunk
 from radixserve.model.decoder import DecoderModel
-from radixserve.model.runner import ScoreRows, StepResult
+from radixserve.model.runner import StepRow
 from radixserve.model.sampling import SamplingRow, TokenLogprobs
 
 log = logging.getLogger(__name__)
@@ -312,9 +311,24 @@ class LLMEngine:
                 done.set_exception(EngineDeadError("the engine stopped before the reset"))
 
     def step(self) -> None:
-        """One step: take in new requests and aborts, schedule, run the model over every
-        chunk (sampling where a chunk ends its tokens), then post-process the new tokens.
+        """One step: take in new requests, aborts and resets, schedule, run the model over
+        one row per scheduled chunk and per drafted token, then post-process the new tokens.
         The loop thread calls this; tests may call it on an engine that was not started."""
+        self._take_inbox()
+        chunks = self.scheduler.schedule().chunks
+        if not chunks:
+            if self.scheduler.waiting and not self.scheduler.running:
+                time.sleep(0.001)  # blocks are pinned by running requests only; wait for them
+            return
+        if self._speculator is not None:
+            budget = self.config.max_num_batched_tokens
+            self._speculator.attach_drafts(chunks, self.kv, budget, self.max_model_len)
+        rows = self._rows(chunks)
+        self.runner.run([r for chunk_rows in rows for r in chunk_rows])
+        self._postprocess(chunks, rows)
+
+    def _take_inbox(self) -> None:
+        """Admit the requests, aborts and cache resets that arrived since the last step."""
         with self._lock:
             inbox, self._inbox = self._inbox, []
             aborts, self._aborts = self._aborts, []
@@ -329,38 +343,27 @@ class LLMEngine:
         for rid in aborts:
             for req in list(self._groups.get(rid, ())):
                 self._finish(req, "abort")
-        chunks = self.scheduler.schedule().chunks
-        if not chunks:
-            if self.scheduler.waiting and not self.scheduler.running:
-                time.sleep(0.001)  # blocks are pinned by running requests only; wait for them
-            return
-        if self._speculator is not None:
-            budget = self.config.max_num_batched_tokens
-            self._speculator.attach_drafts(chunks, self.kv, budget, self.max_model_len)
-        # One row per chunk, then one per drafted token: `firsts[k]` is chunk k's first row.
-        seq_chunks: list[SeqChunk] = []
-        scoring: list[ScoreRows | None] = []
-        drafts: list[int | None] = []
-        firsts: list[int] = []
+
+    def _rows(self, chunks: list[ScheduledChunk]) -> list[list[StepRow]]:
+        """Each chunk's rows: its own, then one per drafted token (each drawn as if the
+        drafts before it had been accepted)."""
+        self._size_bitmask(chunks)
+        used = 0  # rows of the bitmask taken so far
+        rows: list[list[StepRow]] = []
         for c in chunks:
             logits_from, score = score_rows(c.req, c.req.num_computed, c.num_tokens)
-            firsts.append(len(seq_chunks))
-            seq_chunks += [c.seq_chunk(logits_from), *c.draft_chunks()]
-            scoring += [score] + [None] * len(c.drafts)
-            drafts += [*c.drafts, None]
-        keep = [c.req.params.return_logits for c in chunks for _ in range(1 + len(c.drafts))]
-        result = self.runner.run(
-            seq_chunks, self._sampling_rows(chunks), keep, scoring,
-            drafts if len(drafts) > len(chunks) else None,
-        )  # fmt: skip
-        self._postprocess(chunks, firsts, result)
+            sampling, used = self._sampling_of(c, used)
+            keep = c.req.params.return_logits
+            spans = [c.seq_chunk(logits_from), *c.draft_chunks()]
+            drafts = [*c.drafts, None]
+            rows.append([
+                StepRow(span, how, keep, score if j == 0 else None, draft)
+                for j, (span, how, draft) in enumerate(zip(spans, sampling, drafts, strict=True))
+            ])  # fmt: skip
+        return rows
 
-    def _sampling_rows(self, chunks: list[ScheduledChunk]) -> list[SamplingRow | None]:
-        """How each row that samples draws its token (a chunk's row, then one per drafted
-        token, each as if the drafts before it had been accepted); a constrained request's
-        row carries the bitmask of the tokens its grammar allows there (computed here, per
-        step: tens of microseconds per row, so unconstrained rows of the step barely wait)."""
-        eos = self._parts.eos_ids
+    def _size_bitmask(self, chunks: list[ScheduledChunk]) -> None:
+        """Grow the grammar bitmask buffer to the step's constrained rows."""
         constrained = sum(
             1 + len(c.drafts) for c in chunks if c.samples and c.req.matcher is not None
         )
@@ -369,27 +372,30 @@ class LLMEngine:
                 max(constrained, self.config.max_num_seqs), self.grammars.bitmask_words,
                 dtype=torch.int32,
             )  # fmt: skip
+
+    def _sampling_of(self, c: ScheduledChunk, used: int) -> tuple[list[SamplingRow | None], int]:
+        """How each of `c`'s rows draws its token (None: it draws none), and how many rows
+        of the bitmask are taken after them. A constrained request's row carries the bitmask
+        of the tokens its grammar allows there (computed here, per step: tens of
+        microseconds per row, so unconstrained rows of the step barely wait)."""
+        if not c.samples:
+            return [None] * (1 + len(c.drafts)), used
+        matcher = c.req.matcher
         rows: list[SamplingRow | None] = []
-        used = 0
-        for c in chunks:
-            if not c.samples:
-                rows.append(None)
-                continue
-            matcher = c.req.matcher
-            for j in range(1 + len(c.drafts)):
-                allowed = None
-                if matcher is not None:
-                    allowed = self._bitmask[used]
-                    matcher.fill_bitmask(allowed)
-                    used += 1
-                    if j == 0:
-                        self._steer_to_close(c.req, allowed)
-                    if j < len(c.drafts):
-                        matcher.accept(c.drafts[j])  # valid: attach_drafts kept what it accepts
-                rows.append(sampling_row(c.req, eos, allowed, c.drafts[:j]))
-            if matcher is not None and c.drafts:
-                matcher.rollback(len(c.drafts))
-        return rows
+        for j in range(1 + len(c.drafts)):
+            allowed = None
+            if matcher is not None:
+                allowed = self._bitmask[used]
+                matcher.fill_bitmask(allowed)
+                used += 1
+                if j == 0:
+                    self._steer_to_close(c.req, allowed)
+                if j < len(c.drafts):
+                    matcher.accept(c.drafts[j])  # valid: attach_drafts kept what it accepts
+            rows.append(sampling_row(c.req, self._parts.eos_ids, allowed, c.drafts[:j]))
+        if matcher is not None and c.drafts:
+            matcher.rollback(len(c.drafts))
+        return rows, used
 
     def _steer_to_close(self, req: Request, allowed: torch.Tensor) -> None:
         """Near max_tokens, keep a JSON-constrained row to the tokens that close it."""
@@ -410,28 +416,26 @@ class LLMEngine:
             self._closer = JsonCloser(self.tokenizer.hf, vocab, self._parts.eos_ids)
         return self._closer
 
-    def _postprocess(
-        self, chunks: list[ScheduledChunk], firsts: list[int], result: StepResult
-    ) -> None:
-        """Record what the step computed, then each sampled token (a chunk's, then those its
+    def _postprocess(self, chunks: list[ScheduledChunk], rows: list[list[StepRow]]) -> None:
+        """Record what the step computed, then each drawn token (a chunk's, then those its
         accepted drafts yielded, each as its own decode step would): its text, stop checks,
         and the request's output (or its end)."""
         now = time.monotonic()
-        for c, i in zip(chunks, firsts, strict=True):
+        for c, (row, *draft_rows) in zip(chunks, rows, strict=True):
             req = c.req
             self.kv.commit(req, c.num_tokens)
-            if i in result.scores and req.prompt_logprobs is not None and req.leader is None:
-                req.prompt_logprobs.extend(result.scores[i])
-            if i not in result.token_ids:
+            if row.scores and req.prompt_logprobs is not None and req.leader is None:
+                req.prompt_logprobs.extend(row.scores)
+            if row.token_id is None:
                 continue
-            reason = self._emit(req, i, result, now)
+            reason = self._emit(req, row, now)
             accepted = 0
-            for j in range(i + 1, i + 1 + len(c.drafts)):
-                if reason is not None or j not in result.token_ids:
+            for draft_row in draft_rows:
+                if reason is not None or draft_row.token_id is None:
                     break
-                self.kv.commit(req, 1)  # the accepted draft's K/V, computed at row j
+                self.kv.commit(req, 1)  # the accepted draft's K/V, computed at its row
                 accepted += 1
-                reason = self._emit(req, j, result, now)
+                reason = self._emit(req, draft_row, now)
             if c.drafts:
                 assert self._speculator is not None
                 self._speculator.record(req, len(c.drafts), accepted)
@@ -440,14 +444,15 @@ class LLMEngine:
             elif not _ranks_choices(req):
                 deliver(req, finished=False)
 
-    def _emit(self, req: Request, row: int, result: StepResult, now: float) -> str | None:
-        """Append row `row`'s token to `req`; why `req` ends with it, if it does."""
-        token = result.token_ids[row]
-        if row in result.logits:
-            req.logits.append(result.logits[row])
-        if row in result.logprobs and req.logprobs is not None:
-            req.logprobs.append(result.logprobs[row])
-            req.cumulative_logprob += result.logprobs[row].logprob
+    def _emit(self, req: Request, row: StepRow, now: float) -> str | None:
+        """Append `row`'s token to `req`; why `req` ends with it, if it does."""
+        assert row.token_id is not None
+        token = row.token_id
+        if row.logits is not None:
+            req.logits.append(row.logits)
+        if row.logprobs is not None and req.logprobs is not None:
+            req.logprobs.append(row.logprobs)
+            req.cumulative_logprob += row.logprobs.logprob
         self._counters.generation_tokens_total += 1
         if req.metrics.first_token_time is None:
             req.metrics.first_token_time = now
@@ -492,6 +497,14 @@ class LLMEngine:
             for i, r in enumerate(ranked):
                 r.index = i
                 deliver(r, finished=True)
+
+    # ------------------------------------------------------------------ capabilities
+
+    @property
+    def can_reset_prefix_cache(self) -> bool:
+        """Whether `reset_prefix_cache` can be called here: always on an engine (the server
+        asks before it offers POST /reset_prefix_cache)."""
+        return True
 
 
 def _ranks_choices(req: Request) -> bool:

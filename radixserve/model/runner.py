@@ -1,8 +1,8 @@
 """The ModelRunner: everything an engine does on the device, behind one call per step.
 
 It owns the model, the paged KV pool, the step's input buffers (allocated once, refilled in
-place), the attention backend, and batched sampling. The engine hands it the step's chunks
-and how to sample each row; it returns the sampled token ids.
+place), the attention backend, and batched sampling. The engine hands it the step's rows
+(StepRow: a span of a sequence's tokens and what to draw from it); it fills in the tokens.
 
 On CUDA, steps where every sequence decodes one token replay CUDA graphs captured per
 batch-size bucket over the runner's buffers, unless `enforce_eager`. On CPU every step runs
@@ -45,15 +45,25 @@ class ScoreRows:
 
 
 @dataclass
-class StepResult:
-    """Sampled token per chunk that asked for one, and what else each chunk asked for."""
+class StepRow:
+    """One row of a step: a span of one sequence's tokens to compute, what to draw from its
+    logits, and (filled by ModelRunner.run) what the step gave it.
 
-    token_ids: dict[int, int] = field(default_factory=dict)  # chunk index -> token id
-    logits: dict[int, torch.Tensor] = field(default_factory=dict)  # chunk index -> [V] float32
-    # chunk index -> the sampled token's log-prob, where its SamplingRow asks for logprobs
-    logprobs: dict[int, TokenLogprobs] = field(default_factory=dict)
-    # chunk index -> one entry per target of its ScoreRows
-    scores: dict[int, list[TokenLogprobs]] = field(default_factory=dict)
+    `sampling` says how its token is drawn where `span.need_logits` (None: greedy);
+    `keep_logits` returns that logits row too, and `score` the log-probs of its prompt rows.
+    Speculative verification: `draft` not None says the next row of the step is the next
+    position of this row's sequence, carrying the drafted token `draft`; that row then gets
+    a token only if this one got one and it equals `draft`."""
+
+    span: SeqChunk
+    sampling: SamplingRow | None = None
+    keep_logits: bool = False
+    score: ScoreRows | None = None
+    draft: int | None = None
+    token_id: int | None = None  # the token drawn, where one was
+    logits: torch.Tensor | None = None  # [V] float32, with keep_logits
+    logprobs: TokenLogprobs | None = None  # the drawn token's, where `sampling` asks
+    scores: list[TokenLogprobs] = field(default_factory=list)  # one per `score` target
 
 
 def graph_buckets(max_num_seqs: int) -> list[int]:
@@ -137,108 +147,42 @@ class ModelRunner:
             self._graphs.capture()
         return time.perf_counter() - t0
 
-    def run(
-        self,
-        chunks: Sequence[SeqChunk],
-        sampling: Sequence[SamplingRow | None],
-        keep_logits: Sequence[bool] | None = None,
-        scoring: Sequence[ScoreRows | None] | None = None,
-        drafts: Sequence[int | None] | None = None,
-    ) -> StepResult:
-        """One forward step over `chunks`; each chunk with `need_logits` gets a token drawn
-        as `sampling[i]` says (with its log-prob where that row asks), its logits row too
-        where `keep_logits[i]`, and the scores of its prompt rows where `scoring[i]`.
-
-        Speculative verification: `drafts[i]` not None says chunk i+1 is the next position
-        of chunk i's sequence, carrying the drafted token `drafts[i]`. Chunk i+1 then gets a
-        token only if chunk i got one and it equals `drafts[i]`: the chain stops at the
-        first disagreement, and rows after it get nothing (nor log-probs or logits). Rows of
-        a chain with a seeded generator are drawn one at a time, in order, so the generator
-        advances exactly as one decode step per kept token would advance it."""
-        batch = build_batch(chunks, self.block_size, self.device, self.buffers)
+    def run(self, rows: Sequence[StepRow]) -> None:
+        """One forward step over `rows`, filling in what each asks for (see StepRow). The
+        rows of a draft chain stop getting tokens at its first disagreement; rows of a chain
+        with a seeded generator are drawn one at a time, in order, so the generator advances
+        exactly as one decode step per kept token would advance it."""
+        batch = build_batch([r.span for r in rows], self.block_size, self.device, self.buffers)
         if self._slot_of is not None and self.kv_pool.window_slots is not None:
             batch.window_view = in_window_pool(batch, self._slot_of, self.kv_pool.window_slots)
-        verifying = drafts is not None and any(d is not None for d in drafts)
+        verifying = any(r.draft is not None for r in rows)
         if verifying and self.device.type == "cpu":
             # Every drafted row must get the logits its own decode step would have had.
             with kernels.exact_rows():
                 logits = self._forward(batch)
         else:
             logits = self._forward(batch)
-        result = StepResult()
-        index = batch.logits_chunk_index
-        if not index:
-            return result
-        # A chunk's sampling row is its last returned row; rows before it score its prompt.
-        sample_at = [
-            r
-            for r, i in enumerate(index)
-            if chunks[i].need_logits and (r + 1 == len(index) or index[r + 1] != i)
-        ]
-        rows: list[SamplingRow] = []
-        for r in sample_at:
-            row = sampling[index[r]]
-            rows.append(row if row is not None else SamplingRow(temperature=0.0))
-        drawn = logits if len(sample_at) == len(index) else logits[sample_at]
-        if drafts is None or not verifying:
-            ids = sample_rows(drawn, rows).tolist()  # the step's one device-to-host copy of ids
-        else:
-            drawn_ids = _verify_chains(drawn, rows, [index[r] for r in sample_at], drafts)
-            kept = [j for j, t in enumerate(drawn_ids) if t is not None]
-            sample_at = [sample_at[j] for j in kept]
-            rows = [rows[j] for j in kept]
-            ids = [t for t in drawn_ids if t is not None]
-        for j, r in enumerate(sample_at):
-            i = index[r]
-            result.token_ids[i] = ids[j]
-            if keep_logits is not None and keep_logits[i]:
-                result.logits[i] = logits[r].cpu()
-        self._score(logits, index, sample_at, rows, ids, scoring, result)
-        return result
-
-    @staticmethod
-    def _score(
-        logits: torch.Tensor,
-        index: Sequence[int],
-        sample_at: Sequence[int],
-        rows: Sequence[SamplingRow],
-        ids: Sequence[int],
-        scoring: Sequence[ScoreRows | None] | None,
-        result: StepResult,
-    ) -> None:
-        """Fill `result.logprobs` and `result.scores` with one log-softmax over every row
-        that needs one (sampled tokens that ask for log-probs, then prompt rows)."""
-        at: list[int] = []
-        targets: list[int] = []
-        tops: list[int] = []
-        owners: list[tuple[int, bool]] = []
-        for j, r in enumerate(sample_at):
-            top = rows[j].logprobs
-            if top is not None:
-                at.append(r)
-                targets.append(ids[j])
-                tops.append(top)
-                owners.append((index[r], True))
-        if scoring is not None:
-            seen: set[int] = set()
-            for r, i in enumerate(index):
-                score = scoring[i]
-                if score is None or i in seen:
-                    continue
-                seen.add(i)
-                for k, target in enumerate(score.target_ids):
-                    at.append(r + k)
-                    targets.append(target)
-                    tops.append(score.num_top)
-                    owners.append((i, False))
-        if not at:
+        owner = batch.logits_chunk_index  # the row each logits row belongs to
+        if not owner:
             return
-        scored = token_logprobs(logits, at, targets, tops)
-        for (i, sampled), lp in zip(owners, scored, strict=True):
-            if sampled:
-                result.logprobs[i] = lp
-            else:
-                result.scores.setdefault(i, []).append(lp)
+        # A row's token is drawn from its last logits row; those before it score its prompt.
+        at = [
+            k
+            for k, i in enumerate(owner)
+            if rows[i].span.need_logits and (k + 1 == len(owner) or owner[k + 1] != i)
+        ]
+        drawing = [rows[owner[k]] for k in at]
+        how = [r.sampling or SamplingRow(temperature=0.0) for r in drawing]
+        drawn = logits if len(at) == len(owner) else logits[at]
+        if verifying:
+            ids = _verify_chains(drawn, how, [owner[k] for k in at], [r.draft for r in rows])
+        else:
+            ids = sample_rows(drawn, how).tolist()  # the step's one device-to-host copy of ids
+        for k, row, token in zip(at, drawing, ids, strict=True):
+            row.token_id = token
+            if token is not None and row.keep_logits:
+                row.logits = logits[k].cpu()
+        _score(logits, owner, rows, at)
 
     def _forward(self, batch: ForwardBatch) -> torch.Tensor:
         d = batch.decode
@@ -279,24 +223,62 @@ class ModelRunner:
         b.context_lens[start:stop] = 1
 
 
+def _score(
+    logits: torch.Tensor, owner: Sequence[int], rows: Sequence[StepRow], drawn_at: Sequence[int]
+) -> None:
+    """Fill the rows' `logprobs` and `scores` with one log-softmax over every logits row
+    that needs one (drawn tokens that ask for log-probs, then prompt rows); `owner[k]` is
+    the row of logits row k, and `drawn_at` the logits rows tokens were drawn from."""
+    at: list[int] = []
+    targets: list[int] = []
+    tops: list[int] = []
+    into: list[tuple[StepRow, bool]] = []  # (row, whether the entry is its drawn token's)
+    for k in drawn_at:
+        row = rows[owner[k]]
+        top = row.sampling.logprobs if row.sampling is not None else None
+        if row.token_id is not None and top is not None:
+            at.append(k)
+            targets.append(row.token_id)
+            tops.append(top)
+            into.append((row, True))
+    seen: set[int] = set()
+    for k, i in enumerate(owner):
+        score = rows[i].score
+        if score is None or i in seen:
+            continue
+        seen.add(i)
+        for j, target in enumerate(score.target_ids):
+            at.append(k + j)
+            targets.append(target)
+            tops.append(score.num_top)
+            into.append((rows[i], False))
+    if not at:
+        return
+    for (row, drawn), lp in zip(into, token_logprobs(logits, at, targets, tops), strict=True):
+        if drawn:
+            row.logprobs = lp
+        else:
+            row.scores.append(lp)
+
+
 def _verify_chains(
     drawn: torch.Tensor,
-    rows: Sequence[SamplingRow],
-    chunk_of: Sequence[int],
+    how: Sequence[SamplingRow],
+    row_of: Sequence[int],
     drafts: Sequence[int | None],
 ) -> list[int | None]:
-    """The token of each sampled row (`drawn[j]`, chunk `chunk_of[j]`), None for the rows
-    of a draft chain after its first disagreement (see ModelRunner.run). Rows outside a
-    seeded chain are drawn in one batch."""
-    at = {i: j for j, i in enumerate(chunk_of)}
+    """The token of each drawn logits row (`drawn[j]`, of step row `row_of[j]`, drawn as
+    `how[j]`), None for the rows of a draft chain after its first disagreement (see
+    StepRow). Rows outside a seeded chain are drawn in one batch."""
+    at = {i: j for j, i in enumerate(row_of)}
     chained = {i for i, d in enumerate(drafts) if d is not None}
     chained |= {i + 1 for i in chained}
-    lazy = {j for j, i in enumerate(chunk_of) if i in chained and rows[j].generator is not None}
-    ids: list[int | None] = [None] * len(rows)
-    eager = [j for j in range(len(rows)) if j not in lazy]
+    lazy = {j for j, i in enumerate(row_of) if i in chained and how[j].generator is not None}
+    ids: list[int | None] = [None] * len(how)
+    eager = [j for j in range(len(how)) if j not in lazy]
     if eager:
-        sub = drawn if len(eager) == len(rows) else drawn[eager]
-        for j, t in zip(eager, sample_rows(sub, [rows[j] for j in eager]).tolist(), strict=True):
+        sub = drawn if len(eager) == len(how) else drawn[eager]
+        for j, t in zip(eager, sample_rows(sub, [how[j] for j in eager]).tolist(), strict=True):
             ids[j] = t
     for i in sorted(chained):
         j = at[i]
@@ -306,7 +288,7 @@ def _verify_chains(
             ids[j] = None  # an earlier row disagreed: this position is not reached
             continue
         if j in lazy:
-            ids[j] = int(sample_rows(drawn[j : j + 1], [rows[j]])[0])
+            ids[j] = int(sample_rows(drawn[j : j + 1], [how[j]])[0])
     return ids
 
 

@@ -375,24 +375,21 @@ def test_the_flag_and_the_preflight_know_triton(monkeypatch) -> None:
 def test_the_model_gives_the_same_logits_on_triton_and_sdpa(tri, tiny_pair) -> None:
     """A tiny Llama through the runner: a prompt, a cached-prefix chunk, then batched decode."""
     from radixserve.model.runner import ModelRunner
-    from radixserve.model.sampling import SamplingRow
+    from tests.support.steps import run_step
 
     _, model = tiny_pair
     model = model.to(DEVICE)
     model.prepare()
-    greedy = SamplingRow(0.0)
     logits = []
     for name in ("sdpa", "triton"):
         runner = ModelRunner(model, 24, 4, max_num_seqs=4, attention_backend=name)
         assert runner.attn.name == name
         a, b = list(range(3, 20)), list(range(40, 49))
         ta, tb = list(range(0, 8)), list(range(23, 15, -1))
-        runner.run([SeqChunk(a[:10], 0, ta), SeqChunk(b, 0, tb)], [None, greedy])
-        step = runner.run(
-            [SeqChunk(a[10:], 10, ta), SeqChunk([5], 9, tb)], [greedy] * 2, [True] * 2
-        )
-        dec = runner.run([SeqChunk([7], 17, ta), SeqChunk([8], 10, tb)], [greedy] * 2, [True] * 2)
-        logits.append(torch.stack([r.logits[i] for r in (step, dec) for i in (0, 1)]))
+        run_step(runner, [SeqChunk(a[:10], 0, ta), SeqChunk(b, 0, tb)])
+        step = run_step(runner, [SeqChunk(a[10:], 10, ta), SeqChunk([5], 9, tb)], True)
+        dec = run_step(runner, [SeqChunk([7], 17, ta), SeqChunk([8], 10, tb)], True)
+        logits.append(torch.stack([r[i].logits for r in (step, dec) for i in (0, 1)]))
     assert (logits[0] - logits[1]).abs().max().item() <= 1e-4
 
 

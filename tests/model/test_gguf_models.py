@@ -15,8 +15,8 @@ from radixserve.model.config import ModelConfig
 from radixserve.model.files import resolve_model
 from radixserve.model.loader import load_model
 from radixserve.model.runner import ModelRunner
-from radixserve.model.sampling import SamplingRow
 from tests.support.gguf_files import write_tiny_gguf
+from tests.support.steps import run_step
 
 pytest.importorskip("gguf")
 
@@ -76,10 +76,10 @@ def test_gguf_logits_equal_transformers_loading_the_same_file(
         want = ref(torch.tensor([ids])).logits[0]
     runner = ModelRunner(model, 32, 4, max_num_batched_tokens=64)
     table = list(range(12))
-    got = [runner.run([SeqChunk(ids[:-3], 0, table)], [SamplingRow(0.0)], [True]).logits[0]]
+    got = [run_step(runner, [SeqChunk(ids[:-3], 0, table)], keep_logits=True)[0].logits]
     for i in range(3, 0, -1):  # then decode steps, one call of decode_layers each
         step = SeqChunk(ids[-i : len(ids) - i + 1], len(ids) - i, table)
-        got.append(runner.run([step], [SamplingRow(0.0)], [True]).logits[0])
+        got.append(run_step(runner, [step], keep_logits=True)[0].logits)
     for row, logits in zip(range(len(ids) - 4, len(ids)), got, strict=True):
         scale = max(1.0, want[row].abs().max().item())
         assert (logits - want[row]).abs().max().item() <= 1e-4 * scale, row

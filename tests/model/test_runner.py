@@ -14,9 +14,9 @@ from radixserve.model.attention import (
 )
 from radixserve.model.batch import SeqChunk, StepBuffers, build_batch
 from radixserve.model.runner import ModelRunner, bucket_for, graph_buckets
-from radixserve.model.sampling import SamplingRow
 from radixserve.model.weights import quantize_model
 from tests.support.models import ARCHITECTURES
+from tests.support.steps import run_step
 
 CPU = torch.device("cpu")
 
@@ -73,12 +73,11 @@ def test_run_returns_a_token_for_each_chunk_that_samples(tiny_pair) -> None:
     runner = ModelRunner(model, 16, 4, max_num_seqs=4, max_num_batched_tokens=32)
     a, b = [1, 2, 3, 4, 5], [9, 8, 7]
     chunks = [SeqChunk(a, 0, [0, 1]), SeqChunk(b, 0, [2], need_logits=False)]
-    res = runner.run(chunks, [SamplingRow(0.0), None], [True, False])
-    assert set(res.token_ids) == {0} and set(res.logits) == {0}
-    assert res.token_ids[0] == int(res.logits[0].argmax())
-    nxt = res.token_ids[0]
-    res2 = runner.run([SeqChunk([nxt], 5, [0, 1])], [SamplingRow(0.0)])
-    assert set(res2.token_ids) == {0}
+    res = run_step(runner, chunks, keep_logits=True)
+    nxt, logits = res[0].token_id, res[0].logits
+    assert nxt is not None and logits is not None and nxt == int(logits.argmax())
+    assert res[1].token_id is None and res[1].logits is None
+    assert run_step(runner, [SeqChunk([nxt], 5, [0, 1])])[0].token_id is not None
 
 
 def test_batched_decode_through_the_runner_is_the_same_on_both_backends(tiny_pair) -> None:
@@ -93,10 +92,10 @@ def test_batched_decode_through_the_runner_is_the_same_on_both_backends(tiny_pai
         )
         tables = [list(range(12 * i, 12 * i + 12))[::-1] for i in range(4)]  # scattered
         for s, t in zip(seqs, tables, strict=True):
-            runner.run([SeqChunk(s, 0, t)], [SamplingRow(0.0)])
+            run_step(runner, [SeqChunk(s, 0, t)])
         chunks = [SeqChunk([3], len(s), t) for s, t in zip(seqs, tables, strict=True)]
-        res = runner.run(chunks, [SamplingRow(0.0)] * 4, [True] * 4)
-        outs.append(torch.stack([res.logits[i] for i in range(4)]))
+        res = run_step(runner, chunks, keep_logits=True)
+        outs.append(torch.stack([res[i].logits for i in range(4)]))
     assert (outs[0] - outs[1]).abs().max() <= 1e-4
 
 
@@ -138,11 +137,11 @@ def test_decode_entry_equals_the_general_forward(tiny_pair, backend: str) -> Non
     for path in ("forward", "decode"):
         runner = ModelRunner(model, 32, 4, max_num_seqs=8, attention_backend=backend)
         for s, t in zip(seqs, tables, strict=True):
-            runner.run([SeqChunk(s, 0, t)], [SamplingRow(0.0)])
+            run_step(runner, [SeqChunk(s, 0, t)])
         chunks = [SeqChunk([11], len(s), t) for s, t in zip(seqs, tables, strict=True)]
         if path == "forward":
-            res = runner.run(chunks, [SamplingRow(0.0)] * 3, [True] * 3)
-            runs.append(torch.stack([res.logits[i] for i in range(3)]))
+            res = run_step(runner, chunks, keep_logits=True)
+            runs.append(torch.stack([res[i].logits for i in range(3)]))
             continue
         pool_before = runner.kv_pool.k[:, :32].clone()
         inputs = _decode_inputs(runner, chunks)
@@ -173,9 +172,9 @@ def test_fused_cpu_layers_equal_the_torch_layers(tiny_pair_factory, arch: str) -
             for layer in layers:
                 layer.fused = fused
             runner = ModelRunner(model, 16, 4, max_num_batched_tokens=64)
-            res = runner.run(chunks, [SamplingRow(0.0)] * 2, [True, True])
-            step = runner.run([SeqChunk([7], 37, list(range(10)))], [SamplingRow(0.0)], [True])
-            outs.append(torch.stack([res.logits[0], res.logits[1], step.logits[0]]))
+            res = run_step(runner, chunks, keep_logits=True)
+            step = run_step(runner, [SeqChunk([7], 37, list(range(10)))], keep_logits=True)
+            outs.append(torch.stack([res[0].logits, res[1].logits, step[0].logits]))
     finally:
         for layer in layers:
             layer.fused = True
@@ -195,14 +194,14 @@ def test_cuda_graph_decode_equals_eager_decode(tiny_pair_factory) -> None:
         runner.warmup()
         assert runner.decode_mode == ("eager" if eager else "cuda-graphs")
         for s, t in zip(seqs, tables, strict=True):
-            runner.run([SeqChunk(s, 0, t)], [SamplingRow(0.0)])
+            run_step(runner, [SeqChunk(s, 0, t)])
         rows = []
         for step in range(3):  # several replays: the graph reads the refilled buffers
             chunks = [
                 SeqChunk([5 + step], len(s) + step, t) for s, t in zip(seqs, tables, strict=True)
             ]
-            res = runner.run(chunks, [SamplingRow(0.0)] * 3, [True] * 3)
-            rows.append(torch.stack([res.logits[i] for i in range(3)]))
+            res = run_step(runner, chunks, keep_logits=True)
+            rows.append(torch.stack([res[i].logits for i in range(3)]))
         outs.append(torch.stack(rows))
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
 
@@ -228,16 +227,16 @@ def test_a_decode_step_in_one_kernel_call_equals_the_layer_by_layer_step(
     tables = [list(range(8 * i, 8 * i + 8)) for i in range(3)]
     runner = ModelRunner(model, 32, 4, attention_backend="cpu", kv_cache_dtype=kv_dtype)
     for s, t in zip(seqs, tables, strict=True):
-        runner.run([SeqChunk(s, 0, t)], [SamplingRow(0.0)])
+        run_step(runner, [SeqChunk(s, 0, t)])
     chunks = [SeqChunk([11], len(s), t) for s, t in zip(seqs, tables, strict=True)]
     pool = runner.kv_pool
     before = pool.k.clone(), pool.v.clone()
     calls: list[str] = []
     op = kernels.op
     monkeypatch.setattr(kernels, "op", lambda name: calls.append(name) or op(name))
-    res = runner.run(chunks, [SamplingRow(0.0)] * 3, [True] * 3)
+    res = run_step(runner, chunks, keep_logits=True)
     assert calls == ["decode_layers", "rms_norm"]  # every layer, then the final norm
-    one_call = torch.stack([res.logits[i] for i in range(3)])
+    one_call = torch.stack([res[i].logits for i in range(3)])
     written = pool.k.clone(), pool.v.clone()
     pool.k.copy_(before[0])
     pool.v.copy_(before[1])
