@@ -16,7 +16,7 @@ from radixserve.bench.config import BenchConfig
 from radixserve.bench.corpus import TokenCounter
 from radixserve.bench.hash_trace import FORMATS, detect_format, read_hash_trace
 from radixserve.bench.headline import headline_table, sweep_plan
-from radixserve.bench.load import BenchPlan, LoadConfig, RunPlan
+from radixserve.bench.load import BenchPlan, LoadConfig, RunPlan, RunResult
 from radixserve.bench.report import Summary, format_summary, same_answers, summarize
 from radixserve.bench.spike import format_phases, phase_stats, to_json
 from radixserve.bench.tools import agent_stats, format_agent
@@ -92,32 +92,46 @@ def _plan(args: argparse.Namespace, counter: TokenCounter) -> BenchPlan:
 
 def _run_bench(args: argparse.Namespace) -> int:
     counter = _counter(args)
-    progress = args.progress
     if args.suite:
-        from radixserve.bench.suite import run_suite
+        return _run_suite(args, counter)
+    plan = _run_plan(args, counter)
+    if isinstance(plan, BenchPlan) and args.dry_run:
+        return _dry_run(args, plan, counter)
+    if args.compare:
+        return _run_compare(args, plan, args.progress)
+    return _run_one(args, plan)
 
-        out = args.output_dir or "bench-results"
-        names = [workload_name(n) for n in args.workloads.split(",")] if args.workloads else None
-        for n in names or []:
-            make_workload(n)  # validates the name
-        run_suite(
-            out,
-            args.scale,
-            args.server_args,
-            args.server_cmd,
-            names,
-            _params(args.param),
-            counter.codec,  # type: ignore[arg-type]
-            "radixserve " + shlex.join(sys.argv[1:]),
-            progress,
-            seed=args.seed,
-            model=args.model,
-            temperature=args.temperature,
-            counter=counter,
-        )
-        print(Path(out, "report.md").read_text())
-        return 0
-    plan: RunPlan
+
+def _run_suite(args: argparse.Namespace, counter: TokenCounter) -> int:
+    """`--suite`: every workload against each server command; prints the suite's report."""
+    from radixserve.bench.suite import run_suite
+
+    out = args.output_dir or "bench-results"
+    names = [workload_name(n) for n in args.workloads.split(",")] if args.workloads else None
+    for n in names or []:
+        make_workload(n)  # validates the name
+    run_suite(
+        out,
+        args.scale,
+        args.server_args,
+        args.server_cmd,
+        names,
+        _params(args.param),
+        counter.codec,  # type: ignore[arg-type]
+        "radixserve " + shlex.join(sys.argv[1:]),
+        args.progress,
+        seed=args.seed,
+        model=args.model,
+        temperature=args.temperature,
+        counter=counter,
+    )
+    print(Path(out, "report.md").read_text())
+    return 0
+
+
+def _run_plan(args: argparse.Namespace, counter: TokenCounter) -> BenchPlan | TracePlan:
+    """The replay of `--trace`, or else the `--workload`; rejects flags the plan cannot use."""
+    plan: BenchPlan | TracePlan
     if args.trace:
         if args.dry_run:
             raise ValueError("--dry-run builds a --workload; a --trace needs a server")
@@ -126,35 +140,32 @@ def _run_bench(args: argparse.Namespace) -> int:
         plan = _plan(args, counter)
     if args.slo_ttft and not (args.compare and isinstance(plan, BenchPlan)):
         raise ValueError("--slo-ttft sweeps rates of a --workload under --compare A B")
-    if isinstance(plan, BenchPlan) and args.dry_run:
-        sessions = build_sessions(plan.workload, args.seed, counter)
-        specs = script(sessions, plan.api_name)
-        trace = [
-            {"id": s.id, "session_id": s.session_id, "turn": s.turn, "timestamp": float(i)}
-            | {k: v for k, v in s.body(args.model or "default").items() if "stream" not in k}
-            for i, s in enumerate(specs)
-        ]
-        if args.trace_out:
-            _write_trace(args.trace_out, trace)
-        print(
-            f"{plan.workload.name}: {len(specs)} requests ({plan.api_name}), sizes "
-            f"{'measured' if counter.exact else 'estimated'}: {plan.workload.params()}"
-        )
-        return 0
-    if args.compare:
-        return _run_compare(args, plan, progress)
+    return plan
+
+
+def _dry_run(args: argparse.Namespace, plan: BenchPlan, counter: TokenCounter) -> int:
+    """`--dry-run`: build the workload's requests without a server; print their count and
+    write them to --trace-out."""
+    sessions = build_sessions(plan.workload, args.seed, counter)
+    specs = script(sessions, plan.api_name)
+    trace = [
+        {"id": s.id, "session_id": s.session_id, "turn": s.turn, "timestamp": float(i)}
+        | {k: v for k, v in s.body(args.model or "default").items() if "stream" not in k}
+        for i, s in enumerate(specs)
+    ]
+    if args.trace_out:
+        _write_trace(args.trace_out, trace)
+    print(
+        f"{plan.workload.name}: {len(specs)} requests ({plan.api_name}), sizes "
+        f"{'measured' if counter.exact else 'estimated'}: {plan.workload.params()}"
+    )
+    return 0
+
+
+def _run_one(args: argparse.Namespace, plan: BenchPlan | TracePlan) -> int:
+    """Drive `plan` against --url and report it; 1 if every request failed."""
     url = check_loopback(args.url)
-
-    cache_stats: list[dict[str, Any]] = []
-
-    async def go() -> Any:
-        async with make_client(args.api_key, args.timeout) as client:
-            cache_stats.append(await _cache_stats(client, url))
-            res = await plan.run(client, url, progress=progress)
-            cache_stats.append(await _cache_stats(client, url))
-            return res
-
-    res = asyncio.run(go())
+    res, cache_stats = asyncio.run(_drive(args, plan, url))
     summary = summarize(res.records, res.duration)
     title = f"{plan.workload.name} against {url} ({plan.load.describe()})"
     print(format_summary(summary, title))
@@ -164,27 +175,55 @@ def _run_bench(args: argparse.Namespace) -> int:
     if args.trace_out:
         _write_trace(args.trace_out, res.trace)
     if args.output_dir:
-        from radixserve.bench.plots import plot_ttft_cdf, plot_ttft_vs_prompt
-
-        out = Path(args.output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        data = {
-            "url": url,
-            "workload": plan.workload.name,
-            "params": plan.workload.params(),
-            "load": dataclasses.asdict(plan.load),
-            "summary": summary.to_json(),
-            "records": [dataclasses.asdict(r) for r in res.records],
-            "cache_stats": cache_stats,
-        }
-        if spike is not None:
-            data["spike"] = spike
-        if agent is not None:
-            data["agent"] = agent
-        (out / "results.json").write_text(json.dumps(data, indent=1))
-        plot_ttft_cdf({plan.workload.name: res.records}, out / "ttft_cdf.png")
-        plot_ttft_vs_prompt({plan.workload.name: res.records}, out / "ttft_vs_prompt.png")
+        _write_results(
+            Path(args.output_dir), url, plan, res, summary, cache_stats, spike=spike, agent=agent
+        )
     return 1 if summary.errors == summary.requests else 0
+
+
+async def _drive(
+    args: argparse.Namespace, plan: RunPlan, url: str
+) -> tuple[RunResult, list[dict[str, Any]]]:
+    """Run `plan` against `url`; with the server's cache stats before and after the run."""
+    async with make_client(args.api_key, args.timeout) as client:
+        before = await _cache_stats(client, url)
+        res = await plan.run(client, url, progress=args.progress)
+        after = await _cache_stats(client, url)
+    return res, [before, after]
+
+
+def _write_results(
+    out: Path,
+    url: str,
+    plan: BenchPlan | TracePlan,
+    res: RunResult,
+    summary: Summary,
+    cache_stats: list[dict[str, Any]],
+    *,
+    spike: dict[str, object] | None,
+    agent: dict[str, Any] | None,
+) -> None:
+    """Write one run's results.json (with the spike and agent reports it has) and its
+    TTFT plots under `out`."""
+    from radixserve.bench.plots import plot_ttft_cdf, plot_ttft_vs_prompt
+
+    out.mkdir(parents=True, exist_ok=True)
+    data = {
+        "url": url,
+        "workload": plan.workload.name,
+        "params": plan.workload.params(),
+        "load": dataclasses.asdict(plan.load),
+        "summary": summary.to_json(),
+        "records": [dataclasses.asdict(r) for r in res.records],
+        "cache_stats": cache_stats,
+    }
+    if spike is not None:
+        data["spike"] = spike
+    if agent is not None:
+        data["agent"] = agent
+    (out / "results.json").write_text(json.dumps(data, indent=1))
+    plot_ttft_cdf({plan.workload.name: res.records}, out / "ttft_cdf.png")
+    plot_ttft_vs_prompt({plan.workload.name: res.records}, out / "ttft_vs_prompt.png")
 
 
 async def _cache_stats(client: Any, url: str) -> dict[str, Any]:
