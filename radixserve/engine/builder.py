@@ -5,8 +5,10 @@ saved cache loaded into them."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -107,47 +109,17 @@ def assemble(
     (a pool that cannot hold one request of max_model_len is a start-up error), the runner,
     the offload tier, the cache, and the saved cache of a warm restart loaded into them."""
     mc = model.config
-    dtype = next(model.parameters()).dtype
+    kv_dtype = _kv_dtype(config, model)
     device = next(model.parameters()).device
-    kv_dtype = resolve_kv_cache_dtype(
-        config.kv_cache_dtype,
-        dtype,
-        dtype_name=config.dtype,
-        device=device,
-        quantization=model.quantization,
-        prefill_path=model.prefill_path,
-    )
-    per_block = bytes_per_token(mc, kv_dtype) * config.block_size
-    window = window_pool(config, mc, device, kv_dtype)
-    slots = None
-    if window is not None:
-        num_blocks, per_block = window.num_blocks, window.block_bytes
-        slots = WindowSlots(num_blocks, window.num_slots, window.window, config.block_size)
-    elif config.num_blocks:
-        num_blocks = config.num_blocks
-    else:
-        memory = kv_cache_bytes(config)
-        num_blocks = KVPool.blocks_for_memory(mc, memory, config.block_size, kv_dtype)
+    pool = _pool_shape(config, mc, device, kv_dtype)
     max_model_len = min(
         config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings
     )
     if config.max_model_len:
-        check_pool_holds_request(num_blocks, config.block_size, max_model_len, per_block)
-    runner = ModelRunner(
-        model,
-        num_blocks,
-        config.block_size,
-        max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        max_model_len=max_model_len,
-        attention_backend=config.attention_backend,
-        enforce_eager=config.enforce_eager,
-        kv_cache_dtype=kv_dtype,
-        window=slots,
-    )
-    if runner.decode_mode != "eager":
-        took = runner.warmup()
-        log.info("decode steps: %s, captured in %.1f s", runner.decode_mode, took)
+        check_pool_holds_request(
+            pool.num_blocks, config.block_size, max_model_len, pool.block_bytes
+        )
+    runner = _start_runner(config, model, pool, max_model_len, kv_dtype)
     # The offload tier and warm restart (docs/kv-offload.md): the cache tracks the tier's
     # block ids, the mover copies their bytes.
     tier = None
@@ -157,7 +129,7 @@ def assemble(
 
     def new_kv() -> KVCacheManager:
         cache = make_prefix_cache(
-            num_blocks=num_blocks,
+            num_blocks=pool.num_blocks,
             block_size=config.block_size,
             enabled=config.enable_prefix_cache,
             eviction_policy=config.eviction_policy,
@@ -166,7 +138,7 @@ def assemble(
             refetch_window=config.refetch_window,
             tier_blocks=tier.num_blocks if tier is not None else 0,
             mover=mover,
-            window=slots,
+            window=pool.slots,
         )
         return KVCacheManager(cache, runner.copy_block)
 
@@ -174,26 +146,110 @@ def assemble(
     persistence = None
     if config.kv_persist_dir and kv.cache.enabled:
         persistence = KVPersistence(config.kv_persist_dir, model, mc, config.block_size, kv_dtype)
-        try:
-            loaded = persistence.load(kv.cache, runner.kv_pool, tier)
-        except Exception:
-            log.exception("loading the KV cache save failed; starting cold")
-            kv, loaded = new_kv(), None
-        if loaded is not None:
-            log.info(
-                "warm start: loaded %d cached blocks (%d nodes, %.0f MiB) in %.2f s",
-                loaded.blocks, loaded.nodes, loaded.nbytes / 2**20, loaded.seconds,
-            )  # fmt: skip
-    eos_ids = set(mc.eos_token_ids)
-    if tokenizer.eos_token_id is not None:
-        eos_ids.add(tokenizer.eos_token_id)
+        kv = _warm_start(persistence, kv, new_kv, runner, tier)
     scheduler = Scheduler(
         kv, config.max_num_batched_tokens, config.max_num_seqs, config.schedule_policy
     )
     return EngineParts(
         config, model_name, tokenizer, runner, kv, scheduler, tier, persistence, max_model_len,
-        frozenset(eos_ids),
+        _eos_ids(mc, tokenizer),
     )  # fmt: skip
+
+
+def _kv_dtype(config: EngineConfig, model: DecoderModel) -> torch.dtype:
+    """The K/V cache's dtype for `model` under --kv-cache-dtype."""
+    dtype = next(model.parameters()).dtype
+    return resolve_kv_cache_dtype(
+        config.kv_cache_dtype,
+        dtype,
+        dtype_name=config.dtype,
+        device=next(model.parameters()).device,
+        quantization=model.quantization,
+        prefill_path=model.prefill_path,
+    )
+
+
+class PoolShape(NamedTuple):
+    """The KV pool's size: its blocks, the memory of one, and the window pool's slots (None
+    without a window pool)."""
+
+    num_blocks: int
+    block_bytes: int
+    slots: WindowSlots | None
+
+
+def _pool_shape(
+    config: EngineConfig, mc: ModelConfig, device: torch.device, kv_dtype: torch.dtype
+) -> PoolShape:
+    """The pool's size: the window pool's split, --num-blocks, or as many blocks as the
+    K/V memory holds."""
+    window = window_pool(config, mc, device, kv_dtype)
+    if window is not None:
+        slots = WindowSlots(window.num_blocks, window.num_slots, window.window, config.block_size)
+        return PoolShape(window.num_blocks, window.block_bytes, slots)
+    per_block = bytes_per_token(mc, kv_dtype) * config.block_size
+    if config.num_blocks:
+        return PoolShape(config.num_blocks, per_block, None)
+    memory = kv_cache_bytes(config)
+    num_blocks = KVPool.blocks_for_memory(mc, memory, config.block_size, kv_dtype)
+    return PoolShape(num_blocks, per_block, None)
+
+
+def _start_runner(
+    config: EngineConfig,
+    model: DecoderModel,
+    pool: PoolShape,
+    max_model_len: int,
+    kv_dtype: torch.dtype,
+) -> ModelRunner:
+    """The runner over `model` with a KV pool of `pool`'s size; its decode steps captured
+    (warmed up) unless they run eagerly."""
+    runner = ModelRunner(
+        model,
+        pool.num_blocks,
+        config.block_size,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_model_len=max_model_len,
+        attention_backend=config.attention_backend,
+        enforce_eager=config.enforce_eager,
+        kv_cache_dtype=kv_dtype,
+        window=pool.slots,
+    )
+    if runner.decode_mode != "eager":
+        took = runner.warmup()
+        log.info("decode steps: %s, captured in %.1f s", runner.decode_mode, took)
+    return runner
+
+
+def _warm_start(
+    persistence: KVPersistence,
+    kv: KVCacheManager,
+    new_kv: Callable[[], KVCacheManager],
+    runner: ModelRunner,
+    tier: KVTier | None,
+) -> KVCacheManager:
+    """`kv` with the saved cache of a warm restart loaded into it, or a fresh one from
+    `new_kv` (a cold start) if loading the save failed."""
+    try:
+        loaded = persistence.load(kv.cache, runner.kv_pool, tier)
+    except Exception:
+        log.exception("loading the KV cache save failed; starting cold")
+        return new_kv()
+    if loaded is not None:
+        log.info(
+            "warm start: loaded %d cached blocks (%d nodes, %.0f MiB) in %.2f s",
+            loaded.blocks, loaded.nodes, loaded.nbytes / 2**20, loaded.seconds,
+        )  # fmt: skip
+    return kv
+
+
+def _eos_ids(mc: ModelConfig, tokenizer: Tokenizer) -> frozenset[int]:
+    """The token ids that end a sequence: the model's and the tokenizer's."""
+    eos_ids = set(mc.eos_token_ids)
+    if tokenizer.eos_token_id is not None:
+        eos_ids.add(tokenizer.eos_token_id)
+    return frozenset(eos_ids)
 
 
 def kv_cache_bytes(config: EngineConfig) -> int:
