@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -315,6 +315,22 @@ def build_app(
 ) -> FastAPI:
     """The router app; its lifespan starts and stops the workers' health and event loops."""
     proxy = Proxy(balancer, client, metrics, worker_api_key or api_key, normalize)
+    app = FastAPI(title="radixserve router", lifespan=_lifespan(balancer, client))
+    app.state.balancer = balancer
+    app.state.metrics = metrics
+    _add_key_check(app, auth.ApiKeys([api_key] if api_key else []))
+    _add_openai_routes(app, proxy)
+    _add_status_routes(app, balancer, metrics)
+    _add_router_routes(app, balancer)
+    # The cache dashboard, one panel per worker: /dashboard, /v1/router/workers/{i}/...
+    add_router_dashboard(app, proxy.balancer.workers, proxy.client, proxy.headers, api_key)
+    return app
+
+
+def _lifespan(
+    balancer: Balancer, client: httpx.AsyncClient
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """Starts the balancer's loops with the app; stops them and closes `client` after it."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -325,11 +341,11 @@ def build_app(
             await balancer.stop()
             await client.aclose()
 
-    app = FastAPI(title="radixserve router", lifespan=lifespan)
-    app.state.balancer = balancer
-    app.state.metrics = metrics
+    return lifespan
 
-    keys = auth.ApiKeys([api_key] if api_key else [])
+
+def _add_key_check(app: FastAPI, keys: auth.ApiKeys) -> None:
+    """Answer 401 to a /v1/ request without one of `keys` (no check when there are none)."""
 
     @app.middleware("http")
     async def check_key(
@@ -340,6 +356,10 @@ def build_app(
             response.headers.update(auth.CHALLENGE)
             return response
         return await call_next(request)
+
+
+def _add_openai_routes(app: FastAPI, proxy: Proxy) -> None:
+    """The OpenAI routes, passed through `proxy` to a worker."""
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -352,6 +372,10 @@ def build_app(
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         return await proxy.get(request, "/v1/models")
+
+
+def _add_status_routes(app: FastAPI, balancer: Balancer, metrics: RouterMetrics) -> None:
+    """/health (503 when no worker is healthy), /metrics and /version."""
 
     @app.get("/health")
     async def health() -> Response:
@@ -370,6 +394,10 @@ def build_app(
     @app.get("/version")
     async def version() -> Response:  # as vLLM: the radixserve version, no key needed
         return JSONResponse({"version": __version__})
+
+
+def _add_router_routes(app: FastAPI, balancer: Balancer) -> None:
+    """/v1/router/workers (each worker's state) and /v1/router/tree (each worker's mirror)."""
 
     @app.get("/v1/router/workers")
     async def workers() -> Response:
@@ -390,8 +418,3 @@ def build_app(
                 }
             )
         return JSONResponse({"workers": out})
-
-    # The cache dashboard, one panel per worker: /dashboard, /v1/router/workers/{i}/...
-    add_router_dashboard(app, proxy.balancer.workers, proxy.client, proxy.headers, api_key)
-
-    return app
