@@ -12,6 +12,7 @@ import math
 import random
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -113,32 +114,53 @@ async def run_load(
                     ready.append(s)
             cond.notify_all()
 
-    async def worker() -> None:
-        while (s := await next_session()) is not None:
-            await run_one(s)
-
     try:
         if cfg.rate:
-            rng = random.Random(f"arrivals:{cfg.seed}")
-            tasks = []
-            at = time.perf_counter()
-            while True:
-                at += rng.expovariate(cfg.rate)
-                await asyncio.sleep(max(0.0, at - time.perf_counter()))
-                s = await next_session()
-                if s is None:
-                    break
-                # a session that had to wait for its previous answer arrives late, not in a burst
-                at = max(at, time.perf_counter())
-                tasks.append(asyncio.create_task(run_one(s)))
-            await asyncio.gather(*tasks)
+            await _poisson_arrivals(cfg.rate, cfg.seed, next_session, run_one)
         else:
-            await asyncio.gather(*(worker() for _ in range(max(1, cfg.concurrency))))
+            await _fixed_concurrency(cfg.concurrency, next_session, run_one)
     finally:
         bar.close()
     duration = max((r.start + r.e2e for r in records), default=0.0)
     trace.sort(key=lambda e: e["timestamp"])
     return RunResult(records, duration, trace)
+
+
+_NextSession = Callable[[], Awaitable[Session | None]]  # the next ready turn; None: stop sending
+_RunOne = Callable[[Session], Coroutine[Any, Any, None]]  # send a session's next turn and record it
+
+
+async def _poisson_arrivals(
+    rate: float, seed: int, next_session: _NextSession, run_one: _RunOne
+) -> None:
+    """Send a turn at each arrival of a Poisson process of `rate` per second (seeded by
+    `seed`) until `next_session` stops; wait for every request sent."""
+    rng = random.Random(f"arrivals:{seed}")
+    tasks: list[asyncio.Task[None]] = []
+    at = time.perf_counter()
+    while True:
+        at += rng.expovariate(rate)
+        await asyncio.sleep(max(0.0, at - time.perf_counter()))
+        s = await next_session()
+        if s is None:
+            break
+        # a session that had to wait for its previous answer arrives late, not in a burst
+        at = max(at, time.perf_counter())
+        tasks.append(asyncio.create_task(run_one(s)))
+    await asyncio.gather(*tasks)
+
+
+async def _fixed_concurrency(
+    concurrency: int, next_session: _NextSession, run_one: _RunOne
+) -> None:
+    """Keep `concurrency` requests in flight (at least one), each sender taking the next
+    ready turn as its answer arrives, until `next_session` stops."""
+
+    async def sender() -> None:
+        while (s := await next_session()) is not None:
+            await run_one(s)
+
+    await asyncio.gather(*(sender() for _ in range(max(1, concurrency))))
 
 
 class Described(Protocol):
