@@ -9,15 +9,19 @@ from __future__ import annotations
 import argparse
 import errno
 import socket
+from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import urlsplit
 
 from radixserve.engine.tokenizer import load_chat_template
 from radixserve.errors import ConfigError, DeviceError
 from radixserve.model.config import ModelConfig
-from radixserve.model.files import resolve_model
+from radixserve.model.files import ModelFiles, resolve_model
 from radixserve.options import from_args
 from radixserve.router.main import RouteConfig, kv_event_sources
 from radixserve.server.kv_events.config import KVEventsConfig, parse_endpoint
+
+if TYPE_CHECKING:
+    import torch
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1", "0.0.0.0", "::"}
 
@@ -25,7 +29,6 @@ _LOOPBACK = {"127.0.0.1", "localhost", "::1", "0.0.0.0", "::"}
 def check_engine_args(args: argparse.Namespace) -> None:
     """serve / generate / chat: model files, device, dtype, and the KV pool against free memory
     and --max-model-len. Converts a GGUF model on first use (once, under a file lock)."""
-    workers = getattr(args, "workers", 1) or 1
     if getattr(args, "api_key", None) == "":
         raise ConfigError("--api-key must not be empty (leave it out to serve without a key)")
     files = resolve_model(args.model)
@@ -33,19 +36,39 @@ def check_engine_args(args: argparse.Namespace) -> None:
     if getattr(args, "chat_template", None) is not None:
         load_chat_template(args.chat_template)
     # The first check that needs torch (a missing model is reported without waiting for it).
-    from radixserve.model.loader import (
-        resolve_device,
-        resolve_dtype,
-        resolve_kv_cache_dtype,
-        resolve_quantization,
-    )
+    from radixserve.model.kv_pool import check_model_fits_memory
+    from radixserve.model.loader import load_memory
 
-    max_model_len = getattr(args, "max_model_len", None)
+    _check_context(getattr(args, "max_model_len", None), config)
+    device, quantization, dtype = _resolve_weights(args, files)
+    _check_attention_backend(getattr(args, "attention_backend", "auto"), device, dtype)
+    check_model_fits_memory(*load_memory(files, config, dtype, quantization), device)
+    kv_dtype = _resolve_kv_dtype(args, device, dtype, quantization)
+    _check_kv_pool(args, config, device, kv_dtype)
+
+
+def _check_context(max_model_len: int | None, config: ModelConfig) -> None:
+    """--max-model-len is within the model's context."""
     if max_model_len is not None and max_model_len > config.max_position_embeddings:
         raise ConfigError(
             f"--max-model-len {max_model_len} is more than the model's context of "
             f"{config.max_position_embeddings} tokens"
         )
+
+
+class _Weights(NamedTuple):
+    """Where and how the weights would load."""
+
+    device: torch.device
+    quantization: str
+    dtype: torch.dtype
+
+
+def _resolve_weights(args: argparse.Namespace, files: ModelFiles) -> _Weights:
+    """The device, quantization and dtype the weights of `files` would load with; a flag
+    this machine or model cannot honour is a typed error naming it."""
+    from radixserve.model.loader import resolve_device, resolve_dtype, resolve_quantization
+
     try:
         device = resolve_device(args.device)
     except DeviceError as e:
@@ -55,30 +78,33 @@ def check_engine_args(args: argparse.Namespace) -> None:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     dtype = resolve_dtype(args.dtype, device, quantized=quantization != "none")
-    if getattr(args, "attention_backend", "auto") == "cpu" and (
+    return _Weights(device, quantization, dtype)
+
+
+def _check_attention_backend(backend: str, device: torch.device, dtype: torch.dtype) -> None:
+    """--attention-backend cpu or triton can run on `device` with weights of `dtype`."""
+    if backend == "cpu" and (
         device.type != "cpu" or dtype.is_floating_point and dtype.itemsize != 4
     ):
         raise ConfigError(
             "--attention-backend cpu runs float32 models on the CPU only; "
             "add --dtype float32 --device cpu, or use --attention-backend sdpa"
         )
-    if getattr(args, "attention_backend", "auto") == "triton":
+    if backend == "triton":
         from radixserve.model.attention import triton_unavailable
 
         reason = triton_unavailable(device)
         if reason is not None:
             raise ConfigError(f"--attention-backend triton cannot run here: {reason}")
-    from radixserve.model.attention import kv_dtype_problem
-    from radixserve.model.kv_pool import (
-        bytes_per_token,
-        check_model_fits_memory,
-        check_pool_fits_memory,
-        check_pool_holds_request,
-        parse_memory,
-    )
-    from radixserve.model.loader import load_memory
 
-    check_model_fits_memory(*load_memory(files, config, dtype, quantization), device)
+
+def _resolve_kv_dtype(
+    args: argparse.Namespace, device: torch.device, dtype: torch.dtype, quantization: str
+) -> torch.dtype:
+    """The K/V cache's dtype under --kv-cache-dtype; one the attention backend cannot run
+    is a ConfigError."""
+    from radixserve.model.attention import kv_dtype_problem
+    from radixserve.model.loader import resolve_kv_cache_dtype
 
     try:
         kv_dtype = resolve_kv_cache_dtype(
@@ -93,16 +119,32 @@ def check_engine_args(args: argparse.Namespace) -> None:
     problem = kv_dtype_problem(getattr(args, "attention_backend", "auto"), device, dtype, kv_dtype)
     if problem:
         raise ConfigError(problem)
+    return kv_dtype
+
+
+def _check_kv_pool(
+    args: argparse.Namespace, config: ModelConfig, device: torch.device, kv_dtype: torch.dtype
+) -> None:
+    """The KV pool of --kv-cache-memory fits in free memory (once per --workers) and holds
+    one request of --max-model-len."""
+    from radixserve.engine.builder import window_pool
+    from radixserve.engine.config import EngineConfig
+    from radixserve.model.kv_pool import (
+        bytes_per_token,
+        check_pool_fits_memory,
+        check_pool_holds_request,
+        parse_memory,
+    )
+
+    workers = getattr(args, "workers", 1) or 1
     block_size = getattr(args, "block_size", None) or 16
     per_block = bytes_per_token(config, kv_dtype) * block_size
     num_blocks = max(1, parse_memory(args.kv_cache_memory) // per_block)
     check_pool_fits_memory(num_blocks * per_block, device, copies=workers)
-    from radixserve.engine.builder import window_pool
-    from radixserve.engine.config import EngineConfig
-
     window = window_pool(from_args(EngineConfig, args), config, device, kv_dtype, quiet=True)
     if window is not None:  # the sliding-window layers' own pool: more tokens per byte
         num_blocks, per_block = window.num_blocks, window.block_bytes
+    max_model_len = getattr(args, "max_model_len", None)
     if max_model_len is not None:
         check_pool_holds_request(num_blocks, block_size, max_model_len, per_block)
 
