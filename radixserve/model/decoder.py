@@ -7,6 +7,7 @@ weights.py, huge pages in hugepages.py."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import NamedTuple
 
@@ -14,10 +15,10 @@ import torch
 from torch import nn
 
 from radixserve.model import kernels
-from radixserve.model.attention import AttendFn, AttentionBackend, SdpaBackend, planned
+from radixserve.model.attention import AttentionBackend, SdpaBackend, planned
 from radixserve.model.batch import ForwardBatch, narrow_to_outputs
 from radixserve.model.config import ModelConfig
-from radixserve.model.decoder_layer import ACT_CODES, DecoderLayer, optional_tensor
+from radixserve.model.decoder_layer import ACT_CODES, DecoderLayer, LayerArgs, optional_tensor
 from radixserve.model.kernels.matrix import PrefillPath
 from radixserve.model.kv_pool import KVPool
 from radixserve.model.layers import Linear, Rotary, frozen, fused_kernels_apply, rms_norm
@@ -42,6 +43,29 @@ class Projection(NamedTuple):
     lin: Linear | QuantLinear
     weight_name: str  # the dense weight's name in state_dict(): "layers.0.qkv", ..., "embed"
     weight: nn.Parameter
+
+
+@dataclass(frozen=True)
+class StepArgs:
+    """The layers' arguments for one step: those of layers whose K/V is in the main pool
+    (`main`) and in the window pool (`window`, where the step has a window view), each with
+    the narrowed last layer's (`*_last`, where the step narrows to its output rows)."""
+
+    main: LayerArgs
+    window: LayerArgs | None = None
+    main_last: LayerArgs | None = None
+    window_last: LayerArgs | None = None
+
+    def of(self, in_window_pool: bool, last: bool) -> LayerArgs:
+        """A layer's arguments: in the window pool or not, the last layer or not."""
+        if in_window_pool and self.window is not None:
+            chosen, narrowed = self.window, self.window_last
+        else:
+            chosen, narrowed = self.main, self.main_last
+        if last and self.main_last is not None:
+            assert narrowed is not None  # a narrowed step narrows in both pools
+            return narrowed
+        return chosen
 
 
 class DecoderModel(nn.Module):
@@ -98,23 +122,27 @@ class DecoderModel(nn.Module):
         path = self.forward_path(batch, backend)
         if path is ForwardPath.FUSED_DECODE:
             return self._fused_decode(batch, kv)
-        attend = planned(backend, batch)
+        decode_rows = batch.decode.num_seqs if batch.decode is not None else 0
+        main = LayerArgs(batch.slot_mapping, planned(backend, batch), None, decode_rows)
         w = batch.window_view
-        window: tuple[torch.Tensor, AttendFn, AttendFn | None] | None = None
-        if w is not None:
-            window = (w.slot_mapping, planned(backend, w), None)
-        logits_rows, last = batch.logits_rows, None
+        window = (
+            None
+            if w is None
+            else replace(main, slot_mapping=w.slot_mapping, attend=planned(backend, w))
+        )
+        args = StepArgs(main, window)
+        logits_rows = batch.logits_rows
         narrowed = narrow_to_outputs(batch) if path is ForwardPath.NARROWED else None
         if narrowed is not None:
             rows, narrow = narrowed
-            last, logits_rows = (rows, planned(backend, narrow)), narrow.logits_rows
+            logits_rows = narrow.logits_rows
+            main_last = replace(main, attend=planned(backend, narrow), out_rows=rows)
+            window_last = None
             if window is not None and narrow.window_view is not None:
-                window = (window[0], window[1], planned(backend, narrow.window_view))
-        decode_rows = batch.decode.num_seqs if batch.decode is not None else 0
-        h = self._layers(
-            batch.input_ids, batch.positions, batch.slot_mapping, kv, attend, last, decode_rows,
-            window,
-        )  # fmt: skip
+                attend = planned(backend, narrow.window_view)
+                window_last = replace(window, attend=attend, out_rows=rows)
+            args = StepArgs(main, window, main_last, window_last)
+        h = self._layers(batch.input_ids, batch.positions, kv, args)
         if logits_rows.numel() == 0:
             return torch.empty(0, self.config.vocab_size, device=h.device)
         return self._logits(h[logits_rows])
@@ -164,39 +192,23 @@ class DecoderModel(nn.Module):
         ) -> torch.Tensor:
             return attn.decode(q, k_blocks, v_blocks, block_table, context_lens, window, scale)
 
-        return self._logits(self._layers(input_ids, positions, slot_mapping, kv, attend))
+        args = StepArgs(LayerArgs(slot_mapping, attend))
+        return self._logits(self._layers(input_ids, positions, kv, args))
 
     def _layers(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        slot_mapping: torch.Tensor,
-        kv: KVPool,
-        attend: AttendFn,
-        last: tuple[torch.Tensor, AttendFn] | None = None,
-        decode_rows: int = 0,
-        window: tuple[torch.Tensor, AttendFn, AttendFn | None] | None = None,
+        self, input_ids: torch.Tensor, positions: torch.Tensor, kv: KVPool, args: StepArgs
     ) -> torch.Tensor:
-        """Hidden states after every layer; with `last` = (rows, attend for them), the last
-        layer's output of those rows only. The first `decode_rows` rows are decode rows.
-        Layers whose K/V is in the window pool (`kv.in_window_pool`) write and attend through
-        `window` = (their slot mapping, attend, attend for `last`'s rows)."""
+        """Hidden states after every layer (of the last layer's `out_rows` only, where it
+        has them); layers whose K/V is in the window pool (`kv.in_window_pool`) take
+        `args.window`."""
         h = self._embed(input_ids)
         cos, sin = self.rotary(positions)
         layers = self.decoder_layers()
         for i, layer in enumerate(layers):
             k_blocks, v_blocks = kv.blocks(i)
-            lc, ls = cos[layer.rope_table], sin[layer.rope_table]
-            slots, attend_all, attend_last = slot_mapping, attend, last[1] if last else None
-            if window is not None and kv.in_window_pool(i):
-                slots, attend_all, attend_last = window
-            if last is not None and i == len(layers) - 1:
-                assert attend_last is not None
-                out: torch.Tensor = layer(
-                    h, lc, ls, slots, attend_last, k_blocks, v_blocks, last[0], decode_rows
-                )
-                return out
-            h = layer(h, lc, ls, slots, attend_all, k_blocks, v_blocks, None, decode_rows)
+            table = layer.rope_table
+            layer_args = args.of(kv.in_window_pool(i), i == len(layers) - 1)
+            h = layer(h, cos[table], sin[table], k_blocks, v_blocks, layer_args)
         return h
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:

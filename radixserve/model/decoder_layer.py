@@ -4,6 +4,8 @@ elementwise steps (float32 on the CPU)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -22,6 +24,20 @@ from radixserve.model.quant import QuantLinear
 
 # The fused kernels' codes of ModelConfig.hidden_act (layers.cpp's gate_act_mul).
 ACT_CODES = {"silu": 0, "gelu_tanh": 1}
+
+
+@dataclass(frozen=True)
+class LayerArgs:
+    """What a layer reads of its step besides the hidden states, its RoPE table and its
+    pool's blocks: where each row's K/V is written, how the rows that go on attend, which
+    rows go on (None: every row), and how many leading rows are decode rows (kept first by
+    `out_rows`; their matmuls stay on the float32 kernels, the rest may run on the matrix
+    units)."""
+
+    slot_mapping: torch.Tensor
+    attend: AttendFn
+    out_rows: torch.Tensor | None = None
+    decode_rows: int = 0
 
 
 def optional_tensor(t: torch.Tensor | None) -> torch.Tensor:
@@ -94,24 +110,18 @@ class DecoderLayer(nn.Module):
         h: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        slot_mapping: torch.Tensor,
-        attend: AttendFn,
         k_blocks: torch.Tensor,
         v_blocks: torch.Tensor,
-        out_rows: torch.Tensor | None = None,
-        decode_rows: int = 0,
+        args: LayerArgs,
     ) -> torch.Tensor:
-        """h [T, hidden] -> [T, hidden]; writes the tokens' K/V at `slot_mapping` first. With
-        `out_rows`, every row's K/V is written but only those rows go on through attention
-        (whose `attend` then describes just them) and the MLP: -> [len(out_rows), hidden].
-        `cos`/`sin` [T, head_dim] are this layer's RoPE table at the rows' positions. The
-        first `decode_rows` rows (kept first by `out_rows`) are decode rows: their matmuls
-        stay on the float32 kernels, the rest may run on the matrix units (QuantLinear)."""
+        """h [T, hidden] -> [T, hidden]; writes the tokens' K/V at `args.slot_mapping` first.
+        With `args.out_rows`, every row's K/V is written but only those rows go on through
+        attention (whose `args.attend` then describes just them) and the MLP: ->
+        [len(out_rows), hidden]. `cos`/`sin` [T, head_dim] are this layer's RoPE table at the
+        rows' positions."""
         if self.fused:
-            return self._forward_fused(
-                h, cos, sin, slot_mapping, attend, k_blocks, v_blocks, out_rows, decode_rows
-            )
-        t, d = h.shape[0], decode_rows
+            return self._forward_fused(h, cos, sin, k_blocks, v_blocks, args)
+        t, d = h.shape[0], args.decode_rows
         x = rms_norm(h, self.input_norm, self.eps)
         qkv = self.qkv_lin(x, fp32_rows=d)
         nh, nkv = self.num_heads, self.num_kv
@@ -125,11 +135,11 @@ class DecoderLayer(nn.Module):
         v = qkv[:, (nh + nkv) * self.head_dim :].view(t, nkv, self.head_dim)
         k_slots = k_blocks.view(-1, self.num_kv, self.head_dim)
         v_slots = v_blocks.view(-1, self.num_kv, self.head_dim)
-        k_slots.index_copy_(0, slot_mapping, k.to(k_slots.dtype))  # --kv-cache-dtype
-        v_slots.index_copy_(0, slot_mapping, v.to(v_slots.dtype))
-        if out_rows is not None:
-            q, h = q[out_rows], h[out_rows]
-        o = self.o_lin(self._attend(attend, q, k_blocks, v_blocks), fp32_rows=d)
+        k_slots.index_copy_(0, args.slot_mapping, k.to(k_slots.dtype))  # --kv-cache-dtype
+        v_slots.index_copy_(0, args.slot_mapping, v.to(v_slots.dtype))
+        if args.out_rows is not None:
+            q, h = q[args.out_rows], h[args.out_rows]
+        o = self.o_lin(self._attend(args.attend, q, k_blocks, v_blocks), fp32_rows=d)
         if self.attn_out_norm is not None:
             o = rms_norm(o, self.attn_out_norm, self.eps)
         h = h + o
@@ -145,31 +155,28 @@ class DecoderLayer(nn.Module):
         h: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        slot_mapping: torch.Tensor,
-        attend: AttendFn,
         k_blocks: torch.Tensor,
         v_blocks: torch.Tensor,
-        out_rows: torch.Tensor | None = None,
-        decode_rows: int = 0,
+        args: LayerArgs,
     ) -> torch.Tensor:
         """`forward` with the elementwise steps in radixserve's CPU kernels (float32 on CPU):
         a dozen op calls per layer instead of about fifty. Updates h in place (without
-        `out_rows`)."""
+        `args.out_rows`)."""
         rms_norm_into = kernels.op("rms_norm")
         nh = self.num_heads
         x = torch.empty_like(h)
         rms_norm_into(h, self.input_norm, self.eps, x)
-        d = decode_rows
+        d, out_rows = args.decode_rows, args.out_rows
         qkv = self.qkv_lin(x, fp32_rows=d).contiguous()
         kernels.op("rope_kv_write")(
-            qkv, cos, sin, slot_mapping, k_blocks, v_blocks, nh,
+            qkv, cos, sin, args.slot_mapping, k_blocks, v_blocks, nh,
             optional_tensor(self.q_norm), optional_tensor(self.k_norm), self.eps,
         )  # fmt: skip
         q = qkv[:, : nh * self.head_dim]
         if out_rows is not None:
             q, h, x = q[out_rows], h[out_rows], x[out_rows]
         t = h.shape[0]
-        attn = self._attend(attend, q.view(t, nh, self.head_dim), k_blocks, v_blocks)
+        attn = self._attend(args.attend, q.view(t, nh, self.head_dim), k_blocks, v_blocks)
         o = self.o_lin(attn, fp32_rows=d)
         if self.attn_out_norm is not None:
             rms_norm_into(o, self.attn_out_norm, self.eps, o)
