@@ -157,7 +157,7 @@ def test_paged_prefill_attention_equals_sdpa_over_the_same_blocks(
 ) -> None:
     """Chunks that start their sequence and chunks over a cached prefix, short and long (up to
     64 new tokens in one query tile, 100 in 32-token tiles, 64-key tiles, a 2-token chunk over
-    300 cached tokens whose keys are split across threads), scattered blocks, q rows inside a
+    300 cached tokens cut into 1-token query tiles), scattered blocks, q rows inside a
     wider (fused qkv) tensor, decode rows in the same step, and pools of each K/V dtype; with
     sliding windows shorter than a key tile and longer than some chunks."""
     torch.manual_seed(heads * block_size)
@@ -183,6 +183,34 @@ def test_paged_prefill_attention_equals_sdpa_over_the_same_blocks(
     k64, v64 = k_blocks.to(f64), v_blocks.to(f64)
     want = sdpa.forward(q.to(f64), batch, sdpa.plan(batch), k64, v64, window, 0.2)
     torch.testing.assert_close(got, want.float(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 9, 100])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("heads,kv_heads", [(9, 3), (6, 1), (4, 4)])
+def test_paged_prefill_attention_gives_a_row_the_same_bits_in_any_chunk(
+    heads: int, kv_heads: int, kv_dtype: torch.dtype, window: int | None
+) -> None:
+    """A token's attention does not depend on how many new tokens share its chunk: the last
+    rows of a 100-, 84- or 40-token chunk equal those rows as a shorter chunk over the cached
+    rest, bit for bit, so a cache hit's rows are the cold run's (on an int8 path a last-bit
+    difference would change an activation's code). A 1-token chunk is a decode row: another
+    kernel."""
+    torch.manual_seed(heads + kv_heads)
+    block_size, head_dim, context = 16, 64, 300
+    blocks = torch.randperm(ceil_div(context, block_size) + 2)[: ceil_div(context, block_size)]
+    k_blocks = torch.randn(len(blocks) + 2, block_size, kv_heads, head_dim).to(kv_dtype)
+    v_blocks = torch.randn_like(k_blocks)
+    q = torch.randn(context, heads, head_dim)
+    cpu = CpuPagedBackend()
+
+    def attend(new: int) -> torch.Tensor:
+        batch = build_batch([SeqChunk([1] * new, context - new, blocks.tolist())], block_size)
+        rows = q[context - new :].contiguous()
+        return cpu.forward(rows, batch, cpu.plan(batch), k_blocks, v_blocks, window, 0.125)
+
+    for longer, shorter in [(100, 36), (84, 36), (84, 3), (40, 12), (300, 2)]:
+        assert torch.equal(attend(longer)[-shorter:], attend(shorter)), (longer, shorter)
 
 
 def test_paged_prefill_attention_first_token_sees_only_itself() -> None:

@@ -622,7 +622,10 @@ def test_int8_vnni_cache_hits_give_recompute_greedy_tokens(monkeypatch) -> None:
     int8 activations round more coarsely than bfloat16: logits within 1.0 (measured 0.70 on
     the 2k text's exact repeat, whose last token the hit recomputes alone with float32
     attention where the cold run attended in bfloat16; its projections give the prefill
-    GEMM's bits either way; 0 on the other prompts, AMD EPYC Zen 4)."""
+    GEMM's bits either way; 0 on the other prompts, AMD EPYC Zen 4; 0.51 and 0 on an Intel
+    Xeon with AMX, where this path attends in float32: there, before prefill attention stopped
+    splitting a short chunk's keys, a hit's rows differed in the last bits, which int8 codes
+    grew to 1.2 and a flipped near tie)."""
     needs(PrefillPath.INT8_VNNI)
     from radixserve.engine.config import EngineConfig
     from radixserve.engine.engine import LLMEngine

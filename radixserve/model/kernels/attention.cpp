@@ -424,8 +424,10 @@ inline float softmax_visible(float* s, int64_t visible, int64_t n, float& run_ma
 // meet 64 keys at a time: scores and probability-weighted V rows are both products by the
 // register tile (6x16; AVX-512: 12x16) over K/V rows read from the pool (K transposed into a
 // panel; V copied, AVX-512: used in place), with an online softmax between, the next 64 keys'
-// rows asked for meanwhile. Key slices (for short chunks over long contexts, so every thread
-// has work) are merged by log-sum-exp.
+// rows asked for meanwhile. A short chunk is cut into smaller query tiles, so every thread
+// has work; its keys are never split, so each row's result has the same bits whatever chunk
+// it comes in (a cache hit's rows equal recomputing them: an int8 path's activations would
+// turn a split's last-bit difference into a different code).
 void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
                              const at::Tensor& v_pool, const at::Tensor& block_ids,
                              int64_t context_len, double sm_scale, const at::Tensor& out,
@@ -443,28 +445,24 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
   const int64_t start = context_len - n;
   constexpr int64_t KT = kKeyTile;
   // Query tokens per tile: up to 64 new tokens are one tile, so each K/V row is read (and K
-  // packed) once rather than once per 32 tokens; longer chunks take 32 at a time.
-  const int64_t TQ = n <= 64 ? std::max<int64_t>(n, 1) : 32;
+  // packed) once rather than once per 32 tokens; longer chunks take 32 at a time. Fewer
+  // (tile, head) units than threads, or a count that leaves a thread idle at the end: the
+  // fewest smaller tiles that share evenly (each tile packs its keys anew).
+  const int64_t nthreads = at::get_num_threads();
+  int64_t TQ = n <= 64 ? std::max<int64_t>(n, 1) : 32;
+  if (n <= 64) {
+    int64_t want = 1;
+    while (want < n && (want * KVH < nthreads || (want * KVH) % nthreads)) ++want;
+    TQ = (n + want - 1) / want;
+  }
   const int64_t R = TQ * GQ;  // query rows of a tile: token-major, the group's heads inner
   const int64_t tiles = (n + TQ - 1) / TQ;
-  const int64_t nthreads = at::get_num_threads();
-  const int64_t key_tiles = (context_len + KT - 1) / KT;
-  // Few (tile, head) pairs: split the keys too, into a multiple of the threads' count of
-  // units (at least 4 per thread), so every thread has work and the threads finish together.
-  int64_t splits = 1;
-  if (tiles * KVH < 4 * nthreads) {
-    splits = std::min(key_tiles, (4 * nthreads + tiles * KVH - 1) / (tiles * KVH));
-    while (splits < key_tiles && (tiles * KVH * splits) % nthreads) ++splits;
-  }
-  const int64_t units = tiles * KVH * splits;
+  const int64_t units = tiles * KVH;
   const int64_t q_row = q.stride(0), o_row = out.stride(0);
   const float* qp = q.data_ptr<float>();
   const int64_t* bid = block_ids.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
   const float scale = static_cast<float>(sm_scale);
-  // Per unit and row with splits: max, sum, acc[D].
-  const int64_t pstride = D + 2;
-  std::vector<float> part(splits > 1 ? units * R * pstride : 0);
   std::atomic<int64_t> next{0};
   with_kv_type(k_pool, [&](auto tag) {
     using T = decltype(tag);
@@ -486,16 +484,11 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
         const int64_t u = next.fetch_add(1);
         if (u >= units) break;
         // Heaviest first: the last tiles of a chunk see the most keys.
-        const int64_t split = u % splits, h = (u / splits) % KVH;
-        const int64_t tile = tiles - 1 - u / (splits * KVH);
+        const int64_t h = u % KVH, tile = tiles - 1 - u / KVH;
         const int64_t t0 = tile * TQ, nt = std::min(TQ, n - t0), rows = nt * GQ;
         const int64_t kend = start + t0 + nt;  // keys the tile's last token sees
         // The first key the tile's first token sees, rounded down to a step of KT keys.
         const int64_t kbase = window > 0 ? std::max<int64_t>(0, start + t0 - window + 1) / KT * KT : 0;
-        const int64_t tile_keys = (kend - kbase + KT - 1) / KT;
-        const int64_t per = (tile_keys + splits - 1) / splits;
-        const int64_t k_begin = kbase + split * per * KT;
-        const int64_t k_end = std::min(kend, kbase + (split + 1) * per * KT);
         for (int64_t t = 0; t < nt; ++t)
           for (int64_t g = 0; g < GQ; ++g) {
             const float* src = qp + (t0 + t) * q_row + (h * GQ + g) * D;
@@ -505,14 +498,14 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
         std::fill(mx.begin(), mx.end(), -INFINITY);
         std::fill(sum.begin(), sum.end(), 0.f);
         std::memset(acc.data(), 0, rows * D * sizeof(float));
-        for (int64_t k0 = k_begin; k0 < k_end; k0 += KT) {
-          const int64_t nk = std::min(KT, k_end - k0), nk16 = (nk + 15) / 16 * 16;
+        for (int64_t k0 = kbase; k0 < kend; k0 += KT) {
+          const int64_t nk = std::min(KT, kend - k0), nk16 = (nk + 15) / 16 * 16;
           int64_t blk = k0 / BS, off = k0 % BS;
           // The pool is far bigger than the caches: the next step's K/V rows are asked for
           // (into L2) a few at a time between this step's tiles, so they arrive while it
           // computes (a burst of them would overflow the queue of outstanding misses).
           int64_t ahead_n = 0, ahead_i = 0;
-          for (int64_t t = k0 + KT; t < std::min(k_end, k0 + 2 * KT); ++t, ++ahead_n) {
+          for (int64_t t = k0 + KT; t < std::min(kend, k0 + 2 * KT); ++t, ++ahead_n) {
             const int64_t row = (bid[t / BS] * BS + t % BS) * KVH + h;
             ahead[ahead_n] = reinterpret_cast<const char*>(kp + row * D);
             ahead[KT + ahead_n] = reinterpret_cast<const char*>(vp + row * D);
@@ -599,31 +592,13 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_pool,
         }
         for (int64_t r = 0; r < rows; ++r) {
           const float* a = acc.data() + r * D;
-          if (splits == 1) {
-            const int64_t t = r / GQ, g = r % GQ;
-            float* o = op + (t0 + t) * o_row + (h * GQ + g) * D;
-            const float inv = sum[r] > 0 ? 1.f / sum[r] : 0.f;
-            for (int64_t d = 0; d < D; ++d) o[d] = a[d] * inv;
-          } else {
-            float* pr = part.data() + (u * R + r) * pstride;
-            pr[0] = mx[r];
-            pr[1] = sum[r];
-            std::memcpy(pr + 2, a, D * sizeof(float));
-          }
+          const int64_t t = r / GQ, g = r % GQ;
+          float* o = op + (t0 + t) * o_row + (h * GQ + g) * D;
+          const float inv = sum[r] > 0 ? 1.f / sum[r] : 0.f;
+          for (int64_t d = 0; d < D; ++d) o[d] = a[d] * inv;
         }
       }
     });
-  });
-  if (splits == 1) return;
-  // Merge the key slices of each (tile, KV head, row): units of one (tile, head) are adjacent.
-  at::parallel_for(0, tiles * KVH, 1, [&](int64_t w0, int64_t w1) {
-    for (int64_t w = w0; w < w1; ++w) {
-      const int64_t h = w % KVH, tile = tiles - 1 - w / KVH;
-      const int64_t t0 = tile * TQ, nt = std::min(TQ, n - t0);
-      for (int64_t r = 0; r < nt * GQ; ++r)
-        merge_partials(part.data() + (w * splits * R + r) * pstride, splits, R * pstride, D,
-                       op + (t0 + r / GQ) * o_row + (h * GQ + r % GQ) * D);
-    }
   });
 }
 
