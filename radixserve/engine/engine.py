@@ -20,7 +20,7 @@ from radixserve.engine.output import append_token, deliver
 from radixserve.engine.params import SamplingParams
 from radixserve.engine.request import OutputCallback, Request, check_prompt
 from radixserve.engine.sampler import make_generator, sampling_row, score_rows
-from radixserve.engine.scheduler import ScheduledChunk
+from radixserve.engine.scheduler import ScheduledChunk, SchedulerOutput
 from radixserve.engine.spec_config import parse_speculative_config
 from radixserve.engine.speculative import Speculator
 from radixserve.engine.stats import EngineCounters, EngineStats, cache_stats, collect_stats
@@ -315,7 +315,9 @@ class LLMEngine:
         one row per scheduled chunk and per drafted token, then post-process the new tokens.
         The loop thread calls this; tests may call it on an engine that was not started."""
         self._take_inbox()
-        chunks = self.scheduler.schedule().chunks
+        scheduled = self.scheduler.schedule()
+        self._note_scheduled(scheduled)
+        chunks = scheduled.chunks
         if not chunks:
             if self.scheduler.waiting and not self.scheduler.running:
                 time.sleep(0.001)  # blocks are pinned by running requests only; wait for them
@@ -326,6 +328,27 @@ class LLMEngine:
         rows = self._rows(chunks)
         self.runner.run([r for chunk_rows in rows for r in chunk_rows])
         self._postprocess(chunks, rows)
+
+    @staticmethod
+    def _note_scheduled(scheduled: SchedulerOutput) -> None:
+        """On each request's metrics, what this schedule did to it: its first scheduling (the
+        time, and the tokens its cache hit gave) and its preemption."""
+        now = time.monotonic()
+        for c in scheduled.chunks:
+            m = c.req.metrics
+            if m.first_scheduled_time is None:
+                m.first_scheduled_time = now
+                m.num_cached_tokens = c.req.num_computed  # nothing of it computed yet
+        for req in scheduled.preempted:
+            req.metrics.num_preemptions += 1
+
+    def _commit(self, req: Request, num_tokens: int) -> None:
+        """Record that the step computed `num_tokens` more of `req` (KVCacheManager.commit),
+        and on its metrics how many of them were prompt tokens."""
+        start = req.num_computed
+        self.kv.commit(req, num_tokens)
+        prompt = req.num_prompt_tokens
+        req.metrics.num_computed_prompt_tokens += min(req.num_computed, prompt) - min(start, prompt)
 
     def _take_inbox(self) -> None:
         """Admit the requests, aborts and cache resets that arrived since the last step."""
@@ -423,7 +446,7 @@ class LLMEngine:
         now = time.monotonic()
         for c, (row, *draft_rows) in zip(chunks, rows, strict=True):
             req = c.req
-            self.kv.commit(req, c.num_tokens)
+            self._commit(req, c.num_tokens)
             if row.scores and req.prompt_logprobs is not None and req.leader is None:
                 req.prompt_logprobs.extend(row.scores)
             if row.token_id is None:
@@ -433,12 +456,14 @@ class LLMEngine:
             for draft_row in draft_rows:
                 if reason is not None or draft_row.token_id is None:
                     break
-                self.kv.commit(req, 1)  # the accepted draft's K/V, computed at its row
+                self._commit(req, 1)  # the accepted draft's K/V, computed at its row
                 accepted += 1
                 reason = self._emit(req, draft_row, now)
             if c.drafts:
                 assert self._speculator is not None
                 self._speculator.record(req, len(c.drafts), accepted)
+                req.metrics.num_draft_tokens += len(c.drafts)
+                req.metrics.num_accepted_tokens += accepted
             if reason is not None:
                 self._finish(req, reason)
             elif not _ranks_choices(req):
@@ -457,6 +482,7 @@ class LLMEngine:
         if req.metrics.first_token_time is None:
             req.metrics.first_token_time = now
         reason = append_token(req, token, self._parts.eos_ids, self.max_model_len)
+        req.metrics.num_output_tokens += 1
         if req.matcher is not None:
             if not req.matcher.accept(token):
                 req.error = f"the grammar rejected a token: {req.matcher.error}"
@@ -479,7 +505,7 @@ class LLMEngine:
             req.error = "the engine failed while running this request"
         if self._speculator is not None:
             self._speculator.finish(req)
-        self.scheduler.remove(req, cache_computed=reason != "error")
+        self.scheduler.finish(req, cache_computed=reason != "error")
         req.metrics.finish_time = time.monotonic()
         self._requests.pop(req.request_id, None)
         group = self._groups.get(req.group_id, [req])

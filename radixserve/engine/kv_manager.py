@@ -204,10 +204,8 @@ class KVCacheManager:
         req.num_computed += num_tokens
         self._unpin_passed(req)
         prompt_len = req.num_prompt_tokens
-        if start < prompt_len:
-            req.metrics.num_computed_prompt_tokens += min(req.num_computed, prompt_len) - start
-            if req.num_computed >= prompt_len:
-                self.publish(req)
+        if start < prompt_len <= req.num_computed:
+            self.publish(req)
 
     def publish(self, req: Request) -> None:
         """Offer `req`'s computed whole blocks to the cache; those it keeps stay pinned by

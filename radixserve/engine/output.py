@@ -61,7 +61,6 @@ def take_output(req: Request, finished: bool = False) -> RequestOutput:
     new_text = req.text[req.emitted_chars : visible]
     req.emitted_tokens = len(out_ids)
     req.emitted_chars = max(req.emitted_chars, visible)
-    req.metrics.num_output_tokens = len(out_ids)
     return RequestOutput(
         request_id=req.group_id,
         prompt_token_ids=req.prompt_token_ids,
@@ -71,7 +70,7 @@ def take_output(req: Request, finished: bool = False) -> RequestOutput:
         new_text=new_text,
         finished=finished,
         finish_reason=req.finish_reason,
-        num_cached_tokens=req.num_cached_tokens,
+        num_cached_tokens=req.metrics.num_cached_tokens,
         metrics=req.metrics,
         error=req.error,
         logits=list(req.logits) if finished else [],

@@ -43,7 +43,8 @@ class Request:
     (`state`, `admitted_seq`), the KVCacheManager the blocks (`num_computed`, `block_table`,
     `num_shared_blocks`, `lock_node`), radixserve.engine.output the output (new
     `token_ids`, `text`, `emitted_*`, the log-probs), and the engine the ending
-    (`finish_reason`, `error`).
+    (`finish_reason`, `error`) and `metrics`, which the request creates with its arrival
+    time and prompt length and the engine alone writes after.
 
     A request with n > 1 choices is one Request per choice, sharing `group_id` (the id the
     caller knows); choice i > 0 follows choice 0 (`leader`): it is admitted once the
@@ -65,7 +66,6 @@ class Request:
     num_shared_blocks: int = 0
     lock_node: Any = None
     window_pinned_from: int = 0  # block_table[this:] pinned in the window pool (if any)
-    num_cached_tokens: int = 0  # tokens served from the cache at first admission
     admitted_seq: int = 0  # admission order, for choosing whom to preempt
     generator: torch.Generator | None = None
     finish_reason: str | None = None

@@ -83,8 +83,9 @@ class Scheduler:
         req.state = RequestState.WAITING
         self.waiting.append(req)
 
-    def remove(self, req: Request, cache_computed: bool = True) -> None:
-        """Drop `req` from the queues and give back its blocks and locks."""
+    def finish(self, req: Request, cache_computed: bool = True) -> None:
+        """End `req` here: out of the queues, its blocks and locks released (its computed
+        blocks offered to the cache with `cache_computed`), its state FINISHED."""
         if req in self.running:
             self.running.remove(req)
             self.kv.release(req, cache_computed)
@@ -142,11 +143,7 @@ class Scheduler:
             reserve = len(self.running)
             if need + reserve + peek // bs > self.kv.num_available():
                 break
-            cached = self.kv.admit(req)
-            if req.metrics.first_scheduled_time is None:
-                req.metrics.first_scheduled_time = time.monotonic()
-                req.num_cached_tokens = cached
-                req.metrics.num_cached_tokens = cached
+            self.kv.admit(req)
             n = min(req.num_remaining, budget)
             if not self.kv.ensure_blocks(req, req.num_computed + n):
                 self.kv.release(req, cache_computed=False)
@@ -211,7 +208,6 @@ class Scheduler:
         self.running.remove(req)
         self.kv.release(req, cache_computed=True)
         req.state = RequestState.WAITING
-        req.metrics.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.insert(0, req)
         out.preempted.append(req)

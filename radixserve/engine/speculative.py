@@ -217,13 +217,12 @@ class Speculator:
 
     def record(self, req: Request, num_drafted: int, num_accepted: int) -> None:
         """Count a verification of `num_drafted` tokens that kept `num_accepted` (vLLM's
-        spec_decode counters, the engine's and `req`'s), and adapt `req`'s draft length."""
+        spec_decode counters of the engine; the engine counts `req`'s), and adapt `req`'s draft
+        length."""
         c = self.counters
         c.spec_decode_num_drafts += 1
         c.spec_decode_num_draft_tokens += num_drafted
         c.spec_decode_num_accepted_tokens += num_accepted
-        req.metrics.num_draft_tokens += num_drafted
-        req.metrics.num_accepted_tokens += num_accepted
         self.observe(req, num_drafted, num_accepted)
 
     def observe(self, req: Request, num_drafted: int, num_accepted: int) -> None:

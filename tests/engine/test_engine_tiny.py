@@ -208,6 +208,39 @@ def test_random_workload_under_memory_pressure_keeps_invariants(
     assert engine.kv.num_private_blocks == 0
 
 
+def test_each_requests_metrics_add_up_under_preemption(make_tiny_engine) -> None:
+    """RequestMetrics, which the engine alone writes: times in order, the cache hit and the
+    computed prompt tokens cover the prompt (exactly, unless a preemption made it recompute),
+    one output token per token returned, and the preemptions sum to the engine's count."""
+    engine = make_tiny_engine(num_blocks=40, max_num_batched_tokens=48, max_num_seqs=8)
+    engine.scheduler.aging_s = float("inf")
+    rng = random.Random(3)
+    col = Collector()
+    shared = [rng.randrange(1000, 1100) for _ in range(24)]
+    prompts = {}
+    for _ in range(60):
+        prompt = shared[: rng.randrange(1, 24)] + [rng.randrange(2000, 2100) for _ in range(8)]
+        params = SamplingParams(max_tokens=rng.randrange(1, 24), temperature=0.0, ignore_eos=True)
+        prompts[engine.add_request(prompt, params, on_output=col)] = prompt
+        for _ in range(rng.randrange(0, 3)):
+            engine.step()
+    run_until_idle(engine)
+    preempted = 0
+    for rid, prompt in prompts.items():
+        out = col.final(rid)
+        m = out.metrics
+        assert out.finish_reason == "length" and out.num_cached_tokens == m.num_cached_tokens
+        assert m.first_scheduled_time is not None and m.first_token_time is not None
+        assert m.finish_time is not None
+        assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finish_time
+        assert m.num_prompt_tokens == len(prompt) and m.num_output_tokens == len(out.token_ids)
+        covered = m.num_cached_tokens + m.num_computed_prompt_tokens
+        assert covered == len(prompt) if m.num_preemptions == 0 else covered >= len(prompt)
+        preempted += m.num_preemptions
+    assert preempted == engine.stats().preemptions_total > 0
+    assert sum(col.final(r).num_cached_tokens > 0 for r in prompts) > 10
+
+
 def sample(engine, params: SamplingParams, prompt: list[int] | None = None) -> RequestOutput:
     """The final output of one request run alone on `engine`."""
     col = Collector()
