@@ -29,8 +29,11 @@ class PrefixCache(ABC):
     The whole contract: find (`match_prefix`, `peek_prefix`), add (`insert`), pin
     (`lock`/`unlock`), free (`evict`, `evict_path`, `reset`), hand out blocks (`allocate`), report
     (`stats`, listeners, `leaf_paths`, `snapshot`), save and load (`export_nodes`,
-    `restore_nodes`) and check itself (`check_invariants`). Every method is thread-safe.
-    `enabled` is False only for the cache that caches nothing (`NullCache`).
+    `restore_nodes`) and check itself (`check_invariants`). Every method is thread-safe (one
+    re-entrant `_mutex`). To lock a node is to pin its path against eviction (a lock count
+    per node, the `locked_blocks` of the stats); the window pool's `pin` is its counterpart
+    for window slots. `enabled` is False only for the cache that caches nothing
+    (`NullCache`).
     """
 
     enabled: ClassVar[bool]
@@ -42,7 +45,7 @@ class PrefixCache(ABC):
         self.block_size = block_size
         self.counters = CacheCounters()  # read them through `stats()`
         # Re-entrant, so that listeners, and a subclass's own steps, may call public methods.
-        self._lock = threading.RLock()
+        self._mutex = threading.RLock()
         # Every listener -> whether it asked for detail (see `add_listener`).
         self._listeners: dict[Listener, bool] = {}
 
@@ -122,7 +125,7 @@ class PrefixCache(ABC):
 
     def stats(self) -> CacheStats:
         """A consistent snapshot of sizes and counters."""
-        with self._lock:
+        with self._mutex:
             return self.counters.freeze(self.pool)
 
     def add_listener(self, listener: Listener, *, detail: bool = False) -> None:
@@ -135,12 +138,12 @@ class PrefixCache(ABC):
         wait on another thread that uses it. Exceptions it raises are logged and
         swallowed, so one bad listener cannot break the cache or the other listeners.
         """
-        with self._lock:
+        with self._mutex:
             self._listeners[listener] = detail
 
     def remove_listener(self, listener: Listener) -> None:
         """Stop calling `listener`; raises ValueError if it was not added."""
-        with self._lock:
+        with self._mutex:
             if self._listeners.pop(listener, None) is None:
                 raise ValueError(f"{listener!r} is not a listener of this cache")
 

@@ -42,7 +42,7 @@ class NullCache(PrefixCache):
 
     def match_prefix(self, token_ids: TokenIds, namespace: Hashable = None) -> MatchResult:
         """Nothing is cached: no tokens, no blocks, and the namespace's (empty) root."""
-        with self._lock:
+        with self._mutex:
             self.counters.lookups += 1
             self.counters.missed_tokens += len(token_ids)
         return MatchResult(0, [], _root(namespace))
@@ -69,7 +69,7 @@ class NullCache(PrefixCache):
             )
         if not self.pool.all_used(blocks):
             raise ValueError("insert needs blocks allocated from this cache's pool")
-        with self._lock:
+        with self._mutex:
             self.counters.inserts += 1
         return InsertResult(0, _root(namespace), [])
 
@@ -114,7 +114,7 @@ class NullCache(PrefixCache):
     def check_invariants(self, num_private_blocks: int | None = None) -> None:
         """Raise InvariantError unless nothing is cached or locked and, with
         `num_private_blocks`, free + private == total (every used block is a request's)."""
-        with self._lock:
+        with self._mutex:
             c = self.counters
             if c.cached_blocks or c.locked_blocks or c.num_nodes or c.evicted_blocks:
                 raise InvariantError(f"a cache that is off counts cached blocks: {c}")

@@ -26,7 +26,7 @@ class BlockPool:
         # and freed blocks are reused first.
         self._free = list(range(num_blocks - 1, -1, -1))
         self._is_free = bytearray(b"\x01") * num_blocks
-        self._lock = threading.Lock()
+        self._mutex = threading.Lock()
         self.window = window
 
     @property
@@ -61,7 +61,7 @@ class BlockPool:
         """Take `n` free blocks; return their ids. If short, raise CacheFullError, taking none."""
         if n < 0:
             raise ValueError(f"cannot allocate {n} blocks")
-        with self._lock:
+        with self._mutex:
             if n > len(self._free):
                 raise CacheFullError(n, len(self._free))
             if n == 0:
@@ -83,7 +83,7 @@ class BlockPool:
         is already free, or appears twice.
         """
         ids = list(ids)
-        with self._lock:
+        with self._mutex:
             is_free = self._is_free
             for i, block_id in enumerate(ids):
                 if not self._owns(block_id) or is_free[block_id]:

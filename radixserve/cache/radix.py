@@ -88,7 +88,7 @@ class RadixCache(PrefixCache):
         returned match get one more hit and the policy hears of it. Lock the returned
         node before the blocks may be evicted (before the next `evict` or `allocate`).
         """
-        with self._lock:
+        with self._mutex:
             counters = self.counters
             counters.lookups += 1
             root = self._root(namespace)
@@ -118,7 +118,7 @@ class RadixCache(PrefixCache):
 
         Read-only: no split, no access-time update, no statistics.
         """
-        with self._lock:
+        with self._mutex:
             root = self._root(namespace)
             if root is None:
                 return 0
@@ -133,7 +133,7 @@ class RadixCache(PrefixCache):
 
         Read-only, like `peek_prefix`: the speculative drafter asks this every decode step.
         """
-        with self._lock:
+        with self._mutex:
             root = self._root(namespace)
             if root is None:
                 return []
@@ -166,7 +166,7 @@ class RadixCache(PrefixCache):
             )
         if not self.pool.all_used(blocks):
             raise ValueError("insert needs blocks allocated from this cache's pool")
-        with self._lock:
+        with self._mutex:
             counters = self.counters
             root = self._root_or_new(namespace)
             query = LazyQuery(token_ids, len(token_ids))
@@ -221,7 +221,7 @@ class RadixCache(PrefixCache):
         Locks nest (a count per node). Locking a root is a no-op. Raises ValueError if
         the node was evicted.
         """
-        with self._lock:
+        with self._mutex:
             if node.removed:
                 raise ValueError("cannot lock a node that was evicted")
             counters = self.counters
@@ -237,7 +237,7 @@ class RadixCache(PrefixCache):
 
         Raises ValueError if `node` is not locked (the count would go below zero).
         """
-        with self._lock:
+        with self._mutex:
             if node.parent is not None and node.lock_ref <= 0:
                 raise ValueError("unlock of a node that is not locked")
             counters = self.counters
@@ -259,7 +259,7 @@ class RadixCache(PrefixCache):
         evicted in the same call. Freed blocks go back to the pool; listeners get one
         "evict" event per removed run.
         """
-        with self._lock:
+        with self._mutex:
             self._requeue_fallen()
             freed: list[int] = []
             events: list[CacheEvent] = []
@@ -288,7 +288,7 @@ class RadixCache(PrefixCache):
         num_bytes = len(token_ids) * TOKEN_BYTES
         if num_bytes == 0 or num_bytes % self._block_bytes:
             raise ValueError("evict_path needs a non-empty whole number of blocks")
-        with self._lock:
+        with self._mutex:
             root = self._root(namespace)
             if root is None:
                 return 0
@@ -322,7 +322,7 @@ class RadixCache(PrefixCache):
         Plain listeners get one "evict" per removed run; detailed ones one "clear", then an
         "insert" per node that stayed, parents first.
         """
-        with self._lock:
+        with self._mutex:
             refetch, self._refetch = self._refetch, None
             freed: list[int] = []
             events: list[CacheEvent] = []
@@ -352,7 +352,7 @@ class RadixCache(PrefixCache):
 
         Raises CacheFullError, evicting nothing, if free plus evictable blocks are too few.
         """
-        with self._lock:
+        with self._mutex:
             short = num_blocks - self.pool.num_free
             if short > 0:
                 evictable = self.counters.cached_blocks - self.counters.locked_blocks
@@ -369,7 +369,7 @@ class RadixCache(PrefixCache):
         Walks the whole tree under the lock; for snapshots and tests, not the hot path.
         """
         out: list[tuple[Hashable, tuple[int, ...]]] = []
-        with self._lock:
+        with self._mutex:
             for namespace, root in self._roots.items():
                 for node in post_order(root):
                     if not node.children and node is not root:
@@ -382,7 +382,7 @@ class RadixCache(PrefixCache):
         Holds the lock for one pass over the tree (a few hundred ns per node), so callers
         that poll should not do it more often than they need.
         """
-        with self._lock:
+        with self._mutex:
             return take_snapshot(self._roots, self.block_size, head_tokens)
 
     def export_nodes(self) -> list[NodeRecord]:
@@ -390,7 +390,7 @@ class RadixCache(PrefixCache):
 
         Read-only; walks the whole tree (for saving the cache at shutdown).
         """
-        with self._lock:
+        with self._mutex:
             return export_records(self._roots.values())
 
     def restore_nodes(self, records: Sequence[NodeRecord]) -> list[RadixNode | None]:
@@ -404,7 +404,7 @@ class RadixCache(PrefixCache):
         """
         nodes: list[RadixNode | None] = []
         pool_full = False
-        with self._lock:
+        with self._mutex:
             for rec in records:
                 parent = nodes[rec.parent] if rec.parent >= 0 else None
                 node = None
@@ -617,7 +617,7 @@ class RadixCache(PrefixCache):
         tier_queued: list[RadixNode] | None = None,
     ) -> None:
         """`check_invariants`, with the offload `tier` and its queued nodes if there is one."""
-        with self._lock:
+        with self._mutex:
             check_tree(
                 roots=list(self._roots.values()),
                 heap_nodes=self._queues.nodes(),

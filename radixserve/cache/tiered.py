@@ -58,20 +58,20 @@ class TieredRadixCache(RadixCache):
         a node the tier cannot take at all is evicted with its offloaded subtree. Returns
         the pool blocks freed. Detailed listeners get a "demote" per moved run.
         """
-        with self._lock:
+        with self._mutex:
             self._requeue_fallen()
             return self._demote(num_blocks)
 
     def stats(self) -> CacheStats:
         """A consistent snapshot of sizes and counters, the tier's included."""
-        with self._lock:
+        with self._mutex:
             return self.counters.freeze(self.pool, self.tier)
 
     def check_invariants(self, num_private_blocks: int | None = None) -> None:
         """`RadixCache.check_invariants`, plus: offloaded nodes hold tier blocks (each in one
         node, none free), only have offloaded children, and are queued in the tier's queue
         when droppable; the tier's used blocks are exactly the offloaded ones."""
-        with self._lock:
+        with self._mutex:
             self._check(num_private_blocks, self.tier, self._tier_queue.nodes())
 
     # ----------------------------------------------------------------- the tree's hooks

@@ -40,7 +40,7 @@ class WindowSlots:
         self._pins = [0] * num_blocks
         self._free = list(range(num_slots - 1, -1, -1))
         self._idle: OrderedDict[int, None] = OrderedDict()  # unpinned blocks with a slot
-        self._lock = threading.Lock()
+        self._mutex = threading.Lock()
         self.evicted = 0  # slots taken from unpinned blocks so far
 
     @property
@@ -66,7 +66,7 @@ class WindowSlots:
         """Give each of `blocks` (newly allocated, slotless) a slot, pinned once. Evicts the
         least recently unpinned slots when no free ones are left; raises CacheFullError,
         changing nothing, when free plus unpinned slots are too few."""
-        with self._lock:
+        with self._mutex:
             if len(blocks) > len(self._free) + len(self._idle):
                 raise CacheFullError(len(blocks), len(self._free) + len(self._idle))
             for b in blocks:
@@ -82,7 +82,7 @@ class WindowSlots:
 
     def drop(self, blocks: Iterable[int]) -> None:
         """Forget `blocks` (returned to the block pool): their slots become free, pins gone."""
-        with self._lock:
+        with self._mutex:
             for b in blocks:
                 slot = self._slot[b]
                 if slot != NO_SLOT:
@@ -93,7 +93,7 @@ class WindowSlots:
 
     def pin(self, blocks: Iterable[int]) -> None:
         """One more reader for each of `blocks`; each must have a slot."""
-        with self._lock:
+        with self._mutex:
             for b in blocks:
                 if self._slot[b] == NO_SLOT:
                     raise ValueError(f"block {b} has no window slot to pin")
@@ -103,7 +103,7 @@ class WindowSlots:
     def unpin(self, blocks: Iterable[int]) -> None:
         """One reader fewer for each of `blocks`; a slot left with none becomes evictable,
         the most recently unpinned last."""
-        with self._lock:
+        with self._mutex:
             for b in blocks:
                 if self._pins[b] <= 0:
                     raise ValueError(f"block {b} is not pinned")
@@ -114,7 +114,7 @@ class WindowSlots:
     def move(self, src: int, dst: int) -> None:
         """Hand `src`'s slot (and its pins) to `dst`, which has none: the two blocks hold the
         same tokens' K/V (a block published twice keeps the tree's copy)."""
-        with self._lock:
+        with self._mutex:
             slot = self._slot[src]
             if slot == NO_SLOT or self._slot[dst] != NO_SLOT:
                 raise ValueError(f"cannot move window slot of block {src} to block {dst}")
@@ -135,7 +135,7 @@ class WindowSlots:
         `window` tokens lie in all have slots."""
         bs = self.block_size
         end = min(num_tokens, len(blocks) * bs) // bs * bs
-        with self._lock:
+        with self._mutex:
             while end > 0:
                 lo = self.first_needed(end - 1)  # a full hit recomputes its last token
                 missing = next(
@@ -150,7 +150,7 @@ class WindowSlots:
     def check_invariants(self, used: Iterable[int]) -> None:
         """Raise InvariantError unless every slot is free, idle or pinned exactly once over,
         and only blocks in `used` (the block pool's allocated ids) hold slots or pins."""
-        with self._lock:
+        with self._mutex:
             used_set = set(used)
             held = [b for b in range(self.num_blocks) if self._slot[b] != NO_SLOT]
             slots = [self._slot[b] for b in held] + self._free

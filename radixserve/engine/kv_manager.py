@@ -40,8 +40,11 @@ class KVCacheManager:
         self.block_size = cache.block_size
         self.copy_block = copy_block
         self.num_private_blocks = 0
-        self.query_tokens = 0
-        self.hit_tokens = 0
+        # vLLM's prefix_cache_queries / _hits: admitted prompts' tokens, and those a hit gave
+        # them (a hit shortened to the window's slots or to the last token counts as given;
+        # the cache's own hit_tokens counts what each lookup matched)
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
 
     def policy_info(self) -> dict[str, object]:
         """The eviction settings, for /v1/cache/stats."""
@@ -80,7 +83,7 @@ class KVCacheManager:
         """
         assert not req.block_table and req.lock_node is None
         n = len(req.token_ids)
-        self.query_tokens += n
+        self.prefix_cache_queries += n
         key = req.token_ids if self.copy_block is not None else self._match_key(req)
         limit = req.cacheable_prefix
         if limit is not None:  # rows still to score must be computed: match only before them
@@ -109,7 +112,7 @@ class KVCacheManager:
                 self.num_private_blocks += 1
                 req.num_computed = n - 1
                 req.window_pinned_from = pinned_from
-                self.hit_tokens += n - 1
+                self.prefix_cache_hits += n - 1
                 return n - 1
             if self.window is not None:  # a block shorter: its window may reach further back
                 self.window.unpin(m.blocks[pinned_from:])
@@ -121,7 +124,7 @@ class KVCacheManager:
         req.window_pinned_from = pinned_from
         if self._fork_tail(req):
             cached = req.num_computed
-        self.hit_tokens += cached
+        self.prefix_cache_hits += cached
         return cached
 
     def _pin_hit(self, blocks: list[int], cached: int) -> tuple[int, int]:

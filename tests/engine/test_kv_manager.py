@@ -111,7 +111,7 @@ class ManagerMachine(RuleBasedStateMachine):
         stats = self.kv.cache.stats()
         assert self.kv.pool.num_free + stats.cached_blocks + private == POOL
         if not self.enabled:
-            assert stats.cached_blocks == stats.num_nodes == self.kv.hit_tokens == 0
+            assert stats.cached_blocks == stats.num_nodes == self.kv.prefix_cache_hits == 0
             assert all(req.num_shared_blocks == 0 for req in self.running)
             assert self.kv.num_available() == self.kv.pool.num_free
 
