@@ -1,5 +1,5 @@
 """The arithmetic a quantized float32 model's prefill runs in, picked once at start-up by what
-the CPU has.
+the CPU has. Each path's measured speed and quality: docs/cpu.md.
 
 - `amx-bf16`: on CPUs with AMX (Intel Sapphire Rapids and later), prefill chunks' matmuls
   run on the tile units from int4/int8 codes dequantized into bfloat16 panels (gemm_bf16.cpp),
@@ -7,41 +7,33 @@ the CPU has.
   (attention_bf16.cpp); sums are float32 throughout. Linux must grant the process AMX's tile
   state (arch_prctl): where it refuses, this path is not offered.
 - `avx512-bf16`: the same GEMM panels and attention through AVX-512 BF16's vdpbf16ps. Not
-  picked by itself: on an Intel Xeon with AMX its GEMMs ran at 95 against float32's 142
-  GFLOP/s (one vdpbf16ps a cycle against two FMAs); selectable for CPUs where it may pay.
+  picked by itself (one vdpbf16ps a cycle lost to two float32 FMAs on the AMX Xeon);
+  selectable for CPUs where it may pay.
 - `int8-vnni`: on CPUs with AVX-512 VNNI but no AMX (Cascade Lake, Ice Lake, Zen 4), each
-  prefill row is quantized to int8 per group of 32 (scale max|x| / 127, as llama.cpp's Q8
+  row is quantized to int8 per group of 32 (scale max|x| / 127, as llama.cpp's Q8
   activations) and meets the int4/int8 codes in vpdpbusd integer dot products
-  (gemm_vnni.cpp); sums of groups float32. On the AMX Xeon a 2048 x 576 -> 3072 int4 GEMM ran
-  2.9x faster than float32's (66 against 189 ms; AMX 58 ms), one run at load 10. Attention is
-  bf16 through vdpbf16ps on CPUs with AVX-512 BF16 and no AMX in hardware (Zen 4: 1.4x
-  float32's speed for 50 new tokens over 2k cached, 1.8x for a 2k prompt, single op, both
-  threads), float32 elsewhere (an Intel CPU with AMX runs two 512-bit FMAs a cycle against one
-  vdpbf16ps, so there it would not pay; not measured).
+  (gemm_vnni.cpp); sums of groups float32. Attention is bf16 through vdpbf16ps on CPUs with
+  AVX-512 BF16 and no AMX in hardware, float32 elsewhere (where a CPU has AMX its two
+  float32 FMAs a cycle match one vdpbf16ps).
 - `int8-avx2`: on CPUs with AVX2 but neither AMX nor AVX-512 VNNI (AMD Zen 2/3, older
   Intel), a GGUF's K-quant blocks are kept as the file stores them (Q4_K at 4.5 bits a weight,
   not repacked into int4 codes at 6). Their decode rows and chunks shorter than 8 rows meet
   them with int8 activations per group of 32 through vpmaddubsw (gguf_q8.cpp), fewer
   instructions than turning every code into a float; longer prefill chunks run the float32
   kernels over the same blocks. Matrices wholly of Q4_0 / Q4_1 / Q5_0 / Q8_0 are repacked
-  into int4 / int8 codes and run the float32 kernels as on fp32 (the default model's: those
-  kernels decoded it 1.4x faster than int8 activations on its Q4_1 blocks); attention is
-  float32.
+  into int4 / int8 codes and run the float32 kernels as on fp32 (faster there than int8
+  activations on such blocks); attention is float32.
 - `fp32`: float32 everywhere (radixserve's float32 kernels, exact to float32 rounding): the
   choice on CPUs without AVX2 and for `--dtype float32`.
 
 Decode rows (1-16 a step, or the decode rows of a mixed step) run the float32 GEMV kernels on
 the bfloat16 paths and fp32. On int8-vnni they take int8 activations too (gemm_vnni.cpp): int4
 matrices are held as panels (QuantizedWeight kind int4-vnni, in place of the codes) on which
-every row runs, decode or prefill, in one call; int8 codes are read as stored, and GGUF blocks
-of other kinds (Q6_K, Q5_K, mixed) meet int8 activations as on int8-avx2. On the AMD EPYC Zen 4
-the default model's 120 layer GEMMs of a step (int4, read from memory) took 2.8-3.4 ms for one
-row against float32's 4.2-4.6, and 4.9 for six rows (a step verifying five drafts) against
-12.0-14.1. The panels also spare prefill chunks the per-call packing: the default model's four
-layer GEMM shapes took 0.17 against 0.23 ms at 8 rows, 0.51 against 0.62 at 32 and level from
-512 rows (35.0 against 35.8 ms at 2,000). The LM head takes the same decode kernels. Only
-matrices whose sizes fit the tiles (in_features a multiple of 32, out_features of 16) take the
-matrix path.
+every row runs, decode or prefill, in one call, so a row's result never depends on what shares
+its step and prefill chunks skip a per-call packing; int8 codes are read as stored, and GGUF
+blocks of other kinds (Q6_K, Q5_K, mixed) meet int8 activations as on int8-avx2. The LM head
+takes the same decode kernels. Only matrices whose sizes fit the tiles (in_features a multiple
+of 32, out_features of 16) take the matrix path.
 
 RADIXSERVE_PREFILL_PATH=fp32|avx512-bf16|amx-bf16|int8-vnni|int8-avx2 picks a path for
 `--dtype auto` (tests and comparisons); a path this CPU cannot run falls back to the default,
@@ -77,9 +69,8 @@ class PrefillPath(Enum):
 
     @property
     def min_rows(self) -> int:
-        """Prefill rows in a step from which its matmuls take this path (fewer: float32).
-        Measured per matmul of the default model's layer on the AMX Xeon (one thread): the
-        tiles are level with float32 at 8 rows and 1.6x faster at 12."""
+        """Prefill rows in a step from which its matmuls take this path (fewer: float32):
+        about where the matrix units start to beat the float32 kernels (docs/cpu.md)."""
         return {
             PrefillPath.FP32: 0,
             PrefillPath.AVX512_BF16: 64,
@@ -120,14 +111,12 @@ class PrefillPath(Enum):
     def attention_min_tokens(self) -> int:
         """Chunk tokens from which prefill attention takes the bfloat16 kernel (the context's
         K and V are rounded to bfloat16 first, whatever the chunk's length). At 2k keys of
-        context: AMX tiles level with float32 at 4 tokens and 1.9x faster at 16 (the AMX Xeon);
-        vdpbf16ps 0.81x at 8 tokens, 1.44x at 16 (Zen 4)."""
+        context, the tiles win from fewer tokens than vdpbf16ps does (docs/cpu.md)."""
         return 8 if self is PrefillPath.AMX_BF16 else 16
 
 
 ENV = "RADIXSERVE_PREFILL_PATH"
-# int8-vnni from 8 prefill rows: the default model's four layer GEMMs (int4, one thread, load
-# 11 on the AMX Xeon) took 0.85x float32's time at 4 rows, 0.69x at 8, 0.42x at 16.
+# int8-vnni from 8 prefill rows: where its GEMMs clearly beat float32's (docs/cpu.md).
 VNNI_MIN_ROWS = 8
 
 
