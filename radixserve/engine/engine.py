@@ -23,6 +23,7 @@ from radixserve.engine.sampler import make_generator, sampling_row, score_rows
 from radixserve.engine.scheduler import ScheduledChunk, SchedulerOutput
 from radixserve.engine.spec_config import parse_speculative_config
 from radixserve.engine.speculative import Speculator
+from radixserve.engine.startup import phase
 from radixserve.engine.stats import EngineCounters, EngineStats, cache_stats, collect_stats
 from radixserve.engine.structured import GrammarCompiler
 from radixserve.engine.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -86,8 +87,9 @@ class LLMEngine:
         # One grammar bitmask row per sampled sequence of a step, refilled in place.
         self._bitmask = torch.zeros(0, self.grammars.bitmask_words, dtype=torch.int32)
         # Built by prepare_structured_outputs, else when a JSON-constrained row first nears
-        # max_tokens.
+        # max_tokens; under its lock, which a build in the background holds until it is done.
         self._closer: JsonCloser | None = None
+        self._closer_lock = threading.Lock()
         self._counters = EngineCounters()
         spec = self.config.speculative_config
         self._speculator = (
@@ -126,19 +128,28 @@ class LLMEngine:
             self._thread.start()
             _running_engines.add(self)
 
-    def prepare_structured_outputs(self) -> None:
+    def prepare_structured_outputs(self, background: bool = False) -> None:
         """Build structured outputs' per-vocabulary tables now (about 0.8 s for the default
-        model), so that the first request that needs them does not wait: llguidance's view of
-        the tokenizer, which the first grammar compile would build, and the JSON closing
-        token sets, which the engine loop would build mid-step (stalling every running
-        request) once a JSON-constrained row first nears its max_tokens. Call it before
-        start(). A table that cannot be built is logged, and left to fail as before: in the
-        requests that need it."""
-        for build in (self.grammars.prepare, self._json_closer):
-            try:
-                build()
-            except Exception as e:  # the tokenizer's converters raise what they like
-                log.warning("a structured outputs' table was not built at start: %s", e)
+        model), so that the first request that needs them does not build them: llguidance's
+        view of the tokenizer, which the first grammar compile would build, and the JSON
+        closing token sets, which the engine loop would build mid-step (stalling every running
+        request) once a JSON-constrained row first nears its max_tokens. With `background`,
+        on a thread of their own, so the server listens meanwhile; each table is built under
+        its lock, so a request that needs one in that time waits for it. A table that cannot
+        be built is logged, and left to fail as before: in the requests that need it."""
+        if background:
+            name = "structured-outputs-tables"
+            threading.Thread(target=self._build_tables, name=name, daemon=True).start()
+        else:
+            self._build_tables()
+
+    def _build_tables(self) -> None:
+        with phase("structured outputs' tables"):
+            for build in (self.grammars.prepare, self._json_closer):
+                try:
+                    build()
+                except Exception as e:  # the tokenizer's converters raise what they like
+                    log.warning("a structured outputs' table was not built at start: %s", e)
 
     def is_alive(self) -> bool:
         """True while the loop thread runs and has not crashed."""
@@ -434,10 +445,11 @@ class LLMEngine:
 
     def _json_closer(self) -> JsonCloser:
         """The vocabulary's JSON closing token sets, built on first use."""
-        if self._closer is None:
-            vocab = self.grammars.vocab_size
-            self._closer = JsonCloser(self.tokenizer.hf, vocab, self._parts.eos_ids)
-        return self._closer
+        with self._closer_lock:
+            if self._closer is None:
+                vocab = self.grammars.vocab_size
+                self._closer = JsonCloser(self.tokenizer.hf, vocab, self._parts.eos_ids)
+            return self._closer
 
     def _postprocess(self, chunks: list[ScheduledChunk], rows: list[list[StepRow]]) -> None:
         """Record what the step computed, then each drawn token (a chunk's, then those its

@@ -67,7 +67,6 @@ def run_serve(args: argparse.Namespace) -> int:
 
         tiers = load_api_key_tiers(opts.api_key_tiers)  # a bad file: ValueError, one line
     from radixserve.engine.engine import LLMEngine
-    from radixserve.engine.startup import phase
 
     # Start-up errors propagate: radixserve.cli prints them as one line (after the checks
     # of radixserve.preflight, which run before this).
@@ -76,8 +75,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if fault:
         install_fault_injection(engine, fault)  # a bad spec is a ValueError: one line, exit 2
     try:
-        with phase("structured outputs' tables"):
-            engine.prepare_structured_outputs()
+        engine.prepare_structured_outputs(background=True)  # requests wait for what they need
         engine.start()
         return _serve(engine, opts.server_config(), tiers)
     finally:

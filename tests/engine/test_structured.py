@@ -198,6 +198,36 @@ def test_tables_built_before_start_are_the_ones_the_first_requests_use(make_tiny
     assert engine._closer is closer and engine.grammars._ll_tokenizer is ll_tokenizer
 
 
+def test_tables_built_in_the_background_serve_a_request_that_comes_meanwhile(
+    make_tiny_engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server builds the tables on a thread of its own while it listens: a constrained
+    request that arrives meanwhile waits for what it needs, and each table is built once."""
+    import radixserve.engine.engine as engine_module
+
+    engine, col = make_tiny_engine(num_blocks=256), Collector()
+    builds: list[float] = []
+    real = engine_module.JsonCloser
+
+    def slow_closer(*args):
+        builds.append(time.monotonic())
+        time.sleep(0.5)  # still building while the request runs to its closing tokens
+        return real(*args)
+
+    monkeypatch.setattr(engine_module, "JsonCloser", slow_closer)
+    engine.prepare_structured_outputs(background=True)
+    spec = StructuredOutput.json_schema(
+        {"type": "object", "properties": {"note": {"type": "string"}}}
+    )
+    rid = engine.add_request(
+        PROMPT, constrained(spec, temperature=1.0, seed=0, max_tokens=16), on_output=col
+    )
+    run_until_idle(engine)
+    json.loads(col.final(rid).text)  # steered to close within max_tokens by the one table
+    assert len(builds) == 1 and engine._closer is not None
+    assert engine.grammars._ll_tokenizer is not None
+
+
 def test_a_table_that_cannot_be_built_at_start_is_logged_and_left_to_the_requests(
     make_tiny_engine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
