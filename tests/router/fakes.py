@@ -60,7 +60,6 @@ class FakeState:
 def fake_worker_app(state: FakeState) -> FastAPI:
     """A FastAPI app imitating `radixserve serve` closely enough for the router."""
     app = FastAPI()
-    tok = CharTokenizer()
     trie = WorkerTrie(BLOCK_SIZE, state.num_blocks)
     subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
 
@@ -87,10 +86,26 @@ def fake_worker_app(state: FakeState) -> FastAPI:
     app.state.fake = state
     app.state.trie = trie
     app.state.reset = reset
+    _add_status_routes(app, state, trie)
+    _add_events_route(app, state, trie, subscribers)
+    _add_chat_route(app, state, trie)
+    return app
+
+
+def _authorized(state: FakeState, request: Request) -> bool:
+    return not state.api_key or request.headers.get("authorization") == f"Bearer {state.api_key}"
+
+
+def _add_status_routes(app: FastAPI, state: FakeState, trie: WorkerTrie) -> None:
+    """/health, /v1/models, the cache's stats and tree, and the dashboard's stats."""
 
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": "fake", "object": "model"}]}
 
     @app.get("/v1/cache/stats")
     async def stats() -> dict[str, int]:
@@ -102,7 +117,7 @@ def fake_worker_app(state: FakeState) -> FastAPI:
 
     @app.get("/v1/cache/tree")
     async def cache_tree(request: Request) -> Response:
-        if state.api_key and request.headers.get("authorization") != f"Bearer {state.api_key}":
+        if not _authorized(state, request):
             return JSONResponse({"error": {"message": "bad key"}}, status_code=401)
         max_nodes = int(request.query_params.get("max_nodes", "100"))
         body = tree_json(trie.cache.snapshot(), max_nodes, None, time.monotonic())
@@ -129,9 +144,14 @@ def fake_worker_app(state: FakeState) -> FastAPI:
             "ttft": {"buckets": [[None, 0]], "count": 0, "sum": 0.0},
         }
 
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": "fake", "object": "model"}]}
+
+def _add_events_route(
+    app: FastAPI,
+    state: FakeState,
+    trie: WorkerTrie,
+    subscribers: set[asyncio.Queue[dict[str, Any]]],
+) -> None:
+    """/v1/cache/events: a snapshot of the cached paths, then each cache event."""
 
     @app.get("/v1/cache/events")
     async def events() -> StreamingResponse:
@@ -155,10 +175,16 @@ def fake_worker_app(state: FakeState) -> FastAPI:
 
         return StreamingResponse(gen(), media_type="text/event-stream")
 
+
+def _add_chat_route(app: FastAPI, state: FakeState, trie: WorkerTrie) -> None:
+    """/v1/chat/completions: the failures the test asked for, else "ok" with the prompt's
+    cached tokens in its usage (the prompt then cached)."""
+    tok = CharTokenizer()
+
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         state.auth_seen.append(request.headers.get("authorization"))
-        if state.api_key and request.headers.get("authorization") != f"Bearer {state.api_key}":
+        if not _authorized(state, request):
             return JSONResponse({"error": {"message": "bad key"}}, status_code=401)
         if state.fail_next:
             status = state.fail_next.pop(0)
@@ -183,38 +209,37 @@ def fake_worker_app(state: FakeState) -> FastAPI:
             "total_tokens": len(ids) + 2,
             "prompt_tokens_details": {"cached_tokens": cached},
         }
-        if not body.get("stream"):
-            return JSONResponse(
-                {
-                    "id": "x",
-                    "object": "chat.completion",
-                    "model": "fake",
-                    "worker": state.name,
-                    "choices": [
-                        {
-                            "index": 0,
-                            "finish_reason": "length",
-                            "message": {"role": "assistant", "content": "ok"},
-                        }
-                    ],
-                    "usage": usage,
-                }
-            )
+        if body.get("stream"):
+            return StreamingResponse(_ok_chunks(usage), media_type="text/event-stream")
+        return JSONResponse(
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "model": "fake",
+                "worker": state.name,
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "length",
+                        "message": {"role": "assistant", "content": "ok"},
+                    }
+                ],
+                "usage": usage,
+            }
+        )
 
-        async def gen() -> AsyncIterator[bytes]:
-            for piece in ("o", "k"):
-                chunk = {
-                    "object": "chat.completion.chunk",
-                    "choices": [{"index": 0, "delta": {"content": piece}}],
-                }
-                yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
-            last = {"object": "chat.completion.chunk", "choices": [], "usage": usage}
-            yield b"data: " + json.dumps(last).encode() + b"\n\n"
-            yield b"data: [DONE]\n\n"
 
-        return StreamingResponse(gen(), media_type="text/event-stream")
-
-    return app
+async def _ok_chunks(usage: dict[str, Any]) -> AsyncIterator[bytes]:
+    """The streamed answer "ok", then the usage chunk and [DONE]."""
+    for piece in ("o", "k"):
+        chunk = {
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": {"content": piece}}],
+        }
+        yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
+    last = {"object": "chat.completion.chunk", "choices": [], "usage": usage}
+    yield b"data: " + json.dumps(last).encode() + b"\n\n"
+    yield b"data: [DONE]\n\n"
 
 
 class ServerThread:
