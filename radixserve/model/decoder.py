@@ -363,21 +363,21 @@ class DecoderModel(nn.Module):
         `prefill_path` too (the runner passes it)."""
         self.prefill_path = path
         self.weights_moved()  # int8-vnni repacks int4 codes into panels
-        fp32: list[str] = []  # projections that stay on the float32 kernels
+        fp32: list[str] = []  # projections whose prefill chunks stay on the float32 kernels
         for i, layer in enumerate(self.decoder_layers()):
             for attr, lin, _ in layer.projections():
                 if isinstance(lin, QuantLinear):
                     lin.use_prefill_path(path)
                 if path is not PrefillPath.FP32 and (
-                    not isinstance(lin, QuantLinear) or lin.prefill_path is PrefillPath.FP32
+                    not isinstance(lin, QuantLinear) or lin.prefill_rows_fp32
                 ):
                     fp32.append(f"layers.{i}.{attr}")
         if isinstance(self.head_lin, QuantLinear):
             self.head_lin.use_prefill_path(path)
         if fp32:
             log.info(
-                "prefill on %s: %d of %d layer projections stay float32 (dense, or codes or "
-                "sizes the bfloat16 kernels do not take), e.g. %s",
+                "prefill on %s: %d of %d layer projections' prefill chunks stay float32 (dense, "
+                "GGUF blocks as stored, or sizes the bfloat16 kernels do not take), e.g. %s",
                 path.value, len(fp32), 4 * len(self.decoder_layers()), ", ".join(fp32[:3]),
             )  # fmt: skip
 

@@ -348,7 +348,7 @@ class QuantLinear:
         int8-vnni an int4 weight is repacked into int4-vnni panels in place (and back on
         leaving it)."""
         if self.weight.kind == "gguf":  # gguf_q8.cpp takes every kind as stored
-            fits = path.int8_decode
+            fits = path.int8_decode or path.bf16  # bf16: int8 decode rows (_int8_rows)
         else:  # int4 / int8 codes; int8-avx2 leaves them on the float32 kernels
             fits = (
                 path is not PrefillPath.INT8_AVX2
@@ -377,6 +377,22 @@ class QuantLinear:
                 self._kernel = lambda x, out: q8(x, qs, scale, out)
         return self._kernel
 
+    @property
+    def prefill_rows_fp32(self) -> bool:
+        """Whether this matrix's prefill chunks run the float32 kernels whatever the path
+        (fp32, or GGUF blocks as stored, whose long chunks the bfloat16 tiles do not read)."""
+        return self.prefill_path is PrefillPath.FP32 or (
+            self.prefill_path.bf16 and self.weight.kind == "gguf"
+        )
+
+    def _int8_rows(self) -> bool:
+        """Whether decode rows (and chunks off the matrix units) take int8 activations: on
+        the int8 paths, and for GGUF blocks as stored on the bfloat16 paths too (whose tiles
+        read int4 / int8 codes only: the float32 block kernels read a K-quant at a fraction
+        of gguf_q8's speed per byte)."""
+        path = self.prefill_path
+        return path.int8_decode or (path.bf16 and self.weight.kind == "gguf")
+
     def _on_panels(self) -> bool:
         """Whether every row of this matrix, decode or prefill, runs in one call on int4-vnni
         panels."""
@@ -390,7 +406,7 @@ class QuantLinear:
         decode rows' kinds (GGUF blocks + gguf-q8; int8 codes as int8-vnni; int4-vnni panels
         as they are), else the codes' own. Kernels must be loaded."""
         w = self.weight
-        if self.prefill_path.int8_decode and w.kind == "gguf":  # blocks as stored
+        if self._int8_rows() and w.kind == "gguf":  # blocks as stored
             assert w.layout is not None
             layout = w.layout.clone()
             layout[:, 1] += kernels.quant_kind_code("gguf-q8")
@@ -407,7 +423,7 @@ class QuantLinear:
         if self._rows is None:
             self._rows = self._cpu_kernel()
             kind = self.weight.kind
-            if self._rows is not None and self.prefill_path.int8_decode and kind != "int4-vnni":
+            if self._rows is not None and self._int8_rows() and kind != "int4-vnni":
                 qs, scale, _, layout = self.decode_operands()
                 if kind == "gguf":
                     q8 = kernels.op("gguf_gemm_q8")
@@ -458,7 +474,12 @@ class QuantLinear:
         [M, out/2], the prefill rows (past `fp32_rows`) computed and activated in one pass on
         the matrix units, the decode rows by the float32 kernels and `silu_mul`. None where
         this call would not use the matrix units (the caller multiplies, then activates)."""
-        if self.bias is not None or self.out_features % 32 or not self.prefill_path.bf16:
+        if (
+            self.bias is not None
+            or self.out_features % 32
+            or not self.prefill_path.bf16
+            or self.weight.kind == "gguf"  # long chunks of blocks: the float32 kernels
+        ):
             return None
         x2 = x.reshape(-1, self.in_features)
         if x2.dtype != torch.float32 or not self._on_matrix_units(x2, fp32_rows):

@@ -67,14 +67,23 @@ def test_q8_kernel_gives_each_row_its_bits_alone(type_name: str) -> None:
         assert torch.equal(gemm_q8(x[r : r + 1].contiguous(), blocks, type_name)[0], together[r])
 
 
-@pytest.mark.parametrize("path", [PrefillPath.INT8_AVX2, PrefillPath.INT8_VNNI])
-def test_int8_paths_run_stored_blocks_decode_rows_in_int8_and_long_chunks_in_float32(
+PATHS = [
+    PrefillPath.INT8_AVX2,
+    PrefillPath.INT8_VNNI,
+    PrefillPath.AMX_BF16,
+    PrefillPath.AVX512_BF16,
+]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_stored_blocks_run_decode_rows_in_int8_and_long_chunks_in_float32_on_every_path(
     path: PrefillPath,
 ) -> None:
-    """A QuantLinear of Q4_K and Q6_K parts (a Q4_K_M qkv) as stored, on int8-avx2 and on
-    int8-vnni (where blocks that are not int4 / int8 codes stay as stored): its first
-    `fp32_rows` (decode rows) take int8 activations, a chunk of 8+ rows after them the float32
-    kernels, and each decode row's result is the one it gets alone."""
+    """A QuantLinear of Q4_K and Q6_K parts (a Q4_K_M qkv) as stored, on the int8 paths and on
+    the bfloat16 ones (whose tiles read int4 / int8 codes only, so such blocks stay as
+    stored): its first `fp32_rows` (decode rows) take int8 activations, a chunk of the path's
+    `min_rows` or more after them the float32 kernels, and each decode row's result is the
+    one it gets alone."""
     needs_int8_avx2()
     if path.value not in kernels.op("matrix_units")():
         pytest.skip(f"this CPU or build does not run {path.value}")
@@ -83,8 +92,9 @@ def test_int8_paths_run_stored_blocks_decode_rows_in_int8_and_long_chunks_in_flo
     lin = QuantLinear(gguf_weight(blocks, torch.tensor([[32, 12], [16, 14]]), 256))
     lin.use_prefill_path(path)
     assert lin.prefill_path is path
+    assert lin.silu_gated(torch.randn(16, 256), fp32_rows=2) is None  # no tile reads blocks
     dense = torch.cat([dequantized(q4k, "Q4_K"), dequantized(q6k, "Q6_K")])
-    x = torch.randn(12, 256)
+    x = torch.randn(2 + path.min_rows + 2, 256)  # 2 decode rows, then a long chunk
     out = lin(x, fp32_rows=2)
     torch.testing.assert_close(out[2:], x[2:] @ dense.T, rtol=1e-4, atol=1e-4)  # float32
     int8 = q8_activations(x[:2]) @ dense.double().T

@@ -27,13 +27,15 @@ the CPU has. Each path's measured speed and quality: docs/cpu.md.
   choice on CPUs without AVX2 and for `--dtype float32`.
 
 Decode rows (1-16 a step, or the decode rows of a mixed step) run the float32 GEMV kernels on
-the bfloat16 paths and fp32. On int8-vnni they take int8 activations too (gemm_vnni.cpp): int4
-matrices are held as panels (QuantizedWeight kind int4-vnni, in place of the codes) on which
-every row runs, decode or prefill, in one call, so a row's result never depends on what shares
-its step and prefill chunks skip a per-call packing; int8 codes are read as stored, and GGUF
-blocks of other kinds (Q6_K, Q5_K, mixed) meet int8 activations as on int8-avx2. The LM head
-takes the same decode kernels. Only matrices whose sizes fit the tiles (in_features a multiple
-of 32, out_features of 16) take the matrix path.
+the bfloat16 paths and fp32, but for GGUF blocks kept as stored (K-quants) on the bfloat16
+paths, which take int8 activations (gguf_q8.cpp) as on int8-avx2: the float32 block kernels
+read such blocks at a fraction of its speed per byte. On int8-vnni they take int8 activations
+too (gemm_vnni.cpp): int4 matrices are held as panels (QuantizedWeight kind int4-vnni, in place
+of the codes) on which every row runs, decode or prefill, in one call, so a row's result never
+depends on what shares its step and prefill chunks skip a per-call packing; int8 codes are read
+as stored, and GGUF blocks of other kinds (Q6_K, Q5_K, mixed) meet int8 activations as on
+int8-avx2. The LM head takes the same decode kernels. Only matrices whose sizes fit the tiles
+(in_features a multiple of 32, out_features of 16) take the matrix path.
 
 RADIXSERVE_PREFILL_PATH=fp32|avx512-bf16|amx-bf16|int8-vnni|int8-avx2 picks a path for
 `--dtype auto` (tests and comparisons); a path this CPU cannot run falls back to the default,
@@ -188,7 +190,7 @@ def describe(path: PrefillPath) -> str:
         "decode rows and shorter chunks: int8 activations too (int4: every row on panels "
         "packed once), the LM head's too"
         if path.int8_decode
-        else "decode and LM head: float32 GEMV kernels"
+        else "decode and LM head: float32 GEMV kernels (GGUF blocks as stored: int8 activations)"
     )
     return (
         f"prefill: {path.value} (chunks of {path.min_rows}+ rows: {how}, float32 sums; "
