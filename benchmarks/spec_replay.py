@@ -27,7 +27,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from radixserve.bench.corpus import TokenCounter
 from radixserve.bench.workloads import build_sessions, make_workload
@@ -111,13 +111,6 @@ class _Req:
     num_prompt_tokens: int
     namespace: Hashable = None
     error: str | None = None
-    metrics: _Metrics = field(default_factory=lambda: _Metrics())
-
-
-@dataclass
-class _Metrics:
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
 
 
 class _EarlierRequests:
@@ -173,10 +166,9 @@ def replay(answers: list[Answer], spec_json: str, cost: StepCost, row_scale: flo
             out.spec_ms += cost.step(len(req.token_ids), len(drafts), row_scale)
             if drafts:
                 spec.record(req, len(drafts), ok)  # type: ignore[arg-type]
+                out.drafted, out.accepted = out.drafted + len(drafts), out.accepted + ok
             req.token_ids += a.output[done : done + ok + 1]
             done += ok + 1
-        out.drafted += req.metrics.num_draft_tokens
-        out.accepted += req.metrics.num_accepted_tokens
         spec.finish(req)  # type: ignore[arg-type]
         tree.seqs.append(req.token_ids)
     return out
