@@ -90,6 +90,7 @@ class LLMEngine:
         # max_tokens; under its lock, which a build in the background holds until it is done.
         self._closer: JsonCloser | None = None
         self._closer_lock = threading.Lock()
+        self._tables: threading.Thread | None = None  # a background build of those tables
         self._counters = EngineCounters()
         spec = self.config.speculative_config
         self._speculator = (
@@ -138,8 +139,12 @@ class LLMEngine:
         its lock, so a request that needs one in that time waits for it. A table that cannot
         be built is logged, and left to fail as before: in the requests that need it."""
         if background:
+            # Not a daemon: a process that exits while the build is inside llguidance's or
+            # tokenizers' native code aborts ("terminate called without an active exception");
+            # shutdown() and the interpreter's exit wait for it (a second or two at most).
             name = "structured-outputs-tables"
-            threading.Thread(target=self._build_tables, name=name, daemon=True).start()
+            self._tables = threading.Thread(target=self._build_tables, name=name)
+            self._tables.start()
         else:
             self._build_tables()
 
@@ -163,6 +168,8 @@ class LLMEngine:
         with self._lock:
             self._stop = True
             self._wake.notify_all()
+        if self._tables is not None:
+            self._tables.join(timeout)
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)

@@ -228,6 +228,17 @@ def test_tables_built_in_the_background_serve_a_request_that_comes_meanwhile(
     assert engine.grammars._ll_tokenizer is not None
 
 
+def test_shutdown_waits_for_a_background_build_of_the_tables(make_tiny_engine) -> None:
+    """A server stopped right after it listens must not exit mid-build: the process aborted
+    there ("terminate called without an active exception") when the build was in native
+    code. shutdown() waits for it, and the thread is no daemon."""
+    engine = make_tiny_engine()
+    engine.prepare_structured_outputs(background=True)
+    assert engine._tables is not None and not engine._tables.daemon
+    engine.shutdown()
+    assert not engine._tables.is_alive() and engine._closer is not None
+
+
 def test_a_table_that_cannot_be_built_at_start_is_logged_and_left_to_the_requests(
     make_tiny_engine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
