@@ -1,12 +1,14 @@
 """A GGUF file's weights read straight from the file, one tensor at a time, by transformers
 name: quantized matrices as QuantizedWeights of the file's own blocks (kind "gguf", never
-dequantized), any tensor as float32 values. Nothing is copied to disk and nothing is kept:
-the loader turns each matrix into what the kernels read and drops the bytes it read."""
+dequantized; mapped from the file, not read), any tensor as float32 values. Nothing is copied
+to disk and nothing is kept: the loader turns each matrix into what the kernels read and drops
+the bytes it mapped or read."""
 
 from __future__ import annotations
 
 import json
 import logging
+import mmap
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -73,7 +75,7 @@ class GgufWeights(Mapping[str, QuantizedWeight]):
             raise KeyError(name)
         t = self.tensors[name]
         rows = t.shape[1]
-        raw = self._read(t).reshape(rows, -1)
+        raw = self._mapped(t).reshape(rows, -1)
         n_head = self._heads[t.name]
         if n_head is not None:
             raw = np.ascontiguousarray(unpermute(raw, n_head))
@@ -136,19 +138,40 @@ class GgufWeights(Mapping[str, QuantizedWeight]):
                 total += 4 * int(np.prod(t.shape))
         return total
 
+    def coded_bytes(self) -> int:
+        """At most the bytes the matrices served as stored take once repacked (and laid on
+        64-byte boundaries)."""
+        return sum(
+            int(t.nbytes * _REPACK_GROWTH.get(t.type, 1.0)) + 3 * 64
+            for name, t in self.tensors.items()
+            if name in self._served
+        )
+
     def dense_tensors(self) -> Mapping[str, torch.Tensor]:
         """Every tensor of the file by transformers name, as `dense` reads it (on access)."""
         return _DenseView(self)
 
     def _read(self, t: GgufTensor) -> np.ndarray:
-        """The tensor's bytes, read (not mapped: pages of a mapping would count as this
-        process's memory for as long as it lives)."""
+        """The tensor's bytes, read into memory of their own."""
         out = np.empty(t.nbytes, dtype=np.uint8)
         with open(self.path, "rb") as f:
             f.seek(t.offset)
             if f.readinto(out.data) != t.nbytes:
                 raise ModelNotFoundError(f"{self.path} ends inside tensor {t.name} (truncated?)")
         return out
+
+    def _mapped(self, t: GgufTensor) -> np.ndarray:
+        """The tensor's bytes mapped from the file, nothing copied (writes stay private):
+        the loader reads each matrix once, to repack it or copy it where the kernels read it,
+        and the mapping goes with the last array over it."""
+        start = t.offset - t.offset % mmap.ALLOCATIONGRANULARITY
+        try:
+            with open(self.path, "rb") as f:
+                m = mmap.mmap(f.fileno(), t.offset + t.nbytes - start, access=mmap.ACCESS_COPY,
+                              offset=start)  # fmt: skip
+        except ValueError as e:  # beyond the end of the file
+            raise ModelNotFoundError(f"{self.path} ends inside tensor {t.name} (truncated?)") from e
+        return np.frombuffer(m, dtype=np.uint8, count=t.nbytes, offset=t.offset - start)
 
 
 class _DenseView(Mapping[str, torch.Tensor]):

@@ -115,3 +115,38 @@ class PackedBuffer:
         view = self._buf[start : start + shape.numel() * dtype.itemsize].view(dtype).view(shape)
         view.copy_(t)
         return view
+
+
+class WeightArena:
+    """A region of `capacity` bytes on huge pages (where Linux allows) that the loader writes
+    weights into directly, one after another on 64-byte boundaries (`empty`): each weight is
+    written once, where the kernels read it, instead of built elsewhere and packed. Only the
+    pages written become resident. The region lives as long as any tensor in it.
+
+    (Making the pages resident from a second thread ahead of the writer was slower: on a
+    2-core VM, where a fresh 2 MiB page costs ~1.5 ms to fault in, 1B load 2.6-2.75 s
+    against 1.95-2.1 s with the writer faulting alone.)"""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = ceil_div(max(capacity, 1), _ALIGN) * _ALIGN
+        self._map = mmap.mmap(
+            -1, self._capacity,
+            flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0),
+        )  # fmt: skip
+        self._buf = torch.frombuffer(self._map, dtype=torch.uint8)
+        advise_huge_pages(self._buf)
+        self._base = self._buf.data_ptr()  # page-aligned
+        self._next = 0
+
+    def empty(self, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialised tensor in the region (torch.empty's once it is full)."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        start = ceil_div(self._next, _ALIGN) * _ALIGN
+        if start + nbytes > self._capacity:
+            return torch.empty(shape, dtype=dtype)
+        self._next = start + nbytes
+        return self._buf[start : start + nbytes].view(dtype).view(shape)
+
+    def holds(self, t: torch.Tensor) -> bool:
+        """Whether `t`'s memory is in the region."""
+        return self._base <= t.data_ptr() < self._base + self._capacity

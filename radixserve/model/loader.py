@@ -15,7 +15,7 @@ from radixserve.model import kernels
 from radixserve.model.config import ModelConfig
 from radixserve.model.decoder import DecoderModel
 from radixserve.model.files import ModelFiles
-from radixserve.model.hugepages import return_freed_memory_at_once
+from radixserve.model.hugepages import WeightArena, return_freed_memory_at_once
 from radixserve.model.kernels import matrix
 from radixserve.model.kernels.matrix import PrefillPath
 from radixserve.model.quant import QuantizedWeight
@@ -208,12 +208,14 @@ def load_model(
 
     A GGUF's weights are read from the file one tensor at a time. With quantization "gguf"
     its quantized matrices (the embedding table included) are used as stored, or repacked
-    into the same values in the kernels' layout, and no float32 copy of them is made."""
+    into the same values in the kernels' layout, and no float32 copy of them is made; on
+    the CPU they are written straight onto the huge pages the step reads them from."""
     config = ModelConfig.from_dir(files.path)
     kind = resolve_quantization(quantization, files, device)
     return_freed_memory_at_once()
     model = DecoderModel(config, dtype)
     stored: Mapping[str, QuantizedWeight] = {}
+    arena: WeightArena | None = None  # where the codes are written, if not packed after
     if files.gguf is None:
         load_hf_weights(model, load_state_dict(files.path, dtype))
     else:
@@ -222,16 +224,19 @@ def load_model(
         blocks = GgufWeights(files.gguf, files.path, config.num_heads, config.num_kv_heads)
         blocks.warn_unserved()
         stored = blocks
+        if kind == "gguf" and device.type == "cpu" and prefill_path is not PrefillPath.INT8_VNNI:
+            arena = WeightArena(blocks.coded_bytes())  # (int8-vnni builds its panels after)
         coded = coded_parameters(config, blocks) if kind == "gguf" else frozenset()
         load_hf_weights(model, blocks.dense_tensors(), skip=coded)
     model = model.to(device).eval()
     model.prepare()
     if kind != "none":
         kernels.load()
-        quantize_model(model, kind, stored, repack_k_quants=not prefill_path.stored_blocks)
+        k_quants = not prefill_path.stored_blocks
+        quantize_model(model, kind, stored, repack_k_quants=k_quants, arena=arena)
         use_stored_embedding(model, stored)
     model.use_prefill_path(prefill_path)  # before packing: int8-vnni repacks int4 in place
-    pack_model_weights(model)
+    pack_model_weights(model, arena)
     return_freed_memory_at_once()
     log.info("%s", matrix.describe(prefill_path))
     return model

@@ -10,7 +10,8 @@ prefill rows may run on the matrix units in bfloat16 (kernels/matrix.py: `Prefil
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +23,7 @@ from radixserve.model.kernels.matrix import PrefillPath
 from radixserve.values import QUANTIZATIONS
 
 GROUP = 32
+F32 = torch.float32
 
 
 @dataclass
@@ -207,6 +209,9 @@ def _merged_layout(layout: torch.Tensor) -> torch.Tensor:
 _GGML_Q4_0, _GGML_Q4_1, _GGML_Q5_0, _GGML_Q8_0, _GGML_Q4_K = 2, 3, 6, 8, 12
 _AS_INT8 = frozenset({_GGML_Q8_0, _GGML_Q5_0})
 _AS_INT4 = frozenset({_GGML_Q4_0, _GGML_Q4_1, _GGML_Q4_K})
+# Weights and bytes of one block of each of those kinds (GGML's block sizes).
+_BLOCK_WEIGHTS = {_GGML_Q4_0: 32, _GGML_Q4_1: 32, _GGML_Q5_0: 32, _GGML_Q8_0: 32, _GGML_Q4_K: 256}
+_BLOCK_BYTES = {_GGML_Q4_0: 18, _GGML_Q4_1: 20, _GGML_Q5_0: 22, _GGML_Q8_0: 34, _GGML_Q4_K: 144}
 
 
 def repacked(w: QuantizedWeight, k_quants: bool = True) -> QuantizedWeight:
@@ -215,37 +220,91 @@ def repacked(w: QuantizedWeight, k_quants: bool = True) -> QuantizedWeight:
     for gemm.cpp's kernels (tuned further than the block kernels; docs/models.md has the
     gain and the memory it costs); any other weight as it is. Without `k_quants`, Q4_K stays
     as stored (int8-avx2 reads it at 4.5 bits a weight, not 6)."""
-    if w.kind != "gguf" or w.layout is None or w.cols % GROUP:
-        return w
-    import gguf
+    return repacked_rows([w], k_quants)
 
-    parts = [(int(rows), int(kind)) for rows, kind in w.layout.tolist()]
-    kinds = {kind for _, kind in parts}
-    as_int4 = _AS_INT4 if k_quants else _AS_INT4 - {_GGML_Q4_K}
-    if kinds <= _AS_INT8:
-        target = "int8"
-    elif kinds <= as_int4:
-        target = "int4"
-    else:
-        return w
-    # (weights, bytes) of one block of each kind, as the gguf package knows them.
-    sizes = {kind: gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kind)] for kind in kinds}
-    if any(w.cols % weights for weights, _ in sizes.values()):
-        return w
-    codes, scales, mins, at = [], [], [], 0
-    for rows, kind in parts:
-        weights, nbytes = sizes[kind]
-        size = rows * w.cols // weights * nbytes
-        q, s, m = _as_codes(w.qs[at : at + size].view(rows, -1), kind, w.cols, nbytes)
-        codes.append(q)
-        scales.append(s)
-        if m is not None:
-            mins.append(m)
-        at += size
-    minv = torch.cat(mins).contiguous() if target == "int4" else None
-    return QuantizedWeight(
-        target, torch.cat(codes).contiguous(), torch.cat(scales).contiguous(), minv
+
+Empty = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
+
+
+def _torch_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype)
+
+
+def repacked_rows(
+    parts: Sequence[QuantizedWeight], k_quants: bool = True, empty: Empty = _torch_empty
+) -> QuantizedWeight:
+    """The rows of `parts` (of one kind) one after another, as `repacked` holds them, in
+    tensors from `empty` (e.g. a hugepages.WeightArena's): blocks that repack are written
+    into the codes part by part, blocks kept as stored are copied in one after another, and
+    other codes concatenated and copied in."""
+    target = _repack_target(parts, k_quants)
+    if target is None:
+        if all(p.kind == "gguf" and p.layout is not None for p in parts):
+            return _blocks_in(parts, empty)
+        w = functools.reduce(QuantizedWeight.concat, parts)
+        if empty is _torch_empty:
+            return w
+        return w.with_tensors([empty(tuple(t.shape), t.dtype).copy_(t) for t in w.tensors()])
+    rows, cols = sum(p.shape[0] for p in parts), parts[0].cols
+    # In the order of `tensors()`: codes, scales, mins.
+    codes = (
+        empty((rows, cols // 2), torch.uint8)
+        if target == "int4"
+        else empty((rows, cols), torch.int8)
     )
+    scale, at = empty((rows, cols // GROUP), F32), 0
+    mins = empty((rows, cols // GROUP), F32) if target == "int4" else torch.empty(0)
+    for p in parts:
+        n = p.shape[0]
+        rows_mins = mins[at : at + n] if mins.numel() else mins
+        _repack_into(p, codes[at : at + n], scale[at : at + n], rows_mins)
+        at += n
+    return QuantizedWeight(target, codes, scale, mins if target == "int4" else None)
+
+
+def _blocks_in(parts: Sequence[QuantizedWeight], empty: Empty) -> QuantizedWeight:
+    """GGUF `parts` as one weight, their blocks copied one after another into `empty`'s."""
+    qs, at = empty((sum(p.qs.numel() for p in parts),), torch.uint8), 0
+    for p in parts:
+        qs[at : at + p.qs.numel()] = p.qs
+        at += p.qs.numel()
+    layout = _merged_layout(torch.cat([p.layout for p in parts if p.layout is not None]))
+    return QuantizedWeight("gguf", qs, parts[0].scale, None, layout, parts[0].cols)
+
+
+def _repack_target(parts: Sequence[QuantizedWeight], k_quants: bool) -> str | None:
+    """The codes ("int8" or "int4") every part of `parts` repacks into, if there are any:
+    GGUF blocks of `_AS_INT8` kinds, or of `_AS_INT4` kinds (Q4_K only with `k_quants`),
+    rows of whole blocks and groups of one width."""
+    cols = parts[0].cols
+    if any(p.kind != "gguf" or p.layout is None or p.cols != cols for p in parts):
+        return None
+    kinds = {kind for p in parts if p.layout is not None for kind in p.layout[:, 1].tolist()}
+    if not kinds <= _BLOCK_WEIGHTS.keys() or any(cols % _BLOCK_WEIGHTS[k] for k in kinds):
+        return None
+    if kinds <= _AS_INT8:
+        return "int8"
+    return "int4" if kinds <= (_AS_INT4 if k_quants else _AS_INT4 - {_GGML_Q4_K}) else None
+
+
+def _repack_into(
+    w: QuantizedWeight, codes: torch.Tensor, scale: torch.Tensor, mins: torch.Tensor
+) -> None:
+    """Write GGUF weight `w`'s rows as codes, scales (and mins): by our kernel on the CPU,
+    else by `_as_codes` (the reference the kernel is tested against)."""
+    assert w.layout is not None
+    if w.qs.device.type == "cpu" and kernels.loaded():
+        kernels.op("gguf_repack")(w.qs, w.layout, codes, scale, mins)
+        return
+    at, row = 0, 0
+    for rows, kind in w.layout.tolist():
+        size = rows * w.cols // _BLOCK_WEIGHTS[kind] * _BLOCK_BYTES[kind]
+        q, s, m = _as_codes(w.qs[at : at + size].view(rows, -1), kind, w.cols, _BLOCK_BYTES[kind])
+        codes[row : row + rows] = q.view(codes.dtype)
+        scale[row : row + rows] = s
+        if m is not None:
+            mins[row : row + rows] = m
+        at, row = at + size, row + rows
 
 
 def _f16(b: torch.Tensor) -> torch.Tensor:

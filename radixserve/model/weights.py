@@ -11,9 +11,9 @@ import torch
 
 from radixserve.model.config import ModelConfig
 from radixserve.model.decoder import DecoderModel, Projection
-from radixserve.model.hugepages import PackedBuffer
+from radixserve.model.hugepages import PackedBuffer, WeightArena
 from radixserve.model.layers import Linear
-from radixserve.model.quant import GROUP, QuantizedWeight, QuantLinear, quantize, repacked
+from radixserve.model.quant import GROUP, QuantizedWeight, QuantLinear, quantize, repacked_rows
 
 
 def hf_names(config: ModelConfig) -> dict[str, list[str]]:
@@ -115,6 +115,7 @@ def quantize_model(
     kind: str,
     stored: Mapping[str, QuantizedWeight] | None = None,
     repack_k_quants: bool = True,
+    arena: WeightArena | None = None,
 ) -> None:
     """Run the projections (and the LM head) of `model` on quantized codes; sets
     `model.quantization` to `kind`.
@@ -123,7 +124,8 @@ def quantize_model(
     blocks, model/gguf_quant.py) computes with those blocks as they are, several kinds in one
     matrix where the file mixed them (ones wholly of Q8_0 / Q5_0, or of Q4_0 / Q4_1 / Q4_K, as
     the int8 / int4 repacking of the same values: `repacked`, Q4_K only with
-    `repack_k_quants`); the others keep their dense weights.
+    `repack_k_quants`); the others keep their dense weights. With an `arena`, the codes
+    from `stored` are written into it.
     "int4" / "int8": stored codes are used where they are that kind (or int8, as precise),
     the rest is quantized from the current dense weights, except matrices that groups of 32
     do not tile, which stay dense.
@@ -134,7 +136,7 @@ def quantize_model(
     names = hf_names(model.config)
     device = model.embed.device
     for projection in model.projections():
-        codes = _stored_codes(names[projection.weight_name], stored, repack_k_quants)
+        codes = _stored_codes(names[projection.weight_name], stored, repack_k_quants, arena)
         if codes is not None and kind != "gguf" and codes.kind not in (kind, "int8"):
             codes = None
         if kind == "gguf" and codes is None:
@@ -144,7 +146,10 @@ def quantize_model(
 
 
 def _stored_codes(
-    names: list[str], stored: Mapping[str, QuantizedWeight], k_quants: bool = True
+    names: list[str],
+    stored: Mapping[str, QuantizedWeight],
+    k_quants: bool = True,
+    arena: WeightArena | None = None,
 ) -> QuantizedWeight | None:
     """The rows of `names` concatenated from `stored` (GGUF blocks of any kinds, or int4 /
     int8 codes of one kind), repacked where that is the same values; None unless all are
@@ -155,10 +160,9 @@ def _stored_codes(
     kinds = {p.kind for p in parts}
     if len(kinds) != 1:
         return None
-    codes = parts[0]
-    for p in parts[1:]:
-        codes = codes.concat(p)
-    return repacked(codes, k_quants)
+    if arena is None:
+        return repacked_rows(parts, k_quants)
+    return repacked_rows(parts, k_quants, arena.empty)
 
 
 def _quantized(
@@ -177,11 +181,12 @@ def _quantized(
     return QuantLinear(quantize(projection.weight, kind), current.bias)
 
 
-def pack_model_weights(model: DecoderModel) -> None:
+def pack_model_weights(model: DecoderModel, arena: WeightArena | None = None) -> None:
     """On CPU, move the weights a forward step reads (`model.step_weights()`: norms,
     projections or their codes, the LM head) into one buffer on huge pages, in the order the
     step reads them: the step then streams one run of memory instead of ~250 scattered
-    tensors. Call after quantizing; the computation is unchanged."""
+    tensors. Tensors already in `arena` (written there in that order) stay. Call after
+    quantizing; the computation is unchanged."""
     if model.embed.device.type != "cpu":
         return
     # (the tensors now, how to use their copies), read again at copy time: holding the
@@ -190,10 +195,12 @@ def pack_model_weights(model: DecoderModel) -> None:
     moves = []
 
     def tensor(t: torch.Tensor | None) -> None:
-        if t is not None and t.numel():
+        if t is not None and t.numel() and not (arena and arena.holds(t)):
             moves.append((lambda: [t.data], lambda new: setattr(t, "data", new[0])))
 
     def codes(lin: QuantLinear) -> None:
+        if arena and all(arena.holds(t) for t in lin.weight.tensors()):
+            return
         moves.append(
             (lambda: lin.weight.tensors(), lambda new: lin.use_weight(lin.weight.with_tensors(new)))
         )

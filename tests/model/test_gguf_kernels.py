@@ -16,7 +16,7 @@ import torch
 
 from radixserve.model import kernels
 from radixserve.model.gguf_quant import SERVED_TYPES, gguf_weight
-from radixserve.model.quant import QuantLinear, repacked
+from radixserve.model.quant import QuantLinear, _as_codes, repacked, repacked_rows
 
 gguf = pytest.importorskip("gguf")
 
@@ -152,6 +152,28 @@ def test_fused_parts_repack_together_only_into_one_kind_of_codes() -> None:
         w = repacked(fused)
         assert w.kind == kind, parts
         assert torch.equal(w.dequantize(), torch.cat([dequantized(made[t], t) for t in parts]))
+
+
+def test_the_repacking_kernel_writes_the_reference_codes_part_by_part() -> None:
+    """kernels' gguf_repack, given a matrix's parts one by one (as the loader reads q, k and
+    v), writes byte for byte the codes, scales and mins of the torch reference `_as_codes`
+    over the parts concatenated, for every kind that repacks."""
+    cols = 512
+    for parts in (["Q5_0", "Q8_0", "Q5_0"], ["Q4_K", "Q4_0", "Q4_1"], ["Q4_K"], ["Q8_0"]):
+        made = [random_blocks(t, 8 + 3 * i, cols, seed=i) for i, t in enumerate(parts)]
+        w = repacked_rows([weight_of([(t, b)], cols) for t, b in zip(parts, made, strict=True)])
+        ref = [
+            _as_codes(torch.from_numpy(b), int(gguf.GGMLQuantizationType[t]), cols, b.shape[1]
+                      // (cols // gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[t]][0]))
+            for t, b in zip(parts, made, strict=True)
+        ]  # fmt: skip
+        assert torch.equal(
+            w.qs.view(torch.uint8), torch.cat([q for q, _, _ in ref]).view(torch.uint8)
+        )
+        assert torch.equal(w.scale, torch.cat([s for _, s, _ in ref]))
+        if w.kind == "int4":
+            assert w.minv is not None
+            assert torch.equal(w.minv, torch.cat([m for _, _, m in ref if m is not None]))
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from radixserve.model import kernels
 from radixserve.model.attention import select_backend
 from radixserve.model.batch import SeqChunk, build_batch
 from radixserve.model.config import ModelConfig
-from radixserve.model.hugepages import advise_huge_pages, pack_on_huge_pages
+from radixserve.model.hugepages import WeightArena, advise_huge_pages, pack_on_huge_pages
 from radixserve.model.kv_pool import KVPool
 from radixserve.model.quant import QuantLinear
 from radixserve.model.weights import pack_model_weights, quantize_model
@@ -81,6 +81,47 @@ def test_packed_tensors_are_equal_copies_side_by_side_in_the_order_given() -> No
 def test_a_large_pack_is_on_huge_pages() -> None:
     packed = pack_on_huge_pages([torch.ones(1 << 20), torch.ones(1 << 20)])  # 8 MB in all
     assert _thp_eligible(packed[1].data_ptr())
+
+
+def test_an_arena_hands_out_aligned_tensors_in_order_that_outlive_it() -> None:
+    arena = WeightArena(4 << 20)
+    a = arena.empty((1000,), torch.float32)
+    b = arena.empty((3, 7), torch.int8)
+    c = arena.empty((5,), torch.uint8)
+    assert all(arena.holds(t) for t in (a, b, c)) and not arena.holds(torch.ones(4))
+    assert a.data_ptr() % 64 == 0 and b.data_ptr() == a.data_ptr() + 4032  # 4000 -> 4032
+    assert c.data_ptr() == b.data_ptr() + 64 and b.shape == (3, 7) and b.dtype == torch.int8
+    a.fill_(3.0)
+    full = arena.empty((1 << 20,), torch.float32)  # 4 MiB more than is left: torch's own
+    assert not arena.holds(full) and full.shape == (1 << 20,)
+    del arena
+    assert a.sum().item() == 3000.0  # the region lives with its tensors
+
+
+@needs_thp
+def test_an_arena_is_on_huge_pages() -> None:
+    arena = WeightArena(8 << 20)
+    t = arena.empty((2 << 20,), torch.float32)
+    assert _thp_eligible(t.data_ptr() + (4 << 20))
+
+
+@pytest.mark.slow
+def test_a_gguf_models_codes_are_written_into_one_region_in_step_order(
+    default_model_files,
+) -> None:
+    """Loading the default model leaves each projection's codes one after another in the
+    order a step reads them, in one mapping on huge pages."""
+    from radixserve.model.loader import load_model
+
+    model = load_model(default_model_files, torch.float32, torch.device("cpu"), None)
+    reads = [r for r in model.step_weights() if isinstance(r, QuantLinear)]
+    assert len(reads) == 4 * model.config.num_layers + 1
+    starts = [t.data_ptr() for r in reads for t in r.weight.tensors()]
+    assert starts == sorted(starts)
+    ends = [t.data_ptr() + t.nbytes for r in reads for t in r.weight.tensors()]
+    assert all(nxt - end < 64 for end, nxt in zip(ends, starts[1:], strict=False))  # packed
+    if THP.exists() and "[never]" not in THP.read_text():
+        assert _thp_eligible(starts[len(starts) // 2])
 
 
 def _logits(model, ids: list[int]) -> list[torch.Tensor]:

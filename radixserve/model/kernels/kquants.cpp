@@ -659,6 +659,94 @@ void gguf_dequant(const at::Tensor& blocks, const at::Tensor& layout, const at::
                 });
 }
 
+// One row of `groups` groups of 32 weights in GGML blocks of type `kind` as quant.py's codes
+// (quant.repacked's values, computed as its torch reference `_as_codes` does): int4 (16 bytes
+// a group, byte e = code e | code e + 16 << 4; w = s q + m) or int8 (32 codes; w = s q).
+void repack_row(int64_t kind, const uint8_t* b, int64_t groups, uint8_t* q, float* s, float* m) {
+  if (kind == kQ4_K) {
+    for (int64_t sb = 0; sb < groups / 8; ++sb, b += 144) {
+      const float d = f16_at(b), dmin = f16_at(b + 2);
+      for (int64_t j = 0; j < 8; ++j) {
+        int sc, mn;
+        k_scale_min(b + 4, j, sc, mn);
+        const int64_t g = sb * 8 + j;
+        s[g] = d * static_cast<float>(sc);
+        m[g] = -(dmin * static_cast<float>(mn));
+        // Sub-block 2p / 2p + 1: the low / high nibbles of bytes 32p .. 32p + 31.
+        const uint8_t* src = b + 16 + 32 * (j / 2);
+        uint8_t* dst = q + g * 16;
+        for (int e = 0; e < 16; ++e)
+          dst[e] = (j & 1) ? static_cast<uint8_t>((src[e] >> 4) | (src[e + 16] & 0xF0))
+                           : static_cast<uint8_t>((src[e] & 0x0F) | (src[e + 16] << 4));
+      }
+    }
+    return;
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    const float d = f16_at(b);
+    s[g] = d;
+    if (kind == kQ4_0) {
+      m[g] = -8.0f * d;
+      std::memcpy(q + g * 16, b + 2, 16);
+      b += 18;
+    } else if (kind == kQ4_1) {
+      m[g] = f16_at(b + 2);
+      std::memcpy(q + g * 16, b + 4, 16);
+      b += 20;
+    } else if (kind == kQ8_0) {
+      std::memcpy(q + g * 32, b + 2, 32);
+      b += 34;
+    } else {  // Q5_0: q = nibble | bit e of qh << 4, minus 16
+      const uint32_t qh = u32_at(b + 2);
+      for (int e = 0; e < 32; ++e) {
+        const int nib = e < 16 ? (b[6 + e] & 0x0F) : (b[6 + e - 16] >> 4);
+        q[g * 32 + e] = static_cast<uint8_t>(static_cast<int8_t>((nib | ((qh >> e) & 1) << 4) - 16));
+      }
+      b += 22;
+    }
+  }
+}
+
+// codes / scale (/ mins) = the rows of every part of `blocks` (GGML types Q4_0, Q4_1, Q4_K
+// into int4 with mins; Q8_0, Q5_0 into int8, `mins` empty) as quant.py's codes.
+void gguf_repack(const at::Tensor& blocks, const at::Tensor& layout, const at::Tensor& codes,
+                 const at::Tensor& scale, const at::Tensor& mins) {
+  check(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.dim() == 2, "scale");
+  const int64_t groups = scale.size(1), K = groups * 32;
+  const int64_t N = check_layout(blocks, layout, K);
+  const bool int4 = mins.numel() > 0;
+  check(codes.is_contiguous() && codes.element_size() == 1 && codes.numel() == N * K / (int4 ? 2 : 1),
+        "codes: [rows, K / 2] uint8 (int4) or [rows, K] int8");
+  check(scale.size(0) == N && (!int4 || (mins.scalar_type() == at::kFloat &&
+                                         mins.is_contiguous() && mins.sizes() == scale.sizes())),
+        "scale / mins: float32 [rows, K / 32]");
+  const int64_t* lp = layout.data_ptr<int64_t>();
+  const int64_t row_codes = int4 ? K / 2 : K;
+  uint8_t* qp = static_cast<uint8_t*>(codes.data_ptr());
+  float* sp = scale.data_ptr<float>();
+  float* mp = int4 ? mins.data_ptr<float>() : nullptr;
+  const uint8_t* bp = blocks.data_ptr<uint8_t>();
+  for (int64_t p = 0, first = 0; p < layout.size(0); ++p) {
+    const int64_t rows = lp[2 * p], kind = lp[2 * p + 1];
+    const bool to_int4 = kind == kQ4_0 || kind == kQ4_1 || kind == kQ4_K;
+    TORCH_CHECK(to_int4 == int4 && (int4 || kind == kQ8_0 || kind == kQ5_0),
+                "radixserve kernel: no ", int4 ? "int4" : "int8", " codes for ",
+                quant_kind_name(kind));
+    int64_t row_bytes = 0;
+    with_block(kind, [&](auto b) {
+      using B = decltype(b);
+      row_bytes = K / B::kWeights * B::kBytes;
+    });
+    at::parallel_for(0, rows, 16, [&](int64_t n0, int64_t n1) {
+      for (int64_t n = first + n0; n < first + n1; ++n)
+        repack_row(kind, bp + (n - first) * row_bytes, groups, qp + n * row_codes,
+                   sp + n * groups, int4 ? mp + n * groups : nullptr);
+    });
+    bp += rows * row_bytes;
+    first += rows;
+  }
+}
+
 // Our code for a QuantizedWeight kind name ("int4", "q4_k", ...), -1 for none.
 int64_t quant_kind_code(const std::string& name) {
   for (int64_t k : {kInt4, kInt8, kInt4Vnni, kInt8Vnni, kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kQ4_K,
@@ -674,10 +762,14 @@ int64_t quant_kind_code(const std::string& name) {
 TORCH_LIBRARY_FRAGMENT(radixserve, m) {
   m.def("gguf_gemm(Tensor x, Tensor blocks, Tensor layout, Tensor(a!) out) -> ()");
   m.def("gguf_dequant(Tensor blocks, Tensor layout, Tensor(a!) out) -> ()");
+  m.def(
+      "gguf_repack(Tensor blocks, Tensor layout, Tensor(a!) codes, Tensor(b!) scale, "
+      "Tensor(c!) mins) -> ()");
   m.def("quant_kind_code(str name) -> int", &radixserve::quant_kind_code);  // no tensors: no key
 }
 
 TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
   m.impl("gguf_gemm", &radixserve::gguf_gemm);
   m.impl("gguf_dequant", &radixserve::gguf_dequant);
+  m.impl("gguf_repack", &radixserve::gguf_repack);
 }
