@@ -356,24 +356,25 @@ class DecoderModel(nn.Module):
         after replacing or moving any of them."""
         self._decode_weights, self._decode_weights_possible = None, True
 
-    def use_prefill_path(self, path: PrefillPath) -> None:
+    def use_prefill_path(self, path: PrefillPath, in_place: bool = False) -> None:
         """Run prefill chunks' layer matmuls on `path` (kernels/matrix.py) from now on: the
         quantized projections and a quantized LM head take it (the head's decode rows with
-        the layers' decode kernels). Call after quantizing; the attention backend reads
-        `prefill_path` too (the runner passes it)."""
+        the layers' decode kernels; int8-vnni's int4 panels written over the int4 codes with
+        `in_place`). Call after quantizing; the attention backend reads `prefill_path` too
+        (the runner passes it)."""
         self.prefill_path = path
         self.weights_moved()  # int8-vnni repacks int4 codes into panels
         fp32: list[str] = []  # projections whose prefill chunks stay on the float32 kernels
         for i, layer in enumerate(self.decoder_layers()):
             for attr, lin, _ in layer.projections():
                 if isinstance(lin, QuantLinear):
-                    lin.use_prefill_path(path)
+                    lin.use_prefill_path(path, in_place)
                 if path is not PrefillPath.FP32 and (
                     not isinstance(lin, QuantLinear) or lin.prefill_rows_fp32
                 ):
                     fp32.append(f"layers.{i}.{attr}")
         if isinstance(self.head_lin, QuantLinear):
-            self.head_lin.use_prefill_path(path)
+            self.head_lin.use_prefill_path(path, in_place)
         if fp32:
             log.info(
                 "prefill on %s: %d of %d layer projections' prefill chunks stay float32 (dense, "

@@ -224,8 +224,8 @@ def load_model(
         blocks = GgufWeights(files.gguf, files.path, config.num_heads, config.num_kv_heads)
         blocks.warn_unserved()
         stored = blocks
-        if kind == "gguf" and device.type == "cpu" and prefill_path is not PrefillPath.INT8_VNNI:
-            arena = WeightArena(blocks.coded_bytes())  # (int8-vnni builds its panels after)
+        if kind == "gguf" and device.type == "cpu":
+            arena = WeightArena(blocks.coded_bytes())
         coded = coded_parameters(config, blocks) if kind == "gguf" else frozenset()
         load_hf_weights(model, blocks.dense_tensors(), skip=coded)
     model = model.to(device).eval()
@@ -235,7 +235,8 @@ def load_model(
         k_quants = not prefill_path.stored_blocks
         quantize_model(model, kind, stored, repack_k_quants=k_quants, arena=arena)
         use_stored_embedding(model, stored)
-    model.use_prefill_path(prefill_path)  # before packing: int8-vnni repacks int4 in place
+    # Before packing; int8-vnni's panels over the codes in the arena (nothing else reads them).
+    model.use_prefill_path(prefill_path, in_place=arena is not None)
     pack_model_weights(model, arena)
     return_freed_memory_at_once()
     log.info("%s", matrix.describe(prefill_path))

@@ -57,16 +57,27 @@ class QuantizedWeight:
             return self.scale.numel() // (self.cols // GROUP), self.cols
         return self.scale.shape[0], self.scale.shape[1] * GROUP
 
-    def to_panels(self) -> QuantizedWeight:
+    def to_panels(self, in_place: bool = False) -> QuantizedWeight:
         """This int4 weight as int4-vnni: each panel of 16 rows holds, for every group, the
         16 rows' code bytes 4j..4j+3 side by side (j = 0..3) and the group's 16 scales and
         mins, the order gemm_vnni.cpp reads (q4_vnni_pack): the same values in as many bytes,
-        meant to replace the int4 tensors (QuantLinear.use_weight keeps only one)."""
+        meant to replace the int4 tensors (QuantLinear.use_weight keeps only one). With
+        `in_place`, written over this weight's own tensors (which then hold the panels)."""
         assert self.kind == "int4" and self.minv is not None
         (n, k), groups = self.shape, self.scale.shape[1]
-        words = torch.empty(n // 16 * groups, 256, dtype=torch.uint8)
-        scale, minv = torch.empty(n // 16 * groups, 16), torch.empty(n // 16 * groups, 16)
-        kernels.op("q4_vnni_pack")(self.qs, self.scale, self.minv, words, scale, minv)
+        shape = (n // 16 * groups, 16)
+        if in_place:
+            words, scale, minv = (
+                self.qs.view(-1, 256),
+                self.scale.view(shape),
+                self.minv.view(shape),
+            )
+            src = (self.qs.clone(), self.scale.clone(), self.minv.clone())
+        else:
+            words = torch.empty(n // 16 * groups, 256, dtype=torch.uint8)
+            scale, minv = torch.empty(shape), torch.empty(shape)
+            src = (self.qs, self.scale, self.minv)
+        kernels.op("q4_vnni_pack")(*src, words, scale, minv)
         return QuantizedWeight("int4-vnni", words, scale, minv, cols=k)
 
     def from_panels(self, index: torch.Tensor | None = None) -> QuantizedWeight:
@@ -390,22 +401,23 @@ class QuantLinear:
         self._rows: Callable[[torch.Tensor, torch.Tensor], None] | None = None
         self.use_weight(weight)
 
-    def use_weight(self, weight: QuantizedWeight) -> None:
+    def use_weight(self, weight: QuantizedWeight, in_place: bool = False) -> None:
         """Compute with `weight` (the same matrix, e.g. moved in memory) from now on, int4
-        held as int4-vnni panels on int8-vnni and as int4 elsewhere."""
+        held as int4-vnni panels on int8-vnni (with `in_place`, in int4's own tensors) and
+        as int4 elsewhere."""
         on_panels = self.prefill_path is PrefillPath.INT8_VNNI
         if weight.kind == "int4-vnni" and not on_panels:
             weight = weight.from_panels()
         elif weight.kind == "int4" and on_panels:
-            weight = weight.to_panels()
+            weight = weight.to_panels(in_place)
         self.weight, self._kernel, self._matrix, self._rows = weight, None, None, None
 
-    def use_prefill_path(self, path: PrefillPath) -> None:
+    def use_prefill_path(self, path: PrefillPath, in_place: bool = False) -> None:
         """Run prefill rows on `path` from now on (fp32 where it does not take this matrix:
         sizes off the tiles, in_features a multiple of 32 and out_features of 16, or GGUF
         blocks as stored on the bfloat16 paths, which read int4 / int8 codes only). On
         int8-vnni an int4 weight is repacked into int4-vnni panels in place (and back on
-        leaving it)."""
+        leaving it; `in_place`: over the int4 tensors, which nothing else may read)."""
         if self.weight.kind == "gguf":  # gguf_q8.cpp takes every kind as stored
             fits = path.int8_decode or path.bf16  # bf16: int8 decode rows (_int8_rows)
         else:  # int4 / int8 codes; int8-avx2 leaves them on the float32 kernels
@@ -415,7 +427,7 @@ class QuantLinear:
                 and self.out_features % 16 == 0
             )
         self.prefill_path = path if fits else PrefillPath.FP32
-        self.use_weight(self.weight)
+        self.use_weight(self.weight, in_place)
 
     def _cpu_kernel(self) -> Callable[[torch.Tensor, torch.Tensor], None] | None:
         """kernel(x, out) for float32 x [M, in] on the CPU, bound to this weight once (a

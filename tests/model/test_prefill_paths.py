@@ -184,6 +184,20 @@ def _vnni_decode(kind: str, x: torch.Tensor, w) -> torch.Tensor:
     return out
 
 
+def test_int4_panels_written_over_the_codes_equal_panels_of_their_own() -> None:
+    """The loader builds int8-vnni's panels over the int4 codes in the weight arena
+    (`to_panels(in_place=True)`): the same panels, in the codes' own memory."""
+    needs(PrefillPath.INT8_VNNI)
+    torch.manual_seed(3)
+    w = quantize(torch.randn(48, 544) * 0.1, "int4")
+    own = w.to_panels()
+    codes = w.qs.data_ptr()
+    over = w.to_panels(in_place=True)
+    assert over.qs.data_ptr() == codes and over.scale.data_ptr() == w.scale.data_ptr()
+    for a, b in zip(own.tensors(), over.tensors(), strict=True):
+        assert torch.equal(a, b) and a.shape == b.shape
+
+
 @pytest.mark.parametrize("kind", ["int4", "int8"])
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 16])
 # 544 = 17 groups: int8's 64-byte chunks of 2 groups leave one over, and the panels' 16
