@@ -220,9 +220,6 @@ def _merged_layout(layout: torch.Tensor) -> torch.Tensor:
 _GGML_Q4_0, _GGML_Q4_1, _GGML_Q5_0, _GGML_Q8_0, _GGML_Q4_K = 2, 3, 6, 8, 12
 _AS_INT8 = frozenset({_GGML_Q8_0, _GGML_Q5_0})
 _AS_INT4 = frozenset({_GGML_Q4_0, _GGML_Q4_1, _GGML_Q4_K})
-# Weights and bytes of one block of each of those kinds (GGML's block sizes).
-_BLOCK_WEIGHTS = {_GGML_Q4_0: 32, _GGML_Q4_1: 32, _GGML_Q5_0: 32, _GGML_Q8_0: 32, _GGML_Q4_K: 256}
-_BLOCK_BYTES = {_GGML_Q4_0: 18, _GGML_Q4_1: 20, _GGML_Q5_0: 22, _GGML_Q8_0: 34, _GGML_Q4_K: 144}
 
 
 def repacked(w: QuantizedWeight, k_quants: bool = True) -> QuantizedWeight:
@@ -291,11 +288,18 @@ def _repack_target(parts: Sequence[QuantizedWeight], k_quants: bool) -> str | No
     if any(p.kind != "gguf" or p.layout is None or p.cols != cols for p in parts):
         return None
     kinds = {kind for p in parts if p.layout is not None for kind in p.layout[:, 1].tolist()}
-    if not kinds <= _BLOCK_WEIGHTS.keys() or any(cols % _BLOCK_WEIGHTS[k] for k in kinds):
+    if not kinds <= _AS_INT8 | _AS_INT4 or any(cols % _block_size(k)[0] for k in kinds):
         return None
     if kinds <= _AS_INT8:
         return "int8"
     return "int4" if kinds <= (_AS_INT4 if k_quants else _AS_INT4 - {_GGML_Q4_K}) else None
+
+
+def _block_size(kind: int) -> tuple[int, int]:
+    """(weights, bytes) of one block of GGML type `kind`, as the gguf package knows them."""
+    import gguf
+
+    return gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kind)]
 
 
 def _repack_into(
@@ -309,8 +313,9 @@ def _repack_into(
         return
     at, row = 0, 0
     for rows, kind in w.layout.tolist():
-        size = rows * w.cols // _BLOCK_WEIGHTS[kind] * _BLOCK_BYTES[kind]
-        q, s, m = _as_codes(w.qs[at : at + size].view(rows, -1), kind, w.cols, _BLOCK_BYTES[kind])
+        weights, nbytes = _block_size(kind)
+        size = rows * w.cols // weights * nbytes
+        q, s, m = _as_codes(w.qs[at : at + size].view(rows, -1), kind, w.cols, nbytes)
         codes[row : row + rows] = q.view(codes.dtype)
         scale[row : row + rows] = s
         if m is not None:
