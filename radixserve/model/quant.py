@@ -396,7 +396,9 @@ class QuantLinear:
     when there are at least `prefill_path.min_rows` of them; the rest run the one-row kernels
     (float32, or on the int8 paths their decode-row kernels), so a decode row's result never
     depends on what shares its step. On int8-vnni an int4 matrix is held as int4-vnni panels,
-    on which every row runs, decode or prefill, in one call."""
+    on which every row runs, decode or prefill, in one call; on the bfloat16 paths, where the
+    CPU has AVX-512 VNNI too, it is held as the same panels, whose decode rows and short
+    chunks run as on int8-vnni and whose long chunks the matrix units read."""
 
     def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None = None) -> None:
         self.bias, self.prefill_path = bias, PrefillPath.FP32
@@ -408,9 +410,9 @@ class QuantLinear:
 
     def use_weight(self, weight: QuantizedWeight, in_place: bool = False) -> None:
         """Compute with `weight` (the same matrix, e.g. moved in memory) from now on, int4
-        held as int4-vnni panels on int8-vnni (with `in_place`, in int4's own tensors) and
-        as int4 elsewhere."""
-        on_panels = self.prefill_path is PrefillPath.INT8_VNNI
+        held as int4-vnni panels where the path's decode rows read them (`int4_panels`;
+        with `in_place`, in int4's own tensors) and as int4 elsewhere."""
+        on_panels = self.prefill_path.int4_panels
         if weight.kind == "int4-vnni" and not on_panels:
             weight = weight.from_panels()
         elif weight.kind == "int4" and on_panels:
@@ -420,9 +422,10 @@ class QuantLinear:
     def use_prefill_path(self, path: PrefillPath, in_place: bool = False) -> None:
         """Run prefill rows on `path` from now on (fp32 where it does not take this matrix:
         sizes off the tiles, in_features a multiple of 32 and out_features of 16, or GGUF
-        blocks as stored on the bfloat16 paths, which read int4 / int8 codes only). On
-        int8-vnni an int4 weight is repacked into int4-vnni panels in place (and back on
-        leaving it; `in_place`: over the int4 tensors, which nothing else may read)."""
+        blocks as stored on the bfloat16 paths, which read int4 / int8 codes only). Where
+        the path holds int4 as int4-vnni panels (`int4_panels`), an int4 weight is repacked
+        into them (and back on leaving it; `in_place`: over the int4 tensors, which nothing
+        else may read)."""
         if self.weight.kind == "gguf":  # gguf_q8.cpp takes every kind as stored
             fits = path.int8_decode or path.bf16  # bf16: int8 decode rows (_int8_rows)
         else:  # int4 / int8 codes; int8-avx2 leaves them on the float32 kernels
@@ -462,23 +465,24 @@ class QuantLinear:
         )
 
     def _int8_rows(self) -> bool:
-        """Whether decode rows (and chunks off the matrix units) take int8 activations: on
-        the int8 paths, and for GGUF blocks as stored on the bfloat16 paths too (whose tiles
-        read int4 / int8 codes only: the float32 block kernels read a K-quant at a fraction
-        of gguf_q8's speed per byte)."""
+        """Whether decode rows (and chunks off the matrix units) take int8 activations: where
+        the path's do (`int8_decode`), and for GGUF blocks as stored on any bfloat16 path
+        (whose tiles read int4 / int8 codes only: the float32 block kernels read a K-quant at
+        a fraction of gguf_q8's speed per byte)."""
         path = self.prefill_path
         return path.int8_decode or (path.bf16 and self.weight.kind == "gguf")
 
     def _on_panels(self) -> bool:
         """Whether every row of this matrix, decode or prefill, runs in one call on int4-vnni
-        panels."""
-        return self.weight.kind == "int4-vnni"
+        panels (on int8-vnni; the bfloat16 paths' matrix units take their long chunks)."""
+        return self.weight.kind == "int4-vnni" and not self.prefill_path.bf16
 
     def decode_operands(
         self,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """(codes, scales, mins or None, layout) as the kernels take this matrix for decode
-        rows (`decode_layers`' weights, `quant_linear` in layers.cpp): on the int8 paths their
+        rows (`decode_layers`' weights, `quant_linear` in layers.cpp): where they take int8
+        activations (`_int8_rows`), their
         decode rows' kinds (GGUF blocks + gguf-q8; int8 codes as int8-vnni; int4-vnni panels
         as they are), else the codes' own. Kernels must be loaded."""
         w = self.weight
@@ -494,8 +498,8 @@ class QuantLinear:
 
     def _rows_kernel(self) -> Callable[[torch.Tensor, torch.Tensor], None] | None:
         """kernel(x, out) for the rows that stay off the matrix units (decode rows, short
-        chunks; int4-vnni: all rows): on the int8 paths their decode rows' kernel, on
-        `decode_operands`, else the float32 one."""
+        chunks; int4-vnni on int8-vnni: all rows): where they take int8 activations, their
+        decode rows' kernel, on `decode_operands`, else the float32 one."""
         if self._rows is None:
             self._rows = self._cpu_kernel()
             kind = self.weight.kind
@@ -527,8 +531,9 @@ class QuantLinear:
         if self.prefill_path is PrefillPath.INT8_VNNI:  # int8 activations (gemm_vnni.cpp)
             v8, qs, scale = kernels.op("q8_gemm_vnni"), w.qs, w.scale
             return lambda x, out: v8(x, qs, scale, out)
-        if w.kind == "int4":
-            q4, qs, scale, minv = kernels.op("q4_gemm_bf16" + suffix), w.qs, w.scale, w.minv
+        if w.kind in ("int4", "int4-vnni"):
+            name = ("q4_gemm_bf16" if w.kind == "int4" else "q4v_gemm_bf16") + suffix
+            q4, qs, scale, minv = kernels.op(name), w.qs, w.scale, w.minv
             return lambda x, out: q4(x, qs, scale, minv, out, unit)
         q8, qs, scale = kernels.op("q8_gemm_bf16" + suffix), w.qs, w.scale
         return lambda x, out: q8(x, qs, scale, out, unit)
@@ -548,7 +553,7 @@ class QuantLinear:
     def silu_gated(self, x: torch.Tensor, fp32_rows: int = 0) -> torch.Tensor | None:
         """For a gate_up matrix [gate; up] without bias: silu(x gate^T) * (x up^T), float32
         [M, out/2], the prefill rows (past `fp32_rows`) computed and activated in one pass on
-        the matrix units, the decode rows by the float32 kernels and `silu_mul`. None where
+        the matrix units, the decode rows by the one-row kernels and `silu_mul`. None where
         this call would not use the matrix units (the caller multiplies, then activates)."""
         if (
             self.bias is not None

@@ -102,14 +102,14 @@ def test_fused_silu_gemm_equals_the_gemm_then_silu_mul(
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
-def test_silu_gated_keeps_decode_rows_on_the_float32_kernels() -> None:
-    """QuantLinear.silu_gated: the first fp32_rows rows are silu_mul of the float32 kernel's
-    gate_up bit for bit; the rest are the fused op's."""
+def test_silu_gated_keeps_decode_rows_on_the_decode_rows_kernel() -> None:
+    """QuantLinear.silu_gated: the first fp32_rows rows are silu_mul of the decode rows'
+    kernel's gate_up bit for bit (int8 activations on int4-vnni panels where the CPU has
+    VNNI, else float32); the rest are the fused op's, with the int4 codes' bits either way."""
     needs(PrefillPath.AMX_BF16)
     torch.manual_seed(2)
     lin = _codes_linear(128, 128, PrefillPath.AMX_BF16)
-    ref = _codes_linear(128, 128, PrefillPath.FP32)
-    ref.use_weight(lin.weight)
+    ref = _decode_rows_linear(lin)
     x = torch.randn(3 + 40, 128)
     act = lin.silu_gated(x, fp32_rows=3)
     assert act is not None and act.shape == (43, 64)
@@ -117,7 +117,7 @@ def test_silu_gated_keeps_decode_rows_on_the_float32_kernels() -> None:
     ops.silu_mul(ref(x[:3]), want)
     assert torch.equal(act[:3], want)
     fused = torch.empty(40, 64)
-    w = lin.weight
+    w = lin.weight.from_panels() if lin.weight.kind == "int4-vnni" else lin.weight
     ops.q4_gemm_bf16_silu(
         x[3:].contiguous(), w.qs, w.scale, w.minv, fused, PrefillPath.AMX_BF16.unit
     )
@@ -428,6 +428,53 @@ def _codes_linear(n: int, k: int, path: PrefillPath) -> QuantLinear:
     return lin
 
 
+def _decode_rows_linear(lin: QuantLinear) -> QuantLinear:
+    """`lin`'s weight on the path whose every row runs the kernel `lin`'s decode rows run:
+    int8-vnni where they take int8 activations, else fp32."""
+    ref = QuantLinear(lin.weight)
+    int8 = lin.prefill_path.int8_decode
+    ref.use_prefill_path(PrefillPath.INT8_VNNI if int8 else PrefillPath.FP32)
+    return ref
+
+
+def test_bf16_paths_hold_int4_as_panels_where_decode_rows_take_int8_activations() -> None:
+    """On amx-bf16 an int4 matrix is held as int4-vnni panels where the CPU has AVX-512 VNNI
+    (every CPU with AMX so far); the tiles read long chunks from the panels with the int4
+    codes' bits."""
+    needs(PrefillPath.AMX_BF16)
+    torch.manual_seed(7)
+    lin = _codes_linear(64, 128, PrefillPath.AMX_BF16)
+    vnni = PrefillPath.INT8_VNNI in matrix.available_paths()
+    assert PrefillPath.AMX_BF16.int8_decode == vnni
+    assert lin.weight.kind == ("int4-vnni" if vnni else "int4")
+    codes = lin.weight.from_panels() if vnni else lin.weight
+    x = torch.randn(40, 128)
+    want = torch.empty(40, 64)
+    ops.q4_gemm_bf16(x, codes.qs, codes.scale, codes.minv, want, PrefillPath.AMX_BF16.unit)
+    assert torch.equal(lin(x), want)
+
+
+@pytest.mark.parametrize("unit", UNITS, ids=str)
+@pytest.mark.parametrize("silu", [False, True])
+def test_bf16_gemm_on_int4_panels_gives_the_codes_bits(unit: PrefillPath, silu: bool) -> None:
+    """q4v_gemm_bf16 (and _silu) on int4-vnni panels equal q4_gemm_bf16 on the int4 codes the
+    panels hold, bit for bit, also where a panel of 16 columns is left over (48 rows)."""
+    needs(unit)
+    torch.manual_seed(8)
+    for n, k in ((48, 96), (128, 64), (256, 2048)):
+        if silu and n % 64:
+            continue  # gated: N / 2 a multiple of 32
+        w = quantize(torch.randn(n, k), "int4")
+        v = w.to_panels()
+        x = torch.randn(37, k)
+        width = n // 2 if silu else n
+        got, want = torch.empty(37, width), torch.empty(37, width)
+        suffix = "_silu" if silu else ""
+        getattr(ops, "q4_gemm_bf16" + suffix)(x, w.qs, w.scale, w.minv, want, unit.unit)
+        getattr(ops, "q4v_gemm_bf16" + suffix)(x, v.qs, v.scale, v.minv, got, unit.unit)
+        assert torch.equal(got, want)
+
+
 def test_int8_vnni_holds_int4_as_panels_in_place_of_the_codes() -> None:
     """On int8-vnni an int4 matrix is held once, as int4-vnni panels (the same bytes
     reordered, no int4 copy beside them); leaving the path gives back the int4 codes bit for
@@ -451,9 +498,10 @@ def test_int8_vnni_holds_int4_as_panels_in_place_of_the_codes() -> None:
     assert all(torch.equal(a, b) for a, b in zip(back.tensors(), w.tensors(), strict=True))
 
 
-def test_decode_rows_of_a_mixed_call_equal_the_float32_kernel_bit_for_bit() -> None:
-    """The first `fp32_rows` rows (a step's decode rows) run the float32 kernel whatever
-    follows them; the prefill rows after them run on the tiles."""
+def test_decode_rows_of_a_mixed_call_equal_the_decode_rows_kernel_bit_for_bit() -> None:
+    """The first `fp32_rows` rows (a step's decode rows) run the decode rows' kernel (int8
+    activations where the CPU has VNNI, else float32) whatever follows them; the prefill rows
+    after them run on the tiles."""
     needs(PrefillPath.AMX_BF16)
     torch.manual_seed(0)
     lin = _codes_linear(96, 128, PrefillPath.AMX_BF16)
@@ -461,7 +509,9 @@ def test_decode_rows_of_a_mixed_call_equal_the_float32_kernel_bit_for_bit() -> N
     ref.use_weight(lin.weight)
     x = torch.randn(3 + 40, 128)
     out = lin(x, fp32_rows=3)
-    assert torch.equal(out[:3], ref(x[:3]))
+    assert torch.equal(out[:3], _decode_rows_linear(lin)(x[:3]))
+    for r in range(3):
+        assert torch.equal(out[r], lin(x[r : r + 1])[0])
     want = bf16(x[3:]).double() @ bf16(lin.weight.dequantize()).double().T
     torch.testing.assert_close(out[3:].double(), want, rtol=1e-5, atol=1e-5)
     assert not torch.equal(out[3:], ref(x[3:]))  # the tiles' rounding: it did run there
@@ -489,14 +539,12 @@ def test_int8_vnni_runs_decode_rows_with_int8_activations_whatever_shares_the_ca
     assert not torch.equal(out[:3], ref(x[:3]))  # int8's rounding: it did not run float32
 
 
-def test_fewer_prefill_rows_than_the_threshold_stay_float32() -> None:
+def test_fewer_prefill_rows_than_the_threshold_stay_on_the_decode_rows_kernel() -> None:
     needs(PrefillPath.AMX_BF16)
     torch.manual_seed(1)
     lin = _codes_linear(64, 128, PrefillPath.AMX_BF16)
-    ref = _codes_linear(64, 128, PrefillPath.FP32)
-    ref.use_weight(lin.weight)
     x = torch.randn(PrefillPath.AMX_BF16.min_rows - 1, 128)
-    assert torch.equal(lin(x), ref(x))
+    assert torch.equal(lin(x), _decode_rows_linear(lin)(x))
 
 
 def test_a_matrix_the_tiles_do_not_fit_stays_float32() -> None:
@@ -529,20 +577,20 @@ def test_a_decode_row_sharing_a_step_with_a_prefill_chunk_gets_its_decode_only_l
     tiny_pair_factory,
 ) -> None:
     """A mixed step (one decode row, one 40-token chunk on the tiles): the decode row's
-    logits are those of the same row decoded alone (the one-call decode step) to float32
-    summation order (1e-5; bfloat16 rounding would move them by ~1e-3), whichever path the
-    chunk takes; the chunk's differ from float32's by the bfloat16 rounding."""
+    logits are those of the same row decoded alone on the same path (the one-call decode
+    step) to float32 summation order (1e-5; bfloat16 rounding would move them by ~1e-3),
+    whichever path the chunk takes; the chunk's differ from float32's by the bfloat16
+    rounding."""
     needs(PrefillPath.AMX_BF16)
     model, kv, backend, decode, chunk = _decode_beside_a_chunk(tiny_pair_factory, 5)
-    alone = _step(model, kv, backend, [decode])
     logits = {}
     for path in (PrefillPath.FP32, PrefillPath.AMX_BF16):
         model.use_prefill_path(path)
         backend.prefill_path = path
+        alone = _step(model, kv, backend, [decode])
         logits[path] = _step(model, kv, backend, [decode, chunk])
+        assert (logits[path][0] - alone[0]).abs().max().item() <= 1e-5
     fp32, amx = logits[PrefillPath.FP32], logits[PrefillPath.AMX_BF16]
-    assert (amx[0] - alone[0]).abs().max().item() <= 1e-5
-    assert (fp32[0] - alone[0]).abs().max().item() <= 1e-5
     assert 1e-4 < (fp32[1] - amx[1]).abs().max().item() < 0.05
 
 

@@ -1,5 +1,6 @@
 // Weight-only quantized GEMM on the CPU's bfloat16 matrix units, for prefill chunks: y = x W^T
-// with x float32 [M, K] rounded to bfloat16 once, W in int4 or int8 codes (gemm.cpp's formats)
+// with x float32 [M, K] rounded to bfloat16 once, W in int4 or int8 codes (gemm.cpp's formats,
+// or int4 in gemm_vnni.cpp's panels, whose decode rows run there on int8 activations)
 // dequantized into bfloat16 panels 32 columns at a time (never whole: no second copy of the
 // weights), float32 sums, float32 out.
 //   AMX (unit 2): a 32x32 block of y is four 16x16 float32 tiles; each 32 k, two 16x32 tiles
@@ -54,6 +55,27 @@ inline void q4_tile(const uint8_t* qp, const float* sp, const float* mp, int64_t
   }
   transpose16(r);
   for (int p = 0; p < 16; ++p) _mm512_store_si512(dst + p * 16, r[p]);
+}
+
+// q4_tile from int4-vnni panels (gemm_vnni.cpp's q4_vnni_pack: 16 columns a panel, group g's
+// 64 words [4][16] with word (j, c) = column c's code bytes 4j..4j+3, low nibbles codes 4j..,
+// high ones 16 + 4j..; the group's 16 scales and mins beside them): panel p's tile over group
+// g. Lane c of code k's vector is already column c's, so pairs of k rows need no transpose;
+// each weight is the same fmadd and rounding as q4_tile's, so the tile has the same bits.
+inline void q4v_tile(const uint32_t* wp, const float* sp, const float* mp, int64_t G, int64_t p,
+                     int64_t g, uint32_t* dst) {
+  const int64_t at = p * G + g;
+  const __m512 s = _mm512_loadu_ps(sp + at * 16), m = _mm512_loadu_ps(mp + at * 16);
+  const __m512i nibble = _mm512_set1_epi32(0x0F);
+  __m512i v[4];
+  for (int j = 0; j < 4; ++j) v[j] = _mm512_loadu_si512(wp + at * 64 + j * 16);
+  auto weight = [&](int k) {  // code k of the group, every column
+    const int shift = 8 * (k % 4) + (k < 16 ? 0 : 4);
+    const __m512i q = _mm512_and_si512(_mm512_srli_epi32(v[(k % 16) / 4], shift), nibble);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), s, m);
+  };
+  for (int q = 0; q < 16; ++q)
+    _mm512_store_si512(dst + q * 16, bf16_pairs(weight(2 * q), weight(2 * q + 1)));
 }
 
 // q4_tile for int8 codes (w = scale * q).
@@ -328,6 +350,29 @@ void q4_gemm_bf16_impl(const at::Tensor& x, const at::Tensor& qs, const at::Tens
 #endif
 }
 
+// q4_gemm_bf16_impl on int4-vnni panels (words [P * G, 256] uint8, pscale / pminv
+// [P * G, 16]; N = out's columns, or twice them with `silu`): the same bits as on the codes the
+// panels were packed from.
+void q4v_gemm_bf16_impl(const at::Tensor& x, const at::Tensor& words, const at::Tensor& pscale,
+                        const at::Tensor& pminv, const at::Tensor& out, int64_t unit, bool silu) {
+#ifdef RS_AVX512_BF16
+  const int64_t K = x.size(1), G = K / 32, N = out.size(1) * (silu ? 2 : 1), P = N / 16;
+  check(K % 32 == 0 && N % 16 == 0 && words.is_contiguous() && words.numel() == P * G * 256 &&
+            pscale.is_contiguous() && pscale.numel() == P * G * 16 && pminv.is_contiguous() &&
+            pminv.numel() == P * G * 16,
+        "q4v_gemm_bf16: panels of q4_vnni_pack for [N, K]");
+  const uint32_t* wp = static_cast<const uint32_t*>(words.data_ptr());
+  const float* sp = pscale.data_ptr<float>();
+  const float* mp = pminv.data_ptr<float>();
+  auto tile = [&](int64_t n, int64_t g, uint32_t* dst) {
+    q4v_tile(wp, sp, mp, G, n / 16, g, dst);
+  };
+  silu ? gemm_bf16<true>(x, N, out, unit, tile) : gemm_bf16<false>(x, N, out, unit, tile);
+#else
+  check(false, "this build has no bfloat16 matrix code (no AVX-512 BF16)");
+#endif
+}
+
 void q8_gemm_bf16_impl(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
                        const at::Tensor& out, int64_t unit, bool silu) {
 #ifdef RS_AVX512_BF16
@@ -346,6 +391,14 @@ void q8_gemm_bf16_impl(const at::Tensor& x, const at::Tensor& qs, const at::Tens
 void q4_gemm_bf16(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
                   const at::Tensor& minv, const at::Tensor& out, int64_t unit) {
   q4_gemm_bf16_impl(x, qs, scale, minv, out, unit, false);
+}
+void q4v_gemm_bf16(const at::Tensor& x, const at::Tensor& words, const at::Tensor& pscale,
+                   const at::Tensor& pminv, const at::Tensor& out, int64_t unit) {
+  q4v_gemm_bf16_impl(x, words, pscale, pminv, out, unit, false);
+}
+void q4v_gemm_bf16_silu(const at::Tensor& x, const at::Tensor& words, const at::Tensor& pscale,
+                        const at::Tensor& pminv, const at::Tensor& out, int64_t unit) {
+  q4v_gemm_bf16_impl(x, words, pscale, pminv, out, unit, true);
 }
 void q8_gemm_bf16(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
                   const at::Tensor& out, int64_t unit) {
@@ -370,6 +423,12 @@ TORCH_LIBRARY_FRAGMENT(radixserve, m) {
       "-> ()");
   m.def("q8_gemm_bf16(Tensor x, Tensor qs, Tensor scale, Tensor(a!) out, int unit) -> ()");
   m.def(
+      "q4v_gemm_bf16(Tensor x, Tensor words, Tensor pscale, Tensor pminv, Tensor(a!) out, "
+      "int unit) -> ()");
+  m.def(
+      "q4v_gemm_bf16_silu(Tensor x, Tensor words, Tensor pscale, Tensor pminv, Tensor(a!) out, "
+      "int unit) -> ()");
+  m.def(
       "q4_gemm_bf16_silu(Tensor x, Tensor qs, Tensor scale, Tensor minv, Tensor(a!) out, "
       "int unit) -> ()");
   m.def(
@@ -379,6 +438,8 @@ TORCH_LIBRARY_FRAGMENT(radixserve, m) {
 TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
   m.impl("q4_gemm_bf16", &radixserve::q4_gemm_bf16);
   m.impl("q8_gemm_bf16", &radixserve::q8_gemm_bf16);
+  m.impl("q4v_gemm_bf16", &radixserve::q4v_gemm_bf16);
+  m.impl("q4v_gemm_bf16_silu", &radixserve::q4v_gemm_bf16_silu);
   m.impl("q4_gemm_bf16_silu", &radixserve::q4_gemm_bf16_silu);
   m.impl("q8_gemm_bf16_silu", &radixserve::q8_gemm_bf16_silu);
 }

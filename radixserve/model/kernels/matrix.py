@@ -26,16 +26,21 @@ the CPU has. Each path's measured speed and quality: docs/cpu.md.
 - `fp32`: float32 everywhere (radixserve's float32 kernels, exact to float32 rounding): the
   choice on CPUs without AVX2 and for `--dtype float32`.
 
-Decode rows (1-16 a step, or the decode rows of a mixed step) run the float32 GEMV kernels on
-the bfloat16 paths and fp32, but for GGUF blocks kept as stored (K-quants) on the bfloat16
-paths, which take int8 activations (gguf_q8.cpp) as on int8-avx2: the float32 block kernels
-read such blocks at a fraction of its speed per byte. On int8-vnni they take int8 activations
-too (gemm_vnni.cpp): int4 matrices are held as panels (QuantizedWeight kind int4-vnni, in place
-of the codes) on which every row runs, decode or prefill, in one call, so a row's result never
-depends on what shares its step and prefill chunks skip a per-call packing; int8 codes are read
-as stored, and GGUF blocks of other kinds (Q6_K, Q5_K, mixed) meet int8 activations as on
-int8-avx2. The LM head takes the same decode kernels. Only matrices whose sizes fit the tiles
-(in_features a multiple of 32, out_features of 16) take the matrix path.
+Decode rows (1-16 a step, or the decode rows of a mixed step, and chunks shorter than
+`min_rows`) take int8 activations on every path but fp32 (`int8_decode`; on the bfloat16 paths
+where the CPU has AVX-512 VNNI, as every CPU with AVX-512 BF16 so far does): int4 matrices are
+held as panels (QuantizedWeight kind int4-vnni, in place of the codes; gemm_vnni.cpp), int8
+codes are read as stored (gemm_vnni.cpp's decode rows), and GGUF blocks of other kinds (Q6_K,
+Q5_K, mixed) as stored (gguf_q8.cpp, as on int8-avx2). A decode row streams its weights from
+memory once a token, and int8 activations meet 4 codes an instruction where float32 turns each
+code into a float first: on a model larger than the L3 cache this is what decode speed is
+(docs/cpu.md). On int8-vnni every row of an int4 matrix, decode or prefill, runs on its panels
+in one call, so a row's result never depends on what shares its step; on the bfloat16 paths
+the matrix units read long chunks from the same panels (gemm_bf16.cpp), and decode rows give
+the same bits whatever shares their step too. Without VNNI, decode rows on the bfloat16 paths
+run the float32 GEMV kernels (GGUF blocks as stored: int8 activations still). The LM head takes
+the same decode kernels. Only matrices whose sizes fit the tiles (in_features a multiple of
+32, out_features of 16) take the matrix path.
 
 RADIXSERVE_PREFILL_PATH=fp32|avx512-bf16|amx-bf16|int8-vnni|int8-avx2 picks a path for
 `--dtype auto` (tests and comparisons); a path this CPU cannot run falls back to the default,
@@ -83,11 +88,23 @@ class PrefillPath(Enum):
 
     @property
     def int8_decode(self) -> bool:
-        """Whether decode rows take int8 activations too (int8-vnni: gemm_vnni.cpp's decode
-        rows, whose arithmetic is each row's own, so a row gives the same result whatever
-        shares its step; int8-avx2: gguf_q8.cpp's). The bfloat16 paths leave decode rows on
-        the float32 kernels."""
-        return self in (PrefillPath.INT8_VNNI, PrefillPath.INT8_AVX2)
+        """Whether decode rows take int8 activations (gemm_vnni.cpp's decode rows, whose
+        arithmetic is each row's own, so a row gives the same result whatever shares its
+        step; gguf_q8.cpp's for GGUF blocks as stored): on the int8 paths, and on the
+        bfloat16 paths where the CPU has AVX-512 VNNI too (all such CPUs so far). Elsewhere
+        decode rows run the float32 kernels."""
+        if self in (PrefillPath.INT8_VNNI, PrefillPath.INT8_AVX2):
+            return True
+        return self.bf16 and PrefillPath.INT8_VNNI in available_paths()
+
+    @property
+    def int4_panels(self) -> bool:
+        """Whether int4 matrices are held as int4-vnni panels (gemm_vnni.cpp's q4_vnni_pack,
+        in place of the codes) on which decode rows run: wherever decode rows take int8
+        activations from int4 codes (int8-vnni, the bfloat16 paths on a CPU with VNNI). On
+        int8-vnni every row runs there; on the bfloat16 paths long chunks go to the matrix
+        units, which read the same panels."""
+        return self.int8_decode and self is not PrefillPath.INT8_AVX2
 
     @property
     def stored_blocks(self) -> bool:
@@ -186,12 +203,20 @@ def describe(path: PrefillPath) -> str:
         if path.bf16
         else "activations quantized to int8 per 32, integer dot products with the codes"
     )
-    decode = (
-        "decode rows and shorter chunks: int8 activations too (int4: every row on panels "
-        "packed once), the LM head's too"
-        if path.int8_decode
-        else "decode and LM head: float32 GEMV kernels (GGUF blocks as stored: int8 activations)"
-    )
+    if path.int8_decode and path.bf16:
+        decode = (
+            "decode rows and shorter chunks: int8 activations on int4 panels packed once "
+            "(which the chunks' tiles read too) and on other codes as stored, the LM head's too"
+        )
+    elif path.int8_decode:
+        decode = (
+            "decode rows and shorter chunks: int8 activations too (int4: every row on panels "
+            "packed once), the LM head's too"
+        )
+    else:
+        decode = (
+            "decode and LM head: float32 GEMV kernels (GGUF blocks as stored: int8 activations)"
+        )
     return (
         f"prefill: {path.value} (chunks of {path.min_rows}+ rows: {how}, float32 sums; "
         f"attention {attention}); {decode}"
