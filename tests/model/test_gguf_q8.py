@@ -98,7 +98,9 @@ def test_stored_blocks_run_decode_rows_in_int8_and_long_chunks_in_float32_on_eve
     out = lin(x, fp32_rows=2)
     torch.testing.assert_close(out[2:], x[2:] @ dense.T, rtol=1e-4, atol=1e-4)  # float32
     int8 = q8_activations(x[:2]) @ dense.double().T
-    torch.testing.assert_close(out[:2].double(), int8, rtol=1e-4, atol=1e-4)
+    # As the kernel test's bound: float32 sums against the largest output (Q6_K's -32 offset
+    # cancels against its codes' products, so a small output carries the big ones' rounding).
+    assert (out[:2].double() - int8).abs().max().item() <= 2e-5 * int8.abs().max().item() + 1e-6
     assert torch.equal(lin(x[:1].contiguous())[0], out[0])
     qs, _, _, layout = lin.decode_operands()  # what decode_layers takes: the same kernel
     assert layout[:, 1].tolist() == [12 + 1000, 14 + 1000]

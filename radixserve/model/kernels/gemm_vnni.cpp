@@ -21,27 +21,13 @@
 
 #include "simd.h"
 
-// kernels/__init__.py adds -mavx512vnni where the CPU has AVX-512 VNNI.
-#if defined(RS_AVX512) && defined(__AVX512VNNI__)
-#define RS_AVX512_VNNI 1
-#include <cpuid.h>
-#endif
+// kernels/__init__.py adds -mavx512vnni where the CPU has AVX-512 VNNI (simd.h's
+// RS_AVX512_VNNI, cpu_has_avx512_vnni).
 
 namespace radixserve {
 namespace {
 
 #ifdef RS_AVX512_VNNI
-// Whether the CPU runs AVX-512 VNNI (CPUID leaf 7, ECX bit 11): a build directory may be
-// shared between machines.
-// Asked once per process: CPUID traps to the hypervisor in a VM, and the ops check per call.
-inline bool cpu_has_avx512_vnni() {
-  static const bool has = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c & (1u << 11));
-  }();
-  return has;
-}
-
 // x [M, K] float32 (row stride ldx) -> xq [M, K] int8 codes (xor 0x80 with `offset`: xq + 128
 // as unsigned bytes), sx [M, K/32] their scales and xs [M, K/32] = sx * sum(codes) per group.
 void quantize_rows_q8(const float* x, int64_t ldx, int64_t M, int64_t K, bool offset,

@@ -23,6 +23,11 @@
     defined(__AVX512VL__) && defined(__AVX512DQ__)
 #define RS_AVX512 1
 #endif
+// AVX-512 VNNI (vpdpbusd: 4 byte products into each int32 lane), where the CPU has it.
+#if defined(RS_AVX512) && defined(__AVX512VNNI__)
+#define RS_AVX512_VNNI 1
+#include <cpuid.h>
+#endif
 
 // Before a loop over a tile's compile-time row count: unrolled early, GCC keeps the tile's
 // accumulator array in registers; left to its later unrolling, it stores every accumulator to
@@ -35,6 +40,19 @@ namespace radixserve {
 namespace {
 
 void check(bool ok, const char* what) { TORCH_CHECK(ok, "radixserve kernel: ", what); }
+
+#ifdef RS_AVX512_VNNI
+// Whether the CPU runs AVX-512 VNNI (CPUID leaf 7, ECX bit 11): a build directory may be
+// shared between machines.
+// Asked once per process: CPUID traps to the hypervisor in a VM, and the ops check per call.
+inline bool cpu_has_avx512_vnni() {
+  static const bool has = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c & (1u << 11));
+  }();
+  return has;
+}
+#endif
 
 // A zeroed float buffer on 64-byte (cache line) boundaries.
 class AlignedBuffer {
