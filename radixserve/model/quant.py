@@ -37,7 +37,10 @@ class QuantizedWeight:
           `scale` is empty.
     int4-vnni: int4's codes, scales and mins in int8-vnni's panels of 16 rows (`to_panels`):
           qs [P * G, 256] uint8, scale / minv [P * G, 16] (P = out / 16, G = in / 32);
-          `cols` = in.
+          `cols` = in. From Q4_K blocks (`repacked_rows` with `panels`), scale / minv are
+          uint8 [P * in / 256, 192]: per panel and super-block of 8 groups the 16 rows'
+          float32 d (-dmin) and [8][16] uint8 sub-block scales (mins), 4.75 bits a weight
+          in all where float32 factors take 6, for the same float32 values d * sc.
     """
 
     kind: str
@@ -54,7 +57,7 @@ class QuantizedWeight:
             assert self.layout is not None
             return int(self.layout[:, 0].sum()), self.cols
         if self.kind == "int4-vnni":
-            return self.scale.numel() // (self.cols // GROUP), self.cols
+            return self.qs.numel() * 2 // self.cols, self.cols
         return self.scale.shape[0], self.scale.shape[1] * GROUP
 
     def to_panels(self, in_place: bool = False) -> QuantizedWeight:
@@ -87,10 +90,21 @@ class QuantizedWeight:
         rows = torch.arange(n) if index is None else index
         panel, col = rows // 16, rows % 16
         words = self.qs.view(n // 16, groups, 4, 16, 4)[panel, :, :, col, :]
-        scale = self.scale.view(n // 16, groups, 16)[panel, :, col]
-        minv = self.minv.view(n // 16, groups, 16)[panel, :, col]
+        scale = self._factors(self.scale).view(n // 16, groups, 16)[panel, :, col]
+        minv = self._factors(self.minv).view(n // 16, groups, 16)[panel, :, col]
         qs = words.reshape(rows.numel(), groups * GROUP // 2).contiguous()
         return QuantizedWeight("int4", qs, scale.contiguous(), minv.contiguous())
+
+    @staticmethod
+    def _factors(f: torch.Tensor) -> torch.Tensor:
+        """int4-vnni factors as float32 [P * G, 16] (Q4_K's as stored: d * sc, as the
+        kernels compute them)."""
+        if f.dtype != torch.uint8:
+            return f
+        k = f.view(-1, 192)
+        d = k[:, :64].contiguous().view(torch.float32)  # [P * S, 16]
+        sub = k[:, 64:].reshape(-1, 8, 16).float()
+        return (d[:, None, :] * sub).reshape(-1, 16)
 
     def kernel_layout(self) -> torch.Tensor:
         """The int64 [parts, 2] (rows, kind number) list our kernels read (decode_layers'
@@ -239,12 +253,19 @@ def _torch_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
 
 def repacked_rows(
-    parts: Sequence[QuantizedWeight], k_quants: bool = True, empty: Empty = _torch_empty
+    parts: Sequence[QuantizedWeight],
+    k_quants: bool = True,
+    empty: Empty = _torch_empty,
+    panels: bool = False,
 ) -> QuantizedWeight:
     """The rows of `parts` (of one kind) one after another, as `repacked` holds them, in
     tensors from `empty` (e.g. a hugepages.WeightArena's): blocks that repack are written
     into the codes part by part, blocks kept as stored are copied in one after another, and
-    other codes concatenated and copied in."""
+    other codes concatenated and copied in. With `panels` (a path that holds int4 as
+    int4-vnni), Q4_K blocks go straight into int4-vnni panels with their factors as stored
+    (`_q4k_panels`), where the shapes allow."""
+    if panels and _q4k_panels_fit(parts):
+        return _q4k_panels(parts, empty)
     target = _repack_target(parts, k_quants)
     if target is None:
         if all(p.kind == "gguf" and p.layout is not None for p in parts):
@@ -268,6 +289,48 @@ def repacked_rows(
         _repack_into(p, codes[at : at + n], scale[at : at + n], rows_mins)
         at += n
     return QuantizedWeight(target, codes, scale, mins if target == "int4" else None)
+
+
+def _q4k_panels_fit(parts: Sequence[QuantizedWeight]) -> bool:
+    """Whether every part is Q4_K blocks on the CPU, of rows in whole panels (16) and columns
+    in whole blocks (256), and the kernels that pack them are here (AVX-512 VNNI)."""
+    cols = parts[0].cols
+    return (
+        cols % 256 == 0
+        and all(
+            p.kind == "gguf"
+            and p.layout is not None
+            and p.cols == cols
+            and p.qs.device.type == "cpu"
+            and set(p.layout[:, 1].tolist()) == {_GGML_Q4_K}
+            and p.shape[0] % 16 == 0
+            for p in parts
+        )
+        and kernels.loaded()
+        and "int8-vnni" in kernels.op("matrix_units")()
+    )
+
+
+def _q4k_panels(parts: Sequence[QuantizedWeight], empty: Empty) -> QuantizedWeight:
+    """The Q4_K rows of `parts` as int4-vnni panels with the blocks' own factors (kind
+    int4-vnni, uint8 scale / minv: QuantizedWeight), written part by part (q4k_vnni_pack)."""
+    rows, cols = sum(p.shape[0] for p in parts), parts[0].cols
+    groups, supers = cols // GROUP, cols // 256
+    words = empty((rows // 16 * groups, 256), torch.uint8)
+    scale = empty((rows // 16 * supers, 192), torch.uint8)
+    minv = empty((rows // 16 * supers, 192), torch.uint8)
+    pack, at = kernels.op("q4k_vnni_pack"), 0
+    for p in parts:
+        n = p.shape[0] // 16
+        pack(
+            p.qs,
+            cols,
+            words[at * groups : (at + n) * groups],
+            scale[at * supers : (at + n) * supers],
+            minv[at * supers : (at + n) * supers],
+        )
+        at += n
+    return QuantizedWeight("int4-vnni", words, scale, minv, cols=cols)
 
 
 def _blocks_in(parts: Sequence[QuantizedWeight], empty: Empty) -> QuantizedWeight:
@@ -406,7 +469,9 @@ class QuantLinear:
         self._kernel: Callable[[torch.Tensor, torch.Tensor], None] | None = None
         self._matrix: Callable[[torch.Tensor, torch.Tensor], None] | None = None
         self._rows: Callable[[torch.Tensor, torch.Tensor], None] | None = None
-        self.use_weight(weight)
+        # As given (int4-vnni panels from the loader stay panels): `use_prefill_path` then
+        # holds it as its path reads it.
+        self.weight = weight
 
     def use_weight(self, weight: QuantizedWeight, in_place: bool = False) -> None:
         """Compute with `weight` (the same matrix, e.g. moved in memory) from now on, int4

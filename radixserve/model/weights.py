@@ -116,6 +116,7 @@ def quantize_model(
     stored: Mapping[str, QuantizedWeight] | None = None,
     repack_k_quants: bool = True,
     arena: WeightArena | None = None,
+    panels: bool = False,
 ) -> None:
     """Run the projections (and the LM head) of `model` on quantized codes; sets
     `model.quantization` to `kind`.
@@ -125,7 +126,8 @@ def quantize_model(
     matrix where the file mixed them (ones wholly of Q8_0 / Q5_0, or of Q4_0 / Q4_1 / Q4_K, as
     the int8 / int4 repacking of the same values: `repacked`, Q4_K only with
     `repack_k_quants`); the others keep their dense weights. With an `arena`, the codes
-    from `stored` are written into it.
+    from `stored` are written into it; with `panels` (a path holding int4 as int4-vnni),
+    Q4_K blocks are written straight into int4-vnni panels (`quant.repacked_rows`).
     "int4" / "int8": stored codes are used where they are that kind (or int8, as precise),
     the rest is quantized from the current dense weights, except matrices that groups of 32
     do not tile, which stay dense.
@@ -136,8 +138,11 @@ def quantize_model(
     names = hf_names(model.config)
     device = model.embed.device
     for projection in model.projections():
-        codes = _stored_codes(names[projection.weight_name], stored, repack_k_quants, arena)
-        if codes is not None and kind != "gguf" and codes.kind not in (kind, "int8"):
+        codes = _stored_codes(names[projection.weight_name], stored, repack_k_quants, arena, panels)
+        held = codes.kind if codes is not None else None
+        if held == "int4-vnni":  # int4's values, in panels
+            held = "int4"
+        if codes is not None and kind != "gguf" and held not in (kind, "int8"):
             codes = None
         if kind == "gguf" and codes is None:
             continue
@@ -150,6 +155,7 @@ def _stored_codes(
     stored: Mapping[str, QuantizedWeight],
     k_quants: bool = True,
     arena: WeightArena | None = None,
+    panels: bool = False,
 ) -> QuantizedWeight | None:
     """The rows of `names` concatenated from `stored` (GGUF blocks of any kinds, or int4 /
     int8 codes of one kind), repacked where that is the same values; None unless all are
@@ -161,8 +167,8 @@ def _stored_codes(
     if len(kinds) != 1:
         return None
     if arena is None:
-        return repacked_rows(parts, k_quants)
-    return repacked_rows(parts, k_quants, arena.empty)
+        return repacked_rows(parts, k_quants, panels=panels)
+    return repacked_rows(parts, k_quants, arena.empty, panels)
 
 
 def _quantized(

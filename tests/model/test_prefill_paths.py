@@ -198,6 +198,47 @@ def test_int4_panels_written_over_the_codes_equal_panels_of_their_own() -> None:
         assert torch.equal(a, b) and a.shape == b.shape
 
 
+def test_q4k_blocks_straight_into_panels_give_the_repacked_panels_bits() -> None:
+    """Q4_K blocks packed straight into int4-vnni panels with their factors as stored
+    (`repacked_rows(..., panels=True)`, two parts as a fused q/k) hold 4.75 bits a weight
+    where panels of float32 factors take 6, read back as the same codes and factors, and give
+    the float32-factor panels' bits on every kernel that reads panels: decode rows and chunks
+    (q4_gemm_vnni) and the matrix units' chunks (q4v_gemm_bf16)."""
+    needs(PrefillPath.INT8_VNNI)
+    pytest.importorskip("gguf")
+    from radixserve.model.gguf_quant import gguf_weight
+    from radixserve.model.quant import repacked_rows
+    from tests.model.test_gguf_kernels import random_blocks
+
+    parts = [
+        gguf_weight(
+            torch.from_numpy(random_blocks("Q4_K", n, 512, seed=n)), torch.tensor([[n, 12]]), 512
+        )
+        for n in (48, 32)
+    ]
+    packed = repacked_rows(parts, panels=True)
+    via_codes = repacked_rows(parts).to_panels()
+    assert packed.kind == via_codes.kind == "int4-vnni" and packed.shape == (80, 512)
+    assert packed.scale.dtype == torch.uint8
+    nbytes = sum(t.numel() * t.element_size() for t in packed.tensors())
+    assert nbytes * 8 == 80 * 512 * 4.75
+    assert torch.equal(packed.qs, via_codes.qs)
+    codes, want = packed.from_panels(), via_codes.from_panels()
+    assert all(torch.equal(a, b) for a, b in zip(codes.tensors(), want.tensors(), strict=True))
+    torch.manual_seed(9)
+    for rows in (1, 5, 40):
+        x = torch.randn(rows, 512)
+        got, ref = torch.empty(rows, 80), torch.empty(rows, 80)
+        ops.q4_gemm_vnni(x, packed.qs, packed.scale, packed.minv, got)
+        ops.q4_gemm_vnni(x, via_codes.qs, via_codes.scale, via_codes.minv, ref)
+        assert torch.equal(got, ref)
+        for unit in UNITS:
+            if unit.value in ops.matrix_units():
+                ops.q4v_gemm_bf16(x, packed.qs, packed.scale, packed.minv, got, unit.unit)
+                ops.q4v_gemm_bf16(x, via_codes.qs, via_codes.scale, via_codes.minv, ref, unit.unit)
+                assert torch.equal(got, ref)
+
+
 @pytest.mark.parametrize("kind", ["int4", "int8"])
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 16])
 # 544 = 17 groups: int8's 64-byte chunks of 2 groups leave one over, and the panels' 16

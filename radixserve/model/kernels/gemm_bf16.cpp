@@ -59,16 +59,14 @@ inline void q4_tile(const uint8_t* qp, const float* sp, const float* mp, int64_t
 
 // q4_tile from int4-vnni panels (gemm_vnni.cpp's q4_vnni_pack: 16 columns a panel, group g's
 // 64 words [4][16] with word (j, c) = column c's code bytes 4j..4j+3, low nibbles codes 4j..,
-// high ones 16 + 4j..; the group's 16 scales and mins beside them): panel p's tile over group
-// g. Lane c of code k's vector is already column c's, so pairs of k rows need no transpose;
-// each weight is the same fmadd and rounding as q4_tile's, so the tile has the same bits.
-inline void q4v_tile(const uint32_t* wp, const float* sp, const float* mp, int64_t G, int64_t p,
-                     int64_t g, uint32_t* dst) {
-  const int64_t at = p * G + g;
-  const __m512 s = _mm512_loadu_ps(sp + at * 16), m = _mm512_loadu_ps(mp + at * 16);
+// high ones 16 + 4j..; the group's 16 scales s and mins m beside them, as float32 or as a
+// Q4_K's factors): the tile of the 64 words at w. Lane c of code k's vector is already column
+// c's, so pairs of k rows need no transpose; each weight is the same fmadd and rounding as
+// q4_tile's, so the tile has the same bits.
+inline void q4v_tile(const uint32_t* w, __m512 s, __m512 m, uint32_t* dst) {
   const __m512i nibble = _mm512_set1_epi32(0x0F);
   __m512i v[4];
-  for (int j = 0; j < 4; ++j) v[j] = _mm512_loadu_si512(wp + at * 64 + j * 16);
+  for (int j = 0; j < 4; ++j) v[j] = _mm512_loadu_si512(w + j * 16);
   auto weight = [&](int k) {  // code k of the group, every column
     const int shift = 8 * (k % 4) + (k < 16 ? 0 : 4);
     const __m512i q = _mm512_and_si512(_mm512_srli_epi32(v[(k % 16) / 4], shift), nibble);
@@ -350,22 +348,34 @@ void q4_gemm_bf16_impl(const at::Tensor& x, const at::Tensor& qs, const at::Tens
 #endif
 }
 
-// q4_gemm_bf16_impl on int4-vnni panels (words [P * G, 256] uint8, pscale / pminv
-// [P * G, 16]; N = out's columns, or twice them with `silu`): the same bits as on the codes the
-// panels were packed from.
+// q4_gemm_bf16_impl on int4-vnni panels (words [P * G, 256] uint8, factors as
+// gemm_vnni.cpp's panel_factor_bytes takes them; N = out's columns, or twice them with
+// `silu`): the same bits as on the codes the panels were packed from.
 void q4v_gemm_bf16_impl(const at::Tensor& x, const at::Tensor& words, const at::Tensor& pscale,
                         const at::Tensor& pminv, const at::Tensor& out, int64_t unit, bool silu) {
 #ifdef RS_AVX512_BF16
   const int64_t K = x.size(1), G = K / 32, N = out.size(1) * (silu ? 2 : 1), P = N / 16;
+  const int64_t factor_bytes = panel_factor_bytes(pscale, P, G);
   check(K % 32 == 0 && N % 16 == 0 && words.is_contiguous() && words.numel() == P * G * 256 &&
-            pscale.is_contiguous() && pscale.numel() == P * G * 16 && pminv.is_contiguous() &&
-            pminv.numel() == P * G * 16,
-        "q4v_gemm_bf16: panels of q4_vnni_pack for [N, K]");
+            factor_bytes > 0 && pminv.scalar_type() == pscale.scalar_type() &&
+            panel_factor_bytes(pminv, P, G) == factor_bytes,
+        "q4v_gemm_bf16: panels of q4_vnni_pack or q4k_vnni_pack for [N, K]");
   const uint32_t* wp = static_cast<const uint32_t*>(words.data_ptr());
+  if (pscale.scalar_type() == at::kByte) {
+    const auto* sp = static_cast<const uint8_t*>(pscale.data_ptr());
+    const auto* mp = static_cast<const uint8_t*>(pminv.data_ptr());
+    auto tile = [&](int64_t n, int64_t g, uint32_t* dst) {
+      const int64_t p = n / 16;
+      q4v_tile(wp + (p * G + g) * 64, k_factor(sp, G, p, g), k_factor(mp, G, p, g), dst);
+    };
+    silu ? gemm_bf16<true>(x, N, out, unit, tile) : gemm_bf16<false>(x, N, out, unit, tile);
+    return;
+  }
   const float* sp = pscale.data_ptr<float>();
   const float* mp = pminv.data_ptr<float>();
   auto tile = [&](int64_t n, int64_t g, uint32_t* dst) {
-    q4v_tile(wp, sp, mp, G, n / 16, g, dst);
+    const int64_t at = (n / 16) * G + g;
+    q4v_tile(wp + at * 64, _mm512_loadu_ps(sp + at * 16), _mm512_loadu_ps(mp + at * 16), dst);
   };
   silu ? gemm_bf16<true>(x, N, out, unit, tile) : gemm_bf16<false>(x, N, out, unit, tile);
 #else

@@ -27,6 +27,18 @@
 namespace radixserve {
 namespace {
 
+#ifdef RS_AVX512
+// The bytes of int4-vnni factors (scales or mins) for P panels of G groups: float32 [P * G, 16],
+// or Q4_K's as stored (uint8, k_factor's); 0 where `f` is neither.
+int64_t panel_factor_bytes(const at::Tensor& f, int64_t P, int64_t G) {
+  if (!f.is_contiguous()) return 0;
+  if (f.scalar_type() == at::kFloat && f.numel() == P * G * 16) return G * 64;
+  if (f.scalar_type() == at::kByte && G % 8 == 0 && f.numel() == P * G / 8 * kKFactorBytes)
+    return G / 8 * kKFactorBytes;
+  return 0;
+}
+#endif
+
 #ifdef RS_AVX512_VNNI
 // x [M, K] float32 (row stride ldx) -> xq [M, K] int8 codes (xor 0x80 with `offset`: xq + 128
 // as unsigned bytes), sx [M, K/32] their scales and xs [M, K/32] = sx * sum(codes) per group.
@@ -172,13 +184,13 @@ void pack_panel(const uint8_t* qs, const float* sp, const float* mp, int64_t K, 
 constexpr int kVnniRows = 6;  // 6 rows x 2 panels: 12 int32 + 12 float32 accumulators
 
 // A panel as vnni_tile reads it: group g's vector j of its 16 columns' code words (int4: one
-// nibble a byte, j < 4 the low nibbles, j >= 4 the high ones) and the group's [16] scales,
+// nibble a byte, j < 4 the low nibbles, j >= 4 the high ones) and the group's 16 scales,
 // mins (int4) and offsets (int8). SplitPanel: pack_panel's int8 one, rebuilt every call;
-// PackedPanel (below): int4, packed once.
+// PackedPanel and PackedKPanel (below): int4, packed once.
 struct SplitPanel {
   const VnniPanel* p;
   __m512i words(int64_t g, int j) const { return _mm512_loadu_si512(&p->words[(g * 8 + j) * 16]); }
-  const float* scale(int64_t g) const { return &p->scale[g * 16]; }
+  __m512 scale(int64_t g) const { return _mm512_loadu_ps(&p->scale[g * 16]); }
   const int32_t* offset(int64_t g) const { return &p->offset[g * 16]; }
 };
 
@@ -212,14 +224,14 @@ void vnni_tile(const int8_t* xq, const float* sx, const float* xs, int64_t K,
     }
     RS_UNROLL
     for (int t = 0; t < NT; ++t) {
-      const __m512 s = _mm512_loadu_ps(panels[t].scale(g));
+      const __m512 s = panels[t].scale(g);
       for (int r = 0; r < R; ++r) {
         __m512i d = dot[r][t];
         if constexpr (!Int4) d = _mm512_sub_epi32(d, _mm512_loadu_si512(panels[t].offset(g)));
         const __m512 ss = _mm512_mul_ps(s, _mm512_set1_ps(sx[r * G + g]));
         acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), ss, acc[r][t]);
         if constexpr (Int4)
-          acc[r][t] = _mm512_fmadd_ps(_mm512_loadu_ps(panels[t].minv(g)),
+          acc[r][t] = _mm512_fmadd_ps(panels[t].minv(g),
                                       _mm512_set1_ps(xs[r * G + g]), acc[r][t]);
       }
     }
@@ -426,25 +438,89 @@ struct PackedPanel {
     const __m512i v = _mm512_loadu_si512(w + (g * 4 + j % 4) * 16);
     return _mm512_and_si512(j < 4 ? v : _mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F));
   }
-  const float* scale(int64_t g) const { return s + g * 16; }
-  const float* minv(int64_t g) const { return m + g * 16; }
+  __m512 scale(int64_t g) const { return _mm512_loadu_ps(s + g * 16); }
+  __m512 minv(int64_t g) const { return _mm512_loadu_ps(m + g * 16); }
 };
 
-// out [M, N] = x W^T on q4_vnni_pack's panels.
+// The same with a Q4_K's factors as stored (simd.h's k_factor; `p` the panel's number).
+struct PackedKPanel {
+  const uint32_t* w;
+  const uint8_t *s, *m;
+  int64_t G, p;
+  __m512i words(int64_t g, int j) const { return PackedPanel{w, nullptr, nullptr}.words(g, j); }
+  __m512 scale(int64_t g) const { return k_factor(s, G, p, g); }
+  __m512 minv(int64_t g) const { return k_factor(m, G, p, g); }
+};
+
+// Q4_K blocks [rows, K / 256 x 144 bytes] (rows a multiple of 16) straight into int4-vnni
+// panels: words as q4_vnni_pack's of gguf_repack's codes, and the factors as the file keeps
+// them (kscale / kmin [rows / 16 x K / 256, 192] uint8: k_factor's), 4.75 bits a weight in all
+// where float32 factors take 6. Decode rows read a fifth fewer bytes, with the same bits.
+void q4k_vnni_pack_impl(const at::Tensor& blocks, int64_t K, const at::Tensor& words,
+                        const at::Tensor& kscale, const at::Tensor& kmin) {
+  const int64_t S = K / 256, G = K / 32, row_bytes = S * 144;
+  check(K % 256 == 0 && blocks.is_contiguous() && blocks.numel() % (16 * row_bytes) == 0,
+        "q4k_vnni_pack: contiguous Q4_K rows of K / 256 blocks, a multiple of 16 rows");
+  const int64_t P = blocks.numel() / row_bytes / 16;
+  check(words.is_contiguous() && words.numel() == P * G * 256 && kscale.is_contiguous() &&
+            kscale.numel() == P * S * kKFactorBytes && kmin.is_contiguous() &&
+            kmin.numel() == P * S * kKFactorBytes,
+        "q4k_vnni_pack: outputs [P * G, 256] and [P * K / 256, 192] uint8");
+  const uint8_t* bp = blocks.data_ptr<uint8_t>();
+  uint8_t* wp = static_cast<uint8_t*>(words.data_ptr());
+  uint8_t* sp = static_cast<uint8_t*>(kscale.data_ptr());
+  uint8_t* mp = static_cast<uint8_t*>(kmin.data_ptr());
+  at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t sb = 0; sb < S; ++sb) {
+        float d[16], nd[16];
+        uint8_t sc[8][16], mn[8][16];
+        for (int c = 0; c < 16; ++c) {
+          const uint8_t* b = bp + (p * 16 + c) * row_bytes + sb * 144;
+          d[c] = f16_at(b);
+          nd[c] = -f16_at(b + 2);
+          for (int j = 0; j < 8; ++j) {
+            int s = 0, m = 0;
+            k_scale_min(b + 4, j, s, m);
+            sc[j][c] = static_cast<uint8_t>(s);
+            mn[j][c] = static_cast<uint8_t>(m);
+            // gguf_repack's code bytes of sub-block j (byte e = code e | code e + 16 << 4):
+            // word (i, c) of the group takes bytes 4i..4i+3.
+            const uint8_t* src = b + 16 + 32 * (j / 2);
+            uint8_t* dst = wp + ((p * G + sb * 8 + j) * 64 + c) * 4;
+            for (int e = 0; e < 16; ++e)
+              dst[(e / 4) * 64 + e % 4] =
+                  (j & 1) ? static_cast<uint8_t>((src[e] >> 4) | (src[e + 16] & 0xF0))
+                          : static_cast<uint8_t>((src[e] & 0x0F) | (src[e + 16] << 4));
+          }
+        }
+        uint8_t* fs = sp + (p * S + sb) * kKFactorBytes;
+        uint8_t* fm = mp + (p * S + sb) * kKFactorBytes;
+        std::memcpy(fs, d, 64);
+        std::memcpy(fs + 64, sc, 128);
+        std::memcpy(fm, nd, 64);
+        std::memcpy(fm + 64, mn, 128);
+      }
+  });
+}
+
+// out [M, N] = x W^T on int4-vnni panels (q4_vnni_pack's, or q4k_vnni_pack's).
 void q4_gemm_vnni_impl(const at::Tensor& x, const at::Tensor& words, const at::Tensor& pscale,
                        const at::Tensor& pminv, const at::Tensor& out) {
   const int64_t M = x.size(0), K = x.size(1), G = K / 32, N = out.size(1), P = N / 16;
   check_rows(x, out, N);
+  const int64_t factor_bytes = panel_factor_bytes(pscale, P, G);
   check(K % 32 == 0 && N % 16 == 0 && words.is_contiguous() && words.numel() == P * G * 256 &&
-            pscale.is_contiguous() && pscale.numel() == P * G * 16 && pminv.is_contiguous() &&
-            pminv.numel() == P * G * 16,
-        "q4_gemm_vnni: panels of q4_vnni_pack for [N, K]");
+            factor_bytes > 0 && pminv.scalar_type() == pscale.scalar_type() &&
+            panel_factor_bytes(pminv, P, G) == factor_bytes,
+        "q4_gemm_vnni: panels of q4_vnni_pack or q4k_vnni_pack for [N, K]");
   check(cpu_has_avx512_vnni(), "this CPU has no AVX-512 VNNI");
   if (M == 0) return;
   const QuantizedRows q = quantize_rows(x, false);
   const uint32_t* wp = static_cast<const uint32_t*>(words.data_ptr());
-  const float* sp = pscale.data_ptr<float>();
-  const float* mp = pminv.data_ptr<float>();
+  const uint8_t* sp = static_cast<const uint8_t*>(pscale.data_ptr());
+  const uint8_t* mp = static_cast<const uint8_t*>(pminv.data_ptr());
+  const bool k_factors = pscale.scalar_type() == at::kByte;
   float* op = out.data_ptr<float>();
   // Decode rows (up to 8) take one panel at a time, 8 rows a pass; prefill chunks two, 6 rows
   // a pass, as the prefill GEMM's tile, which halves the passes over their int8 rows (a 2k
@@ -457,16 +533,28 @@ void q4_gemm_vnni_impl(const at::Tensor& x, const at::Tensor& words, const at::T
       if (u + ahead < u1) {  // the unit after next into L2, and its factors
         const int64_t next = (u + ahead) * span, n_next = std::min(span, P - next);
         prefetch_l2(wp + next * G * 64, n_next * panel_bytes);
-        prefetch_l2(sp + next * G * 16, n_next * G * 64);
-        prefetch_l2(mp + next * G * 16, n_next * G * 64);
+        prefetch_l2(sp + next * factor_bytes, n_next * factor_bytes);
+        prefetch_l2(mp + next * factor_bytes, n_next * factor_bytes);
       }
-      const PackedPanel panels[2] = {
-          {wp + p * G * 64, sp + p * G * 16, mp + p * G * 16},
-          {wp + (p + nt - 1) * G * 64, sp + (p + nt - 1) * G * 16, mp + (p + nt - 1) * G * 16}};
-      if (nt == 2)
-        tile_rows<2, kVnniRows, true>(q, M, K, panels, op + p * 16, ldo);
-      else
-        tile_rows<1, kDecodeRows, true>(q, M, K, panels, op + p * 16, ldo);
+      auto run = [&](const auto* panels) {
+        if (nt == 2)
+          tile_rows<2, kVnniRows, true>(q, M, K, panels, op + p * 16, ldo);
+        else
+          tile_rows<1, kDecodeRows, true>(q, M, K, panels, op + p * 16, ldo);
+      };
+      const int64_t last = p + nt - 1;
+      if (k_factors) {
+        const PackedKPanel panels[2] = {{wp + p * G * 64, sp, mp, G, p},
+                                        {wp + last * G * 64, sp, mp, G, last}};
+        run(panels);
+      } else {
+        const auto* fs = reinterpret_cast<const float*>(sp);
+        const auto* fm = reinterpret_cast<const float*>(mp);
+        const PackedPanel panels[2] = {
+            {wp + p * G * 64, fs + p * G * 16, fm + p * G * 16},
+            {wp + last * G * 64, fs + last * G * 16, fm + last * G * 16}};
+        run(panels);
+      }
     }
   });
 }
@@ -485,6 +573,17 @@ void q8_gemm_vnni([[maybe_unused]] const at::Tensor& x, [[maybe_unused]] const a
                   [[maybe_unused]] const at::Tensor& out) {
 #ifdef RS_AVX512_VNNI
   q8_gemm_vnni_impl(x, qs, scale, out);
+#else
+  check(false, "this build has no AVX-512 VNNI code");
+#endif
+}
+
+void q4k_vnni_pack([[maybe_unused]] const at::Tensor& blocks, [[maybe_unused]] int64_t K,
+                   [[maybe_unused]] const at::Tensor& words,
+                   [[maybe_unused]] const at::Tensor& kscale,
+                   [[maybe_unused]] const at::Tensor& kmin) {
+#ifdef RS_AVX512_VNNI
+  q4k_vnni_pack_impl(blocks, K, words, kscale, kmin);
 #else
   check(false, "this build has no AVX-512 VNNI code");
 #endif
@@ -553,6 +652,9 @@ TORCH_LIBRARY_FRAGMENT(radixserve, m) {
   m.def(
       "q4_vnni_pack(Tensor qs, Tensor scale, Tensor minv, Tensor(a!) words, Tensor(b!) pscale, "
       "Tensor(c!) pminv) -> ()");
+  m.def(
+      "q4k_vnni_pack(Tensor blocks, int K, Tensor(a!) words, Tensor(b!) kscale, "
+      "Tensor(c!) kmin) -> ()");
   m.def("q4_gemm_vnni(Tensor x, Tensor words, Tensor pscale, Tensor pminv, Tensor(a!) out) -> ()");
 }
 
@@ -562,4 +664,5 @@ TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
   m.impl("q8_gemv_vnni", &radixserve::q8_gemv_vnni);
   m.impl("q4_vnni_pack", &radixserve::q4_vnni_pack);
   m.impl("q4_gemm_vnni", &radixserve::q4_gemm_vnni);
+  m.impl("q4k_vnni_pack", &radixserve::q4k_vnni_pack);
 }

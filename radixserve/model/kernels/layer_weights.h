@@ -29,8 +29,9 @@ enum LayerWeight : int64_t {
 
 // Layer `layer`'s weights w[0 : kLayerWeights] are of the kinds the table gives them (a norm:
 // [hidden] float32, or empty where optional; a projection's codes: uint8 or int8, 2-D (GGUF
-// blocks: 1-D); scales and mins: 2-D float32 or empty; kind: the layout int64 [parts, 2] of
-// (rows, kind) (quant_kinds.h)), or an error names the first that is not.
+// blocks: 1-D); scales and mins: 2-D float32 (uint8: int4-vnni's Q4_K factors) or empty;
+// kind: the layout int64 [parts, 2] of (rows, kind) (quant_kinds.h)), or an error names the
+// first that is not.
 void check_layer_weights(const at::Tensor* w, int64_t layer);
 
 #pragma GCC visibility pop

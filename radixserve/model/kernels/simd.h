@@ -157,6 +157,21 @@ inline void transpose16(__m512i* r) {
   }
 }
 inline void transpose16(__m512* r) { transpose16(reinterpret_cast<__m512i*>(r)); }
+
+// int4-vnni panels may keep a Q4_K's factors as the file does (gemm_vnni.cpp's q4k_vnni_pack):
+// per panel of 16 columns and super-block of 8 groups, 192 bytes: the columns' 16 float32 d
+// (or -dmin), then [8][16] uint8 sc (or m). Group g's 16 scales (or mins) of panel p are then
+// d * sc in float32, the product the repacking into float32 factors rounds (bit for bit).
+constexpr int64_t kKFactorBytes = 192;
+inline __m512 k_factor(const uint8_t* f, int64_t G, int64_t p, int64_t g) {
+  const uint8_t* at = f + (p * (G / 8) + g / 8) * kKFactorBytes;
+  const __m512i q = _mm512_cvtepu8_epi32(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 64 + (g % 8) * 16)));
+  __m512 r = _mm512_mul_ps(_mm512_loadu_ps(reinterpret_cast<const float*>(at)),
+                           _mm512_cvtepi32_ps(q));
+  asm("" : "+v"(r));  // rounded here: -ffast-math may not fold it into what multiplies it
+  return r;
+}
 #endif
 
 }  // namespace
