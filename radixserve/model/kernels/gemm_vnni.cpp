@@ -30,7 +30,7 @@ namespace {
 #ifdef RS_AVX512
 // The bytes of int4-vnni factors (scales or mins) for P panels of G groups: float32 [P * G, 16],
 // or Q4_K's as stored (uint8, k_factor's); 0 where `f` is neither.
-int64_t panel_factor_bytes(const at::Tensor& f, int64_t P, int64_t G) {
+inline int64_t panel_factor_bytes(const at::Tensor& f, int64_t P, int64_t G) {
   if (!f.is_contiguous()) return 0;
   if (f.scalar_type() == at::kFloat && f.numel() == P * G * 16) return G * 64;
   if (f.scalar_type() == at::kByte && G % 8 == 0 && f.numel() == P * G / 8 * kKFactorBytes)
