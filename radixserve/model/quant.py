@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from radixserve.model import kernels
-from radixserve.model.kernels.matrix import PrefillPath
+from radixserve.model.kernels.matrix import PrefillPath, available_paths
 from radixserve.values import QUANTIZATIONS
 
 GROUP = 32
@@ -306,8 +306,7 @@ def _q4k_panels_fit(parts: Sequence[QuantizedWeight]) -> bool:
             and p.shape[0] % 16 == 0
             for p in parts
         )
-        and kernels.loaded()
-        and "int8-vnni" in kernels.op("matrix_units")()
+        and PrefillPath.INT8_VNNI in available_paths()
     )
 
 

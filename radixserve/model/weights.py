@@ -139,10 +139,12 @@ def quantize_model(
     device = model.embed.device
     for projection in model.projections():
         codes = _stored_codes(names[projection.weight_name], stored, repack_k_quants, arena, panels)
-        held = codes.kind if codes is not None else None
-        if held == "int4-vnni":  # int4's values, in panels
-            held = "int4"
-        if codes is not None and kind != "gguf" and held not in (kind, "int8"):
+        # int4-vnni: int4's values, in panels
+        if (
+            codes is not None
+            and kind != "gguf"
+            and codes.kind.removesuffix("-vnni") not in (kind, "int8")
+        ):
             codes = None
         if kind == "gguf" and codes is None:
             continue

@@ -349,35 +349,33 @@ void q4_gemm_bf16_impl(const at::Tensor& x, const at::Tensor& qs, const at::Tens
 }
 
 // q4_gemm_bf16_impl on int4-vnni panels (words [P * G, 256] uint8, factors as
-// gemm_vnni.cpp's panel_factor_bytes takes them; N = out's columns, or twice them with
+// gemm_vnni.cpp's check_panels takes them; N = out's columns, or twice them with
 // `silu`): the same bits as on the codes the panels were packed from.
 void q4v_gemm_bf16_impl(const at::Tensor& x, const at::Tensor& words, const at::Tensor& pscale,
                         const at::Tensor& pminv, const at::Tensor& out, int64_t unit, bool silu) {
 #ifdef RS_AVX512_BF16
   const int64_t K = x.size(1), G = K / 32, N = out.size(1) * (silu ? 2 : 1), P = N / 16;
-  const int64_t factor_bytes = panel_factor_bytes(pscale, P, G);
-  check(K % 32 == 0 && N % 16 == 0 && words.is_contiguous() && words.numel() == P * G * 256 &&
-            factor_bytes > 0 && pminv.scalar_type() == pscale.scalar_type() &&
-            panel_factor_bytes(pminv, P, G) == factor_bytes,
-        "q4v_gemm_bf16: panels of q4_vnni_pack or q4k_vnni_pack for [N, K]");
+  check(K % 32 == 0 && N % 16 == 0, "q4v_gemm_bf16: K must be a multiple of 32 and N of 16");
+  check_panels(words, pscale, pminv, P, G, "q4v_gemm_bf16");
   const uint32_t* wp = static_cast<const uint32_t*>(words.data_ptr());
-  if (pscale.scalar_type() == at::kByte) {
+  auto run = [&](auto tile) {
+    silu ? gemm_bf16<true>(x, N, out, unit, tile) : gemm_bf16<false>(x, N, out, unit, tile);
+  };
+  if (pscale.scalar_type() == at::kByte) {  // a Q4_K's factors as stored
     const auto* sp = static_cast<const uint8_t*>(pscale.data_ptr());
     const auto* mp = static_cast<const uint8_t*>(pminv.data_ptr());
-    auto tile = [&](int64_t n, int64_t g, uint32_t* dst) {
+    run([&](int64_t n, int64_t g, uint32_t* dst) {
       const int64_t p = n / 16;
       q4v_tile(wp + (p * G + g) * 64, k_factor(sp, G, p, g), k_factor(mp, G, p, g), dst);
-    };
-    silu ? gemm_bf16<true>(x, N, out, unit, tile) : gemm_bf16<false>(x, N, out, unit, tile);
+    });
     return;
   }
   const float* sp = pscale.data_ptr<float>();
   const float* mp = pminv.data_ptr<float>();
-  auto tile = [&](int64_t n, int64_t g, uint32_t* dst) {
+  run([&](int64_t n, int64_t g, uint32_t* dst) {
     const int64_t at = (n / 16) * G + g;
     q4v_tile(wp + at * 64, _mm512_loadu_ps(sp + at * 16), _mm512_loadu_ps(mp + at * 16), dst);
-  };
-  silu ? gemm_bf16<true>(x, N, out, unit, tile) : gemm_bf16<false>(x, N, out, unit, tile);
+  });
 #else
   check(false, "this build has no bfloat16 matrix code (no AVX-512 BF16)");
 #endif

@@ -37,6 +37,18 @@ inline int64_t panel_factor_bytes(const at::Tensor& f, int64_t P, int64_t G) {
     return G / 8 * kKFactorBytes;
   return 0;
 }
+
+// Checks words [P * G, 256] uint8 and scale / min factors of one format (panel_factor_bytes)
+// as `op`'s panels for P panels of G groups; the factors' bytes per panel.
+inline int64_t check_panels(const at::Tensor& words, const at::Tensor& pscale,
+                            const at::Tensor& pminv, int64_t P, int64_t G, const char* op) {
+  const int64_t factor_bytes = panel_factor_bytes(pscale, P, G);
+  TORCH_CHECK(words.is_contiguous() && words.numel() == P * G * 256 && factor_bytes > 0 &&
+                  pminv.scalar_type() == pscale.scalar_type() &&
+                  panel_factor_bytes(pminv, P, G) == factor_bytes,
+              "radixserve kernel: ", op, ": panels of q4_vnni_pack or q4k_vnni_pack for [N, K]");
+  return factor_bytes;
+}
 #endif
 
 #ifdef RS_AVX512_VNNI
@@ -484,14 +496,10 @@ void q4k_vnni_pack_impl(const at::Tensor& blocks, int64_t K, const at::Tensor& w
             k_scale_min(b + 4, j, s, m);
             sc[j][c] = static_cast<uint8_t>(s);
             mn[j][c] = static_cast<uint8_t>(m);
-            // gguf_repack's code bytes of sub-block j (byte e = code e | code e + 16 << 4):
-            // word (i, c) of the group takes bytes 4i..4i+3.
-            const uint8_t* src = b + 16 + 32 * (j / 2);
+            // gguf_repack's code bytes of sub-block j: word (i, c) of the group takes bytes
+            // 4i..4i+3.
             uint8_t* dst = wp + ((p * G + sb * 8 + j) * 64 + c) * 4;
-            for (int e = 0; e < 16; ++e)
-              dst[(e / 4) * 64 + e % 4] =
-                  (j & 1) ? static_cast<uint8_t>((src[e] >> 4) | (src[e + 16] & 0xF0))
-                          : static_cast<uint8_t>((src[e] & 0x0F) | (src[e + 16] << 4));
+            for (int e = 0; e < 16; ++e) dst[(e / 4) * 64 + e % 4] = q4k_code_byte(b + 16, j, e);
           }
         }
         uint8_t* fs = sp + (p * S + sb) * kKFactorBytes;
@@ -509,11 +517,8 @@ void q4_gemm_vnni_impl(const at::Tensor& x, const at::Tensor& words, const at::T
                        const at::Tensor& pminv, const at::Tensor& out) {
   const int64_t M = x.size(0), K = x.size(1), G = K / 32, N = out.size(1), P = N / 16;
   check_rows(x, out, N);
-  const int64_t factor_bytes = panel_factor_bytes(pscale, P, G);
-  check(K % 32 == 0 && N % 16 == 0 && words.is_contiguous() && words.numel() == P * G * 256 &&
-            factor_bytes > 0 && pminv.scalar_type() == pscale.scalar_type() &&
-            panel_factor_bytes(pminv, P, G) == factor_bytes,
-        "q4_gemm_vnni: panels of q4_vnni_pack or q4k_vnni_pack for [N, K]");
+  check(K % 32 == 0 && N % 16 == 0, "q4_gemm_vnni: K must be a multiple of 32 and N of 16");
+  const int64_t factor_bytes = check_panels(words, pscale, pminv, P, G, "q4_gemm_vnni");
   check(cpu_has_avx512_vnni(), "this CPU has no AVX-512 VNNI");
   if (M == 0) return;
   const QuantizedRows q = quantize_rows(x, false);

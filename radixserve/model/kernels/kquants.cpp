@@ -63,6 +63,15 @@ inline uint32_t u32_at(const uint8_t* p) {
   return v;
 }
 
+// Q4_K: byte e (0..15) of sub-block j's int4 codes as quant.py holds them (code e | code
+// e + 16 << 4), from the block's qs (bytes 32p .. 32p + 31: sub-block 2p's weights in the low
+// nibbles, 2p + 1's in the high).
+inline uint8_t q4k_code_byte(const uint8_t* qs, int64_t j, int e) {
+  const uint8_t* src = qs + 32 * (j / 2);
+  return (j & 1) ? static_cast<uint8_t>((src[e] >> 4) | (src[e + 16] & 0xF0))
+                 : static_cast<uint8_t>((src[e] & 0x0F) | (src[e + 16] << 4));
+}
+
 // Q4_K / Q5_K: sub-block j's 6-bit scale and min from the 12 packed bytes.
 inline void k_scale_min(const uint8_t* s, int64_t j, int& sc, int& m) {
   if (j < 4) {
@@ -672,12 +681,7 @@ void repack_row(int64_t kind, const uint8_t* b, int64_t groups, uint8_t* q, floa
         const int64_t g = sb * 8 + j;
         s[g] = d * static_cast<float>(sc);
         m[g] = -(dmin * static_cast<float>(mn));
-        // Sub-block 2p / 2p + 1: the low / high nibbles of bytes 32p .. 32p + 31.
-        const uint8_t* src = b + 16 + 32 * (j / 2);
-        uint8_t* dst = q + g * 16;
-        for (int e = 0; e < 16; ++e)
-          dst[e] = (j & 1) ? static_cast<uint8_t>((src[e] >> 4) | (src[e + 16] & 0xF0))
-                           : static_cast<uint8_t>((src[e] & 0x0F) | (src[e + 16] << 4));
+        for (int e = 0; e < 16; ++e) q[g * 16 + e] = q4k_code_byte(b + 16, j, e);
       }
     }
     return;
