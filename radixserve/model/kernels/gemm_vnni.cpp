@@ -201,6 +201,7 @@ constexpr int kVnniRows = 6;  // 6 rows x 2 panels: 12 int32 + 12 float32 accumu
 // PackedPanel and PackedKPanel (below): int4, packed once.
 struct SplitPanel {
   const VnniPanel* p;
+  void ahead(int64_t) const {}  // built per call: in cache already
   __m512i words(int64_t g, int j) const { return _mm512_loadu_si512(&p->words[(g * 8 + j) * 16]); }
   __m512 scale(int64_t g) const { return _mm512_loadu_ps(&p->scale[g * 16]); }
   const int32_t* offset(int64_t g) const { return &p->offset[g * 16]; }
@@ -216,6 +217,7 @@ void vnni_tile(const int8_t* xq, const float* sx, const float* xs, int64_t K,
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
   for (int64_t g = 0; g < G; ++g) {
+    if constexpr (NT == 1) panels[0].ahead(g);  // decode rows: one pass over the panels
     __m512i dot[R][NT];
     RS_UNROLL
     for (int r = 0; r < R; ++r)
@@ -452,6 +454,13 @@ struct PackedPanel {
   }
   __m512 scale(int64_t g) const { return _mm512_loadu_ps(s + g * 16); }
   __m512 minv(int64_t g) const { return _mm512_loadu_ps(m + g * 16); }
+  // Group g's reads ahead (simd.h's stream_ahead): panels lie one after another, so the walk
+  // goes on into the next one; the factors stream at a quarter of the words' pace.
+  void ahead(int64_t g) const {
+    stream_ahead(w + g * 64, 4);
+    stream_ahead(s + g * 16, 1, kStreamAhead / 4);
+    stream_ahead(m + g * 16, 1, kStreamAhead / 4);
+  }
 };
 
 // The same with a Q4_K's factors as stored (simd.h's k_factor; `p` the panel's number).
@@ -462,6 +471,16 @@ struct PackedKPanel {
   __m512i words(int64_t g, int j) const { return PackedPanel{w, nullptr, nullptr}.words(g, j); }
   __m512 scale(int64_t g) const { return k_factor(s, G, p, g); }
   __m512 minv(int64_t g) const { return k_factor(m, G, p, g); }
+  // As PackedPanel's; the factors, 192 bytes a super-block of 8 groups (2,048 bytes of
+  // words), at its first group.
+  void ahead(int64_t g) const {
+    stream_ahead(w + g * 64, 4);
+    if (g % 8 == 0) {
+      const int64_t at = (p * (G / 8) + g / 8) * kKFactorBytes;
+      stream_ahead(s + at, 3, kStreamAhead * 3 / 32);
+      stream_ahead(m + at, 3, kStreamAhead * 3 / 32);
+    }
+  }
 };
 
 // Q4_K blocks [rows, K / 256 x 144 bytes] (rows a multiple of 16) straight into int4-vnni
@@ -535,7 +554,7 @@ void q4_gemm_vnni_impl(const at::Tensor& x, const at::Tensor& words, const at::T
   at::parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t p = u * span, nt = std::min(span, P - p);
-      if (u + ahead < u1) {  // the unit after next into L2, and its factors
+      if (span == 2 && u + ahead < u1) {  // the unit after next into L2, and its factors
         const int64_t next = (u + ahead) * span, n_next = std::min(span, P - next);
         prefetch_l2(wp + next * G * 64, n_next * panel_bytes);
         prefetch_l2(sp + next * factor_bytes, n_next * factor_bytes);
