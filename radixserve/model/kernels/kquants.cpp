@@ -37,6 +37,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "ops.h"
@@ -619,7 +620,7 @@ void for_each_part(const int64_t* lp, int64_t parts, int64_t K, const uint8_t* b
 }  // namespace
 
 void gguf_gemm(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& layout,
-               const at::Tensor& out) {
+               const at::Tensor& out, bool int8_vnni) {
   check(x.scalar_type() == at::kFloat && x.is_contiguous() && x.dim() == 2, "x: float32 [M, K]");
   const int64_t M = x.size(0), K = x.size(1);
   const int64_t N = check_layout(blocks, layout, K);
@@ -637,7 +638,8 @@ void gguf_gemm(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& 
     const at::Tensor dst = parts == 1 ? out : at::empty({M, rows}, out.options());
     with_block(lp[2 * p + 1], [&](auto b) {
       using B = decltype(b);
-      gemm_part<B>(x, bp, rows, dst);
+      if (!(int8_vnni && std::is_same_v<B, Q6KBlock> && q6k_gemm_vnni(x, bp, rows, dst)))
+        gemm_part<B>(x, bp, rows, dst);
       bp += rows * (K / B::kWeights * B::kBytes);
     });
     if (parts > 1) {
@@ -764,7 +766,9 @@ int64_t quant_kind_code(const std::string& name) {
 }  // namespace radixserve
 
 TORCH_LIBRARY_FRAGMENT(radixserve, m) {
-  m.def("gguf_gemm(Tensor x, Tensor blocks, Tensor layout, Tensor(a!) out) -> ()");
+  m.def(
+      "gguf_gemm(Tensor x, Tensor blocks, Tensor layout, Tensor(a!) out, bool int8_vnni=False) "
+      "-> ()");
   m.def("gguf_dequant(Tensor blocks, Tensor layout, Tensor(a!) out) -> ()");
   m.def(
       "gguf_repack(Tensor blocks, Tensor layout, Tensor(a!) codes, Tensor(b!) scale, "
