@@ -68,20 +68,30 @@ def test_q8_kernel_gives_each_row_its_bits_alone(type_name: str) -> None:
 
 
 @pytest.mark.parametrize("rows", [1, 5, 33])
-def test_q6k_chunks_on_vnni_are_the_product_of_int8_activations_and_the_blocks(rows: int) -> None:
-    """gguf_gemm with int8_vnni (int8-vnni's prefill chunks): Q6_K parts take int8
-    activations, as the decode rows do, to float32 summation; the other parts stay float32."""
+def test_k_quant_chunks_on_vnni_are_the_product_of_int8_activations_and_the_blocks(
+    rows: int,
+) -> None:
+    """gguf_gemm with int8_vnni (int8-vnni's prefill chunks): Q4_K, Q5_K and Q6_K parts take
+    int8 activations, as the decode rows do, to float32 summation; other kinds stay float32."""
     needs_int8_avx2()
     if PrefillPath.INT8_VNNI.value not in kernels.op("matrix_units")():
         pytest.skip("this CPU or build has no AVX-512 VNNI")
-    q4k, q6k = random_blocks("Q4_K", 16, 512, seed=3), random_blocks("Q6_K", 48, 512, seed=4)
-    blocks = torch.from_numpy(np.concatenate([q4k.reshape(-1), q6k.reshape(-1)]))
+    kinds = ["Q4_K", "Q5_K", "Q6_K", "Q8_0"]
+    parts = [random_blocks(k, 32 if k == "Q5_K" else 16, 512, seed=i) for i, k in enumerate(kinds)]
+    blocks = torch.from_numpy(np.concatenate([p.reshape(-1) for p in parts]))
+    layout = torch.tensor([[p.shape[0], GGML[k]] for p, k in zip(parts, kinds, strict=True)])
     x = torch.randn(rows, 512)
-    out = torch.empty(rows, 64)
-    kernels.op("gguf_gemm")(x, blocks, torch.tensor([[16, 12], [48, 14]]), out, True)
-    torch.testing.assert_close(out[:, :16], x @ dequantized(q4k, "Q4_K").T, rtol=1e-4, atol=1e-4)
-    want = q8_activations(x) @ dequantized(q6k, "Q6_K").double().T
-    assert (out[:, 16:].double() - want).abs().max().item() <= 2e-5 * want.abs().max().item()
+    out = torch.empty(rows, int(layout[:, 0].sum()))
+    kernels.op("gguf_gemm")(x, blocks, layout, out, True)
+    col = 0
+    for p, k in zip(parts, kinds, strict=True):
+        got, dense = out[:, col : col + p.shape[0]], dequantized(p, k)
+        col += p.shape[0]
+        if k == "Q8_0":
+            torch.testing.assert_close(got, x @ dense.T, rtol=1e-4, atol=1e-4)
+            continue
+        want = q8_activations(x) @ dense.double().T
+        assert (got.double() - want).abs().max().item() <= 2e-5 * want.abs().max().item(), k
 
 
 PATHS = [
@@ -99,8 +109,8 @@ def test_stored_blocks_run_decode_rows_in_int8_and_long_chunks_as_the_path_says(
     """A QuantLinear of Q4_K and Q6_K parts (a Q4_K_M qkv) as stored, on the int8 paths and on
     the bfloat16 ones (whose tiles read int4 / int8 codes only, so such blocks stay as
     stored): its first `fp32_rows` (decode rows) take int8 activations, a chunk of the path's
-    `min_rows` or more after them the float32 kernels (on int8-vnni, int8 activations for the
-    Q6_K part), and each decode row's result is the one it gets alone."""
+    `min_rows` or more after them the float32 kernels (int8 activations on int8-vnni), and
+    each decode row's result is the one it gets alone."""
     needs_int8_avx2()
     if path.value not in kernels.op("matrix_units")():
         pytest.skip(f"this CPU or build does not run {path.value}")
@@ -115,7 +125,7 @@ def test_stored_blocks_run_decode_rows_in_int8_and_long_chunks_as_the_path_says(
     out = lin(x, fp32_rows=2)
     chunk = x[2:] @ dense.T
     if path is PrefillPath.INT8_VNNI:
-        chunk[:, 32:] = (q8_activations(x[2:]) @ dense[32:].double().T).float()
+        chunk = (q8_activations(x[2:]) @ dense.double().T).float()
     # Against the largest output, as below: an elementwise 1e-4 failed about one run in ten.
     assert (out[2:] - chunk).abs().max().item() <= 2e-5 * chunk.abs().max().item() + 1e-6
     int8 = q8_activations(x[:2]) @ dense.double().T

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "simd.h"
@@ -204,7 +205,6 @@ struct SplitPanel {
   void ahead(int64_t) const {}  // built per call: in cache already
   __m512i words(int64_t g, int j) const { return _mm512_loadu_si512(&p->words[(g * 8 + j) * 16]); }
   __m512 scale(int64_t g) const { return _mm512_loadu_ps(&p->scale[g * 16]); }
-  __m512 minv(int64_t g) const { return _mm512_loadu_ps(&p->minv[g * 16]); }  // Q6_K: 2nd half
   const int32_t* offset(int64_t g) const { return &p->offset[g * 16]; }
 };
 
@@ -301,41 +301,60 @@ void q8_gemm_vnni_impl(const at::Tensor& x, const at::Tensor& qs, const at::Tens
   });
 }
 
-// ---- Q6_K prefill chunks: panels of the codes made per call ----
-// A Q6_K weight is d sc_h (q - 32): q 0..63, one int8 sc_h per half group of 16. Each call packs
-// 16 rows at a time into pack_panel's int8 layout with q as the bytes (unsigned: vpdpbusd's
-// left side) and each half group's d sc_h; per input row, group g and half h the integer dot of
-// q with the activations' codes loses 32 times their sum (exact), then meets sx_g d sc_h:
-//   y = sum_g sum_h sx_g d sc_h (sum_{e in h} q_e xq_e - 32 sum_{e in h} xq_e)
-// The float32 kernels took a quarter of a 2k prefill of a 1B Q4_K_M on Zen 4 for its Q6_K
-// matrices, a sixth of its weights.
+// ---- K-quant prefill chunks (Q4_K, Q5_K, Q6_K as stored): panels of the codes made per call ----
+// A K-quant sub-block of 32 weights is s_h (c + kBias) + off (kquants.cpp's Sub: c the codes
+// as unsigned bytes, c 0..63; one scale per half group of 16, which differ in Q6_K only, whose
+// kBias is -32; Q4_K / Q5_K have an offset -dmin m). Each call packs 16 rows at a time into
+// pack_panel's int8 layout with c as the bytes (unsigned: vpdpbusd's left side), with each
+// group's two scales and offset; per input row, group g and half h, the integer dot of c with
+// the activations' codes takes -kBias times their sum (exact), then meets sx_g s_h:
+//   y = sum_g (sum_h sx_g s_h (sum_{e in h} c_e xq_e + kBias sum_{e in h} xq_e) + off_g xs_g)
+// with xs_g = sx_g sum_{e in g} xq_e. Such blocks are a Q4_K_M's Q6_K matrices and the parts of
+// its mixed ones (a qkv whose v is Q6_K): the float32 kernels took a quarter of a 2k prefill of
+// a 1B Q4_K_M on Zen 4 for them, a sixth of its weights.
 
-// Rows n..n+15 of Q6_K blocks (`row_bytes` a row) into `p`: the codes' words, the first halves'
-// scales in p.scale and the second halves' in p.minv; `codes`, `lo`, `hi`: scratch of 16 rows.
-void pack_q6k_panel(const uint8_t* blocks, int64_t row_bytes, int64_t K, int64_t n,
-                    std::vector<uint8_t>& codes, std::vector<float>& lo, std::vector<float>& hi,
-                    VnniPanel& p) {
+template <typename B>
+constexpr int kKQuantBias = std::is_same_v<B, Q6KBlock> ? -32 : 0;
+
+// 16 rows' panel: the codes' words and the first halves' scales (in p), the second halves'
+// scales and the offsets [G][16].
+struct KQuantPanel {
+  VnniPanel p;
+  std::vector<float> hi, off;
+  explicit KQuantPanel(int64_t G) : p(G), hi(G * 16), off(G * 16) {}
+};
+
+// Rows n..n+15 of blocks of kind B (`row_bytes` a row) into `panel`; `codes`, `lo`, `hi`,
+// `off`: scratch of 16 rows.
+template <typename B>
+void pack_kquant_panel(const uint8_t* blocks, int64_t row_bytes, int64_t K, int64_t n,
+                       std::vector<uint8_t>& codes, std::vector<float>& lo,
+                       std::vector<float>& hi, std::vector<float>& off, KQuantPanel& panel) {
   const int64_t G = K / 32;
   for (int64_t c = 0; c < 16; ++c) {
     const uint8_t* row = blocks + (n + c) * row_bytes;
     for (int64_t g = 0; g < G; ++g) {
-      const Sub u = Q6KBlock::sub(row, g);  // codes q - 32
+      const Sub u = B::sub(row, g);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(&codes[c * K + g * 32]),
-                          _mm256_add_epi8(u.codes, _mm256_set1_epi8(32)));
+                          _mm256_sub_epi8(u.codes, _mm256_set1_epi8(kKQuantBias<B>)));
       lo[c * G + g] = u.s0;
       hi[c * G + g] = u.s1;
+      off[c * G + g] = u.off;
     }
   }
-  pack_panel<false>(codes.data(), lo.data(), nullptr, K, 16, 0, p);
+  pack_panel<false>(codes.data(), lo.data(), nullptr, K, 16, 0, panel.p);
   for (int64_t g = 0; g < G; ++g)
-    for (int64_t c = 0; c < 16; ++c) p.minv[g * 16 + c] = hi[c * G + g];
+    for (int64_t c = 0; c < 16; ++c) {
+      panel.hi[g * 16 + c] = hi[c * G + g];
+      panel.off[g * 16 + c] = off[c * G + g];
+    }
 }
 
-// out[r, 16 t..] for R rows of xq (signed codes, sx their scales, sums32 [R][2G] 32 times each
-// half group's sum of codes) and NT Q6_K panels.
-template <int R, int NT>
-void q6k_tile(const int8_t* xq, const float* sx, const int32_t* sums32, int64_t K,
-              const SplitPanel* panels, float* out, int64_t ldo) {
+// out[r, 16 t..] for R rows of xq (signed codes; sx their scales, xs sx times each group's sum,
+// bias_sums [R][2G] kBias times each half group's sum) and NT panels of kind B.
+template <typename B, int R, int NT>
+void kquant_tile(const int8_t* xq, const float* sx, const float* xs, const int32_t* bias_sums,
+                 int64_t K, const KQuantPanel* const* panels, float* out, int64_t ldo) {
   const int64_t G = K / 32;
   __m512 acc[R][NT];
   RS_UNROLL
@@ -350,7 +369,7 @@ void q6k_tile(const int8_t* xq, const float* sx, const int32_t* sums32, int64_t 
     RS_UNROLL
     for (int j = 0; j < 8; ++j) {
       __m512i w[NT];
-      for (int t = 0; t < NT; ++t) w[t] = panels[t].words(g, j);
+      for (int t = 0; t < NT; ++t) w[t] = SplitPanel{&panels[t]->p}.words(g, j);
       RS_UNROLL
       for (int r = 0; r < R; ++r) {
         int32_t word;
@@ -362,14 +381,19 @@ void q6k_tile(const int8_t* xq, const float* sx, const int32_t* sums32, int64_t 
     }
     RS_UNROLL
     for (int t = 0; t < NT; ++t) {
-      const __m512 s[2] = {panels[t].scale(g), panels[t].minv(g)};
+      const __m512 s[2] = {SplitPanel{&panels[t]->p}.scale(g),
+                           _mm512_loadu_ps(&panels[t]->hi[g * 16])};
       for (int r = 0; r < R; ++r) {
         const __m512 x = _mm512_set1_ps(sx[r * G + g]);
         for (int h = 0; h < 2; ++h) {
-          const __m512i d =
-              _mm512_sub_epi32(dot[h][r][t], _mm512_set1_epi32(sums32[r * 2 * G + 2 * g + h]));
+          __m512i d = dot[h][r][t];
+          if constexpr (kKQuantBias<B> != 0)
+            d = _mm512_add_epi32(d, _mm512_set1_epi32(bias_sums[r * 2 * G + 2 * g + h]));
           acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(s[h], x), acc[r][t]);
         }
+        if constexpr (B::kOffset)
+          acc[r][t] = _mm512_fmadd_ps(_mm512_loadu_ps(&panels[t]->off[g * 16]),
+                                      _mm512_set1_ps(xs[r * G + g]), acc[r][t]);
       }
     }
   }
@@ -377,40 +401,43 @@ void q6k_tile(const int8_t* xq, const float* sx, const int32_t* sums32, int64_t 
     for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + r * ldo + 16 * t, acc[r][t]);
 }
 
-constexpr int kQ6kTileRows = 4;  // 4 rows x 2 panels x 2 halves: 16 int32 + 8 float32 sums
+constexpr int kKQuantTileRows = 4;  // 4 rows x 2 panels x 2 halves: 16 int32 + 8 float32 sums
 
-// out [M, N] (contiguous) = x W^T for N rows of Q6_K blocks (N a multiple of 16, K of 256).
-void q6k_gemm_vnni_impl(const at::Tensor& x, const uint8_t* blocks, int64_t N,
-                        const at::Tensor& out) {
-  const int64_t M = x.size(0), K = x.size(1), G = K / 32, row_bytes = K / 256 * 210;
+// out [M, N] (contiguous) = x W^T for N rows of blocks of kind B (N a multiple of 16).
+template <typename B>
+void kquant_gemm_vnni_impl(const at::Tensor& x, const uint8_t* blocks, int64_t N,
+                           const at::Tensor& out) {
+  const int64_t M = x.size(0), K = x.size(1), G = K / 32;
+  const int64_t row_bytes = K / B::kWeights * B::kBytes;
   const QuantizedRows q = quantize_rows(x, false);
-  std::vector<int32_t> sums32(M * 2 * G);
+  std::vector<int32_t> bias_sums(M * 2 * G);
   for (int64_t i = 0; i < M * 2 * G; ++i) {
     int32_t sum = 0;
     for (int e = 0; e < 16; ++e) sum += q.xq[i * 16 + e];
-    sums32[i] = 32 * sum;
+    bias_sums[i] = kKQuantBias<B> * sum;
   }
   float* op = out.data_ptr<float>();
   at::parallel_for(0, (N + 31) / 32, 1, [&](int64_t b0, int64_t b1) {
-    VnniPanel p0(G), p1(G);
+    KQuantPanel p0(G), p1(G);
     std::vector<uint8_t> codes(16 * K);
-    std::vector<float> lo(16 * G), hi(16 * G);
-    const SplitPanel panels[2] = {{&p0}, {&p1}};
+    std::vector<float> lo(16 * G), hi(16 * G), off(16 * G);
+    const KQuantPanel* panels[2] = {&p0, &p1};
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t n = b * 32, nt = std::min<int64_t>(2, (N - n) / 16);
-      pack_q6k_panel(blocks, row_bytes, K, n, codes, lo, hi, p0);
-      if (nt == 2) pack_q6k_panel(blocks, row_bytes, K, n + 16, codes, lo, hi, p1);
-      for (int64_t m = 0; m < M; m += kQ6kTileRows) {
-        const int mr = static_cast<int>(std::min<int64_t>(kQ6kTileRows, M - m));
-        with_rows<kQ6kTileRows>(mr, [&](auto Rc) {
+      pack_kquant_panel<B>(blocks, row_bytes, K, n, codes, lo, hi, off, p0);
+      if (nt == 2) pack_kquant_panel<B>(blocks, row_bytes, K, n + 16, codes, lo, hi, off, p1);
+      for (int64_t m = 0; m < M; m += kKQuantTileRows) {
+        const int mr = static_cast<int>(std::min<int64_t>(kKQuantTileRows, M - m));
+        with_rows<kKQuantTileRows>(mr, [&](auto Rc) {
           constexpr int Rn = decltype(Rc)::value;
           const int8_t* xr = q.xq.data() + m * K;
           const float* sr = q.sx.data() + m * G;
-          const int32_t* hr = sums32.data() + m * 2 * G;
+          const float* xsr = q.xs.data() + m * G;
+          const int32_t* br = bias_sums.data() + m * 2 * G;
           if (nt == 2)
-            q6k_tile<Rn, 2>(xr, sr, hr, K, panels, op + m * N + n, N);
+            kquant_tile<B, Rn, 2>(xr, sr, xsr, br, K, panels, op + m * N + n, N);
           else
-            q6k_tile<Rn, 1>(xr, sr, hr, K, panels, op + m * N + n, N);
+            kquant_tile<B, Rn, 1>(xr, sr, xsr, br, K, panels, op + m * N + n, N);
         });
       }
     }
@@ -754,15 +781,16 @@ void q4_gemm_vnni([[maybe_unused]] const at::Tensor& x, [[maybe_unused]] const a
 #endif
 }
 
-bool q6k_gemm_vnni([[maybe_unused]] const at::Tensor& x, [[maybe_unused]] const uint8_t* blocks,
-                   [[maybe_unused]] int64_t N, [[maybe_unused]] const at::Tensor& out) {
+bool kquant_gemm_vnni([[maybe_unused]] const at::Tensor& x, [[maybe_unused]] int64_t kind,
+                      [[maybe_unused]] const uint8_t* blocks, [[maybe_unused]] int64_t N,
+                      [[maybe_unused]] const at::Tensor& out) {
 #ifdef RS_AVX512_VNNI
   if (!cpu_has_avx512_vnni() || N % 16 != 0 || x.size(1) % 256 != 0) return false;
-  q6k_gemm_vnni_impl(x, blocks, N, out);
-  return true;
-#else
-  return false;
+  if (kind == kQ4_K) return kquant_gemm_vnni_impl<QKBlock<false>>(x, blocks, N, out), true;
+  if (kind == kQ5_K) return kquant_gemm_vnni_impl<QKBlock<true>>(x, blocks, N, out), true;
+  if (kind == kQ6_K) return kquant_gemm_vnni_impl<Q6KBlock>(x, blocks, N, out), true;
 #endif
+  return false;
 }
 
 void q8_gemv_vnni([[maybe_unused]] const at::Tensor& x, [[maybe_unused]] const at::Tensor& qs,

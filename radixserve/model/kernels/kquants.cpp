@@ -37,7 +37,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 #include <vector>
 
 #include "ops.h"
@@ -638,7 +637,7 @@ void gguf_gemm(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& 
     const at::Tensor dst = parts == 1 ? out : at::empty({M, rows}, out.options());
     with_block(lp[2 * p + 1], [&](auto b) {
       using B = decltype(b);
-      if (!(int8_vnni && std::is_same_v<B, Q6KBlock> && q6k_gemm_vnni(x, bp, rows, dst)))
+      if (!(int8_vnni && kquant_gemm_vnni(x, lp[2 * p + 1], bp, rows, dst)))
         gemm_part<B>(x, bp, rows, dst);
       bp += rows * (K / B::kWeights * B::kBytes);
     });

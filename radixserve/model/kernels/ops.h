@@ -21,15 +21,16 @@ void q8_gemm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
              const at::Tensor& out);
 
 // out = x W^T for GGUF blocks: x [M, K] float32, blocks uint8 (every part's rows in turn),
-// layout [parts, 2] int64 of (rows, GGML type) (see kquants.cpp). With `int8_vnni`, Q6_K
-// parts take int8 activations where the CPU has AVX-512 VNNI (q6k_gemm_vnni).
+// layout [parts, 2] int64 of (rows, GGML type) (see kquants.cpp). With `int8_vnni`, K-quant
+// parts take int8 activations where the CPU has AVX-512 VNNI (kquant_gemm_vnni).
 void gguf_gemm(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& layout,
                const at::Tensor& out, bool int8_vnni = false);
 
-// out [M, N] (contiguous) = x W^T for N rows of Q6_K blocks, x quantized to int8 per group of
-// 32 (gemm_vnni.cpp); false, having done nothing, without AVX-512 VNNI or where N is not a
-// multiple of 16.
-bool q6k_gemm_vnni(const at::Tensor& x, const uint8_t* blocks, int64_t N, const at::Tensor& out);
+// out [M, N] (contiguous) = x W^T for N rows of Q4_K, Q5_K or Q6_K blocks (`kind`, a GGML
+// type), x quantized to int8 per group of 32 (gemm_vnni.cpp); false, having done nothing, for
+// another kind, without AVX-512 VNNI or where N is not a multiple of 16.
+bool kquant_gemm_vnni(const at::Tensor& x, int64_t kind, const uint8_t* blocks, int64_t N,
+                      const at::Tensor& out);
 
 // The same with x quantized to int8 per group of 32, each row's arithmetic its own; the
 // layout's kinds are GGML types + kGgufQ8 (see gguf_q8.cpp).
