@@ -589,7 +589,7 @@ class QuantLinear:
     def _bind_matrix(self, suffix: str) -> Callable[[torch.Tensor, torch.Tensor], None]:
         w, unit = self.weight, self.prefill_path.unit
         if w.kind == "gguf" and self.prefill_path is PrefillPath.INT8_VNNI:
-            # blocks as stored: Q6_K parts on int8 activations, the rest the float32 kernels
+            # blocks as stored: K-quant parts on int8 activations, the rest the float32 kernels
             gguf_gemm, blocks, layout = kernels.op("gguf_gemm"), w.qs, w.layout
             return lambda x, out: gguf_gemm(x, blocks, layout, out, True)
         if w.kind == "gguf":  # long chunks of blocks as stored: the float32 kernels

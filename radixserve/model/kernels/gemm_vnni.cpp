@@ -410,8 +410,8 @@ void kquant_gemm_vnni_impl(const at::Tensor& x, const uint8_t* blocks, int64_t N
   const int64_t M = x.size(0), K = x.size(1), G = K / 32;
   const int64_t row_bytes = K / B::kWeights * B::kBytes;
   const QuantizedRows q = quantize_rows(x, false);
-  std::vector<int32_t> bias_sums(M * 2 * G);
-  for (int64_t i = 0; i < M * 2 * G; ++i) {
+  std::vector<int32_t> bias_sums(kKQuantBias<B> != 0 ? M * 2 * G : 0);  // Q6_K's only
+  for (int64_t i = 0; i < static_cast<int64_t>(bias_sums.size()); ++i) {
     int32_t sum = 0;
     for (int e = 0; e < 16; ++e) sum += q.xq[i * 16 + e];
     bias_sums[i] = kKQuantBias<B> * sum;
@@ -433,7 +433,7 @@ void kquant_gemm_vnni_impl(const at::Tensor& x, const uint8_t* blocks, int64_t N
           const int8_t* xr = q.xq.data() + m * K;
           const float* sr = q.sx.data() + m * G;
           const float* xsr = q.xs.data() + m * G;
-          const int32_t* br = bias_sums.data() + m * 2 * G;
+          const int32_t* br = bias_sums.empty() ? nullptr : bias_sums.data() + m * 2 * G;
           if (nt == 2)
             kquant_tile<B, Rn, 2>(xr, sr, xsr, br, K, panels, op + m * N + n, N);
           else

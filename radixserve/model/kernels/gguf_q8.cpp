@@ -312,17 +312,18 @@ void gemv_part_q8(const Q8Rows& a, int64_t M, const uint8_t* blocks, int64_t N, 
   const int64_t ahead_rows = std::max<int64_t>(4, kAheadBytes / row_bytes);
 #ifdef RS_AVX512_VNNI
   const bool vnni = cpu_has_avx512_vnni();
+  const bool rows_ahead = !(std::is_same_v<B, Q6KBlock> && vnni);  // row_dot_q6k_vnni streams
+#else
+  constexpr bool rows_ahead = true;
 #endif
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       const uint8_t* row = blocks + n * row_bytes;
-      const char* ahead =
-          reinterpret_cast<const char*>(blocks + std::min(n + ahead_rows, N - 1) * row_bytes);
-#ifdef RS_AVX512_VNNI
-      if (std::is_same_v<B, Q6KBlock> && vnni) ahead = nullptr;  // row_dot_q6k_vnni streams
-#endif
-      if (ahead != nullptr)
+      if (rows_ahead) {
+        const char* ahead =
+            reinterpret_cast<const char*>(blocks + std::min(n + ahead_rows, N - 1) * row_bytes);
         for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T1);
+      }
       // Input rows a few at a time, each sub-block's codes made once for them (2 for the
       // K-quants, whose two sums a row fill the registers sooner).
       constexpr int kRows = std::is_same_v<B, QKBlock<false>> ? 2
