@@ -233,7 +233,7 @@ def load_model(
     if kind != "none":
         kernels.load()
         k_quants = not prefill_path.stored_blocks
-        panels = prefill_path.int4_panels and device.type == "cpu"  # Q4_K straight to panels
+        panels = prefill_path.q4k_panels and device.type == "cpu"  # Q4_K straight to panels
         quantize_model(model, kind, stored, repack_k_quants=k_quants, arena=arena, panels=panels)
         use_stored_embedding(model, stored)
     # Before packing; int8-vnni's panels over the codes in the arena (nothing else reads them).

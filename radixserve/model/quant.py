@@ -293,7 +293,7 @@ def repacked_rows(
 
 def _q4k_panels_fit(parts: Sequence[QuantizedWeight]) -> bool:
     """Whether every part is Q4_K blocks on the CPU, of rows in whole panels (16) and columns
-    in whole blocks (256), and the kernels that pack them are here (AVX-512 VNNI)."""
+    in whole blocks (256), and the kernels that pack and read them are here (AVX2)."""
     cols = parts[0].cols
     return (
         cols % 256 == 0
@@ -306,7 +306,7 @@ def _q4k_panels_fit(parts: Sequence[QuantizedWeight]) -> bool:
             and p.shape[0] % 16 == 0
             for p in parts
         )
-        and PrefillPath.INT8_VNNI in available_paths()
+        and PrefillPath.INT8_AVX2 in available_paths()
     )
 
 
@@ -475,11 +475,12 @@ class QuantLinear:
     def use_weight(self, weight: QuantizedWeight, in_place: bool = False) -> None:
         """Compute with `weight` (the same matrix, e.g. moved in memory) from now on, int4
         held as int4-vnni panels where the path's decode rows read them (`int4_panels`;
-        with `in_place`, in int4's own tensors) and as int4 elsewhere."""
-        on_panels = self.prefill_path.int4_panels
-        if weight.kind == "int4-vnni" and not on_panels:
+        with `in_place`, in int4's own tensors) and as int4 elsewhere; panels (a Q4_K's from
+        the loader) stay panels where the path reads them (`q4k_panels`)."""
+        path = self.prefill_path
+        if weight.kind == "int4-vnni" and not path.q4k_panels:
             weight = weight.from_panels()
-        elif weight.kind == "int4" and on_panels:
+        elif weight.kind == "int4" and path.int4_panels:
             weight = weight.to_panels(in_place)
         self.weight, self._kernel, self._matrix, self._rows = weight, None, None, None
 
@@ -492,9 +493,9 @@ class QuantLinear:
         else may read)."""
         if self.weight.kind == "gguf":  # gguf_q8.cpp takes every kind as stored
             fits = path.int8_decode or path.bf16  # bf16: int8 decode rows (_int8_rows)
-        else:  # int4 / int8 codes; int8-avx2 leaves them on the float32 kernels
+        else:  # int4 / int8 codes; int8-avx2 leaves them (not its panels) on the float32 kernels
             fits = (
-                path is not PrefillPath.INT8_AVX2
+                (path is not PrefillPath.INT8_AVX2 or self.weight.kind == "int4-vnni")
                 and self.in_features % 32 == 0
                 and self.out_features % 16 == 0
             )

@@ -17,6 +17,7 @@
 //                  permission, the pair-interleaved panel layout, rounding to bfloat16
 //   gemm_bf16.cpp  prefill GEMMs of quantized weights on those units
 //   attention_bf16.cpp  prefill attention on AMX tiles
+//   gemm_panels_avx2.cpp  int4-vnni panels on AVX2 without VNNI (vpmaddubsw; int8-avx2's Q4_K)
 //   gemm_vnni.cpp  prefill GEMMs with int8 activations on AVX-512 VNNI
 // and, as a second unit of the same extension, the table of the weights decode_layers takes:
 //   layer_weights.h    their order (an enum)
@@ -34,6 +35,7 @@
 #include "attention.cpp"
 #include "layers.cpp"
 // The bfloat16 paths last: the files above compile to the machine code they did without them.
+#include "gemm_panels_avx2.cpp"
 #include "gemm_vnni.cpp"
 #include "gemm_bf16.cpp"
 #include "attention_bf16.cpp"

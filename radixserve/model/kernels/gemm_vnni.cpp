@@ -28,7 +28,7 @@
 namespace radixserve {
 namespace {
 
-#ifdef RS_AVX512
+#ifdef RS_AVX2
 // The bytes of int4-vnni factors (scales or mins) for P panels of G groups: float32 [P * G, 16],
 // or Q4_K's as stored (uint8, k_factor's); 0 where `f` is neither.
 inline int64_t panel_factor_bytes(const at::Tensor& f, int64_t P, int64_t G) {
@@ -49,6 +49,62 @@ inline int64_t check_panels(const at::Tensor& words, const at::Tensor& pscale,
                   panel_factor_bytes(pminv, P, G) == factor_bytes,
               "radixserve kernel: ", op, ": panels of q4_vnni_pack or q4k_vnni_pack for [N, K]");
   return factor_bytes;
+}
+
+// What every GEMM here takes: x [M, K] and out [M, N] as float32 rows.
+void check_rows(const at::Tensor& x, const at::Tensor& out, int64_t N) {
+  check(x.scalar_type() == at::kFloat && x.stride(1) == 1, "x must be float32 rows");
+  check(out.scalar_type() == at::kFloat && out.stride(1) == 1 && out.size(0) == x.size(0) &&
+            out.size(1) == N,
+        "out must be float32 rows [M, N]");
+}
+
+// Q4_K blocks [rows, K / 256 x 144 bytes] (rows a multiple of 16) straight into int4-vnni
+// panels: words as q4_vnni_pack's of gguf_repack's codes, and the factors as the file keeps
+// them (kscale / kmin [rows / 16 x K / 256, 192] uint8: k_factor's), 4.75 bits a weight in all
+// where float32 factors take 6. Decode rows read a fifth fewer bytes, with the same bits.
+void q4k_vnni_pack_impl(const at::Tensor& blocks, int64_t K, const at::Tensor& words,
+                        const at::Tensor& kscale, const at::Tensor& kmin) {
+  const int64_t S = K / 256, G = K / 32, row_bytes = S * 144;
+  check(K % 256 == 0 && blocks.is_contiguous() && blocks.numel() % (16 * row_bytes) == 0,
+        "q4k_vnni_pack: contiguous Q4_K rows of K / 256 blocks, a multiple of 16 rows");
+  const int64_t P = blocks.numel() / row_bytes / 16;
+  check(words.is_contiguous() && words.numel() == P * G * 256 && kscale.is_contiguous() &&
+            kscale.numel() == P * S * kKFactorBytes && kmin.is_contiguous() &&
+            kmin.numel() == P * S * kKFactorBytes,
+        "q4k_vnni_pack: outputs [P * G, 256] and [P * K / 256, 192] uint8");
+  const uint8_t* bp = blocks.data_ptr<uint8_t>();
+  uint8_t* wp = static_cast<uint8_t*>(words.data_ptr());
+  uint8_t* sp = static_cast<uint8_t*>(kscale.data_ptr());
+  uint8_t* mp = static_cast<uint8_t*>(kmin.data_ptr());
+  at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t sb = 0; sb < S; ++sb) {
+        float d[16], nd[16];
+        uint8_t sc[8][16], mn[8][16];
+        for (int c = 0; c < 16; ++c) {
+          const uint8_t* b = bp + (p * 16 + c) * row_bytes + sb * 144;
+          d[c] = f16_at(b);
+          nd[c] = -f16_at(b + 2);
+          for (int j = 0; j < 8; ++j) {
+            int s = 0, m = 0;
+            k_scale_min(b + 4, j, s, m);
+            sc[j][c] = static_cast<uint8_t>(s);
+            mn[j][c] = static_cast<uint8_t>(m);
+            // gguf_repack's code bytes of sub-block j: word (i, c) of the group takes bytes
+            // 4i..4i+3.
+            uint8_t* dst = wp + ((p * G + sb * 8 + j) * 64 + c) * 4;
+            for (int e = 0; e < 16; ++e) dst[(e / 4) * 64 + e % 4] = q4k_code_byte(b + 16, j, e);
+          }
+        }
+        uint8_t* fs = sp + (p * S + sb) * kKFactorBytes;
+        uint8_t* fm = mp + (p * S + sb) * kKFactorBytes;
+        std::memcpy(fs, d, 64);
+        std::memcpy(fs + 64, sc, 128);
+        std::memcpy(fm, nd, 64);
+        std::memcpy(fm + 64, mn, 128);
+      }
+  });
 }
 #endif
 
@@ -95,14 +151,6 @@ QuantizedRows quantize_rows(const at::Tensor& x, bool offset) {
   quantize_rows_q8(x.data_ptr<float>(), x.stride(0), M, K, offset, q.xq.data(), q.sx.data(),
                    q.xs.data());
   return q;
-}
-
-// What every GEMM here takes: x [M, K] and out [M, N] as float32 rows.
-void check_rows(const at::Tensor& x, const at::Tensor& out, int64_t N) {
-  check(x.scalar_type() == at::kFloat && x.stride(1) == 1, "x must be float32 rows");
-  check(out.scalar_type() == at::kFloat && out.stride(1) == 1 && out.size(0) == x.size(0) &&
-            out.size(1) == N,
-        "out must be float32 rows [M, N]");
 }
 
 // Asks for bytes [p, p + bytes) into L2, a cache line at a time.
@@ -627,54 +675,6 @@ struct PackedKPanel {
   }
 };
 
-// Q4_K blocks [rows, K / 256 x 144 bytes] (rows a multiple of 16) straight into int4-vnni
-// panels: words as q4_vnni_pack's of gguf_repack's codes, and the factors as the file keeps
-// them (kscale / kmin [rows / 16 x K / 256, 192] uint8: k_factor's), 4.75 bits a weight in all
-// where float32 factors take 6. Decode rows read a fifth fewer bytes, with the same bits.
-void q4k_vnni_pack_impl(const at::Tensor& blocks, int64_t K, const at::Tensor& words,
-                        const at::Tensor& kscale, const at::Tensor& kmin) {
-  const int64_t S = K / 256, G = K / 32, row_bytes = S * 144;
-  check(K % 256 == 0 && blocks.is_contiguous() && blocks.numel() % (16 * row_bytes) == 0,
-        "q4k_vnni_pack: contiguous Q4_K rows of K / 256 blocks, a multiple of 16 rows");
-  const int64_t P = blocks.numel() / row_bytes / 16;
-  check(words.is_contiguous() && words.numel() == P * G * 256 && kscale.is_contiguous() &&
-            kscale.numel() == P * S * kKFactorBytes && kmin.is_contiguous() &&
-            kmin.numel() == P * S * kKFactorBytes,
-        "q4k_vnni_pack: outputs [P * G, 256] and [P * K / 256, 192] uint8");
-  const uint8_t* bp = blocks.data_ptr<uint8_t>();
-  uint8_t* wp = static_cast<uint8_t*>(words.data_ptr());
-  uint8_t* sp = static_cast<uint8_t*>(kscale.data_ptr());
-  uint8_t* mp = static_cast<uint8_t*>(kmin.data_ptr());
-  at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p)
-      for (int64_t sb = 0; sb < S; ++sb) {
-        float d[16], nd[16];
-        uint8_t sc[8][16], mn[8][16];
-        for (int c = 0; c < 16; ++c) {
-          const uint8_t* b = bp + (p * 16 + c) * row_bytes + sb * 144;
-          d[c] = f16_at(b);
-          nd[c] = -f16_at(b + 2);
-          for (int j = 0; j < 8; ++j) {
-            int s = 0, m = 0;
-            k_scale_min(b + 4, j, s, m);
-            sc[j][c] = static_cast<uint8_t>(s);
-            mn[j][c] = static_cast<uint8_t>(m);
-            // gguf_repack's code bytes of sub-block j: word (i, c) of the group takes bytes
-            // 4i..4i+3.
-            uint8_t* dst = wp + ((p * G + sb * 8 + j) * 64 + c) * 4;
-            for (int e = 0; e < 16; ++e) dst[(e / 4) * 64 + e % 4] = q4k_code_byte(b + 16, j, e);
-          }
-        }
-        uint8_t* fs = sp + (p * S + sb) * kKFactorBytes;
-        uint8_t* fm = mp + (p * S + sb) * kKFactorBytes;
-        std::memcpy(fs, d, 64);
-        std::memcpy(fs + 64, sc, 128);
-        std::memcpy(fm, nd, 64);
-        std::memcpy(fm + 64, mn, 128);
-      }
-  });
-}
-
 // out [M, N] = x W^T on int4-vnni panels (q4_vnni_pack's, or q4k_vnni_pack's).
 void q4_gemm_vnni_impl(const at::Tensor& x, const at::Tensor& words, const at::Tensor& pscale,
                        const at::Tensor& pminv, const at::Tensor& out) {
@@ -750,10 +750,10 @@ void q4k_vnni_pack([[maybe_unused]] const at::Tensor& blocks, [[maybe_unused]] i
                    [[maybe_unused]] const at::Tensor& words,
                    [[maybe_unused]] const at::Tensor& kscale,
                    [[maybe_unused]] const at::Tensor& kmin) {
-#ifdef RS_AVX512_VNNI
+#ifdef RS_AVX2
   q4k_vnni_pack_impl(blocks, K, words, kscale, kmin);
 #else
-  check(false, "this build has no AVX-512 VNNI code");
+  check(false, "this build has no AVX2 code");
 #endif
 }
 
@@ -775,9 +775,16 @@ void q4_gemm_vnni([[maybe_unused]] const at::Tensor& x, [[maybe_unused]] const a
                   [[maybe_unused]] const at::Tensor& pminv,
                   [[maybe_unused]] const at::Tensor& out) {
 #ifdef RS_AVX512_VNNI
-  q4_gemm_vnni_impl(x, words, pscale, pminv, out);
+  if (cpu_has_avx512_vnni()) return q4_gemm_vnni_impl(x, words, pscale, pminv, out);
+#endif
+#ifdef RS_AVX2
+  const int64_t K = x.size(1), N = out.size(1);
+  check_rows(x, out, N);
+  check(K % 32 == 0 && N % 16 == 0, "q4_gemm_vnni: K must be a multiple of 32 and N of 16");
+  check_panels(words, pscale, pminv, N / 16, K / 32, "q4_gemm_vnni");
+  q4_gemm_panels_avx2(x, words, pscale, pminv, out);  // gemm_panels_avx2.cpp
 #else
-  check(false, "this build has no AVX-512 VNNI code");
+  check(false, "this build has no AVX2 code");
 #endif
 }
 

@@ -16,13 +16,15 @@ the CPU has. Each path's measured speed and quality: docs/cpu.md.
   AVX-512 BF16 and no AMX in hardware, float32 elsewhere (where a CPU has AMX its two
   float32 FMAs a cycle match one vdpbf16ps).
 - `int8-avx2`: on CPUs with AVX2 but neither AMX nor AVX-512 VNNI (AMD Zen 2/3, older
-  Intel), a GGUF's K-quant blocks are kept as the file stores them (Q4_K at 4.5 bits a weight,
-  not repacked into int4 codes at 6). Their decode rows and chunks shorter than 8 rows meet
-  them with int8 activations per group of 32 through vpmaddubsw (gguf_q8.cpp), fewer
-  instructions than turning every code into a float; longer prefill chunks run the float32
-  kernels over the same blocks. Matrices wholly of Q4_0 / Q4_1 / Q5_0 / Q8_0 are repacked
-  into int4 / int8 codes and run the float32 kernels as on fp32 (faster there than int8
-  activations on such blocks); attention is float32.
+  Intel), a GGUF's Q4_K matrices are held as int8-vnni's int4-vnni panels with the blocks'
+  own factors (4.75 bits a weight), on which every row, decode or prefill, meets int8
+  activations through vpmaddubsw (gemm_panels_avx2.cpp: the same arithmetic per output as
+  vpdpbusd's, so a row's bits do not depend on what shares its step). Other K-quant blocks
+  (Q5_K, Q6_K, a mixed qkv) are kept as the file stores them: their decode rows and chunks
+  shorter than 8 rows meet int8 activations per group of 32 through vpmaddubsw (gguf_q8.cpp),
+  longer chunks run the float32 kernels over the same blocks. Matrices wholly of Q4_0 / Q4_1
+  / Q5_0 / Q8_0 are repacked into int4 / int8 codes and run the float32 kernels as on fp32
+  (faster there than int8 activations on such blocks); attention is float32.
 - `fp32`: float32 everywhere (radixserve's float32 kernels, exact to float32 rounding): the
   choice on CPUs without AVX2 and for `--dtype float32`.
 
@@ -105,6 +107,13 @@ class PrefillPath(Enum):
         int8-vnni every row runs there; on the bfloat16 paths long chunks go to the matrix
         units, which read the same panels."""
         return self.int8_decode and self is not PrefillPath.INT8_AVX2
+
+    @property
+    def q4k_panels(self) -> bool:
+        """Whether a GGUF's Q4_K matrices are held as int4-vnni panels (q4k_vnni_pack, in
+        place of the blocks) on which decode rows run: where int4 is (`int4_panels`), and on
+        int8-avx2, whose every row of such a matrix runs on them (gemm_panels_avx2.cpp)."""
+        return self.int4_panels or self is PrefillPath.INT8_AVX2
 
     @property
     def stored_blocks(self) -> bool:
@@ -192,10 +201,10 @@ def describe(path: PrefillPath) -> str:
         return "prefill path fp32: prefill and decode run the model dtype's matmuls"
     if path is PrefillPath.INT8_AVX2:
         return (
-            f"prefill: int8-avx2 (GGUF K-quant blocks as stored; chunks of {path.min_rows}+ "
-            "rows: float32 kernels; decode rows and shorter chunks: int8 activations, integer "
-            "dot products with the blocks, float32 sums, the LM head's blocks too; other "
-            "codes and attention float32)"
+            "prefill: int8-avx2 (Q4_K as int4-vnni panels: every row on int8 activations; "
+            f"other GGUF K-quant blocks as stored: chunks of {path.min_rows}+ rows on float32 "
+            "kernels, decode rows and shorter chunks on int8 activations, the LM head's blocks "
+            "too; other codes and attention float32)"
         )
     attention = {0: "float32", 1: "bf16 (vdpbf16ps)", 2: "bf16 on AMX tiles"}[path.attention_unit]
     how = (

@@ -97,6 +97,12 @@ inline void stream_ahead(const void* at, int lines, int64_t ahead = kStreamAhead
   for (int i = 0; i < lines; ++i) _mm_prefetch(c + 64 * i, _MM_HINT_T0);
 }
 
+// int4-vnni panels may keep a Q4_K's factors as the file does (gemm_vnni.cpp's q4k_vnni_pack):
+// per panel of 16 columns and super-block of 8 groups, 192 bytes: the columns' 16 float32 d
+// (or -dmin), then [8][16] uint8 sc (or m). Group g's 16 scales (or mins) of panel p are then
+// d * sc in float32, the product the repacking into float32 factors rounds (bit for bit).
+constexpr int64_t kKFactorBytes = 192;
+
 inline float hsum(__m256 v) {
   __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
   lo = _mm_add_ps(lo, hi);
@@ -170,11 +176,8 @@ inline void transpose16(__m512i* r) {
 }
 inline void transpose16(__m512* r) { transpose16(reinterpret_cast<__m512i*>(r)); }
 
-// int4-vnni panels may keep a Q4_K's factors as the file does (gemm_vnni.cpp's q4k_vnni_pack):
-// per panel of 16 columns and super-block of 8 groups, 192 bytes: the columns' 16 float32 d
-// (or -dmin), then [8][16] uint8 sc (or m). Group g's 16 scales (or mins) of panel p are then
-// d * sc in float32, the product the repacking into float32 factors rounds (bit for bit).
-constexpr int64_t kKFactorBytes = 192;
+// Group g's 16 scales (or mins) of int4-vnni panel p with a Q4_K's factors as stored
+// (kKFactorBytes, above).
 inline __m512 k_factor(const uint8_t* f, int64_t G, int64_t p, int64_t g) {
   const uint8_t* at = f + (p * (G / 8) + g / 8) * kKFactorBytes;
   const __m512i q = _mm512_cvtepu8_epi32(
