@@ -122,6 +122,7 @@ inline void row_dot_q4k(const Q8Rows& a, const uint8_t* row, float* out, int64_t
   const __m256i low = _mm256_set1_epi8(0x0F);
   for (int64_t b = 0; b < K / 256; ++b) {
     const uint8_t* blk = row + b * 144;
+    stream_ahead(blk, 3);  // as row_dot_q6k's
     // The 8 six-bit scales and mins (k_scale_min's, all at once): bytes 0-7 and 8-15 of u.
     uint32_t u[4];
     std::memcpy(u, blk + 4, 12);
@@ -178,6 +179,7 @@ inline void row_dot_q6k(const Q8Rows& a, const uint8_t* row, float* out, int64_t
   const __m256i twice = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
   for (int64_t b = 0; b < K / 256; ++b) {
     const uint8_t* blk = row + b * 210;
+    stream_ahead(blk, 4);  // the rows lie one after another: the walk goes on into the next
     const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
     const __m256 dvec = _mm256_set1_ps(f16_at(blk + 208));
     __m256 sc0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)), dvec);
@@ -292,7 +294,9 @@ inline void row_dot_q6k_vnni(const Q8Rows& a, const uint8_t* row, float* out, in
 // KB (Q6_K rows of 2,048 weights one row: 19.6 against 14.6 GB/s for 4 rows, 1,680 bytes each,
 // into L1; 16384 x 2048, 12 matrices in turn, AMX Xeon). row_dot_q6k_vnni asks for its lines as
 // it goes instead (simd.h's stream_ahead): on Zen 4, one row over a 2048 x 8192 Q6_K matrix
-// 0.40-0.46 ms against 0.45-0.58 a row at a time, 4096 x 14336 1.57-1.70 against 2.46-2.59.
+// 0.40-0.46 ms against 0.45-0.58 a row at a time, 4096 x 14336 1.57-1.70 against 2.46-2.59. So
+// do row_dot_q6k and row_dot_q4k (AVX2): on Zen 3, one row over 8 matrices of 2048 x 8192 Q6_K
+// 0.50-0.65 ms each against 0.88 (15.6 GB/s); 4 of 16384 x 2048 Q4_K 0.80-0.83 against 0.93.
 constexpr int64_t kAheadBytes = 64 << 10;
 // Input rows a Q6_K row dot takes at once: 4 in 512-bit registers (a step of 4 rows on the matrix
 // above: 2.15 against 2.41 ms with 2), 2 in 256-bit ones.
@@ -312,10 +316,9 @@ void gemv_part_q8(const Q8Rows& a, int64_t M, const uint8_t* blocks, int64_t N, 
   const int64_t ahead_rows = std::max<int64_t>(4, kAheadBytes / row_bytes);
 #ifdef RS_AVX512_VNNI
   const bool vnni = cpu_has_avx512_vnni();
-  const bool rows_ahead = !(std::is_same_v<B, Q6KBlock> && vnni);  // row_dot_q6k_vnni streams
-#else
-  constexpr bool rows_ahead = true;
 #endif
+  constexpr bool rows_ahead =  // Q4_K's and Q6_K's row dots stream their blocks
+      !std::is_same_v<B, Q6KBlock> && !std::is_same_v<B, QKBlock<false>>;
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       const uint8_t* row = blocks + n * row_bytes;
