@@ -184,10 +184,9 @@ void panels_gemm_avx2(const at::Tensor& x, const uint32_t* words, const Factors&
   });
 }
 
-// q4_gemm_vnni's AVX2 form (gemm_vnni.cpp checks the panels first).
+// q4_gemm_vnni's AVX2 form, on the operands as it checked them (M > 0).
 void q4_gemm_panels_avx2(const at::Tensor& x, const at::Tensor& words, const at::Tensor& pscale,
                          const at::Tensor& pminv, const at::Tensor& out) {
-  if (x.size(0) == 0) return;
   const auto* wp = static_cast<const uint32_t*>(words.data_ptr());
   if (pscale.scalar_type() == at::kByte)
     panels_gemm_avx2(x, wp, KFactors{pscale.data_ptr<uint8_t>()},

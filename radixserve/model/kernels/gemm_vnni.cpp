@@ -676,14 +676,10 @@ struct PackedKPanel {
 };
 
 // out [M, N] = x W^T on int4-vnni panels (q4_vnni_pack's, or q4k_vnni_pack's).
+// The operands as q4_gemm_vnni checked them, M > 0; `factor_bytes` a panel's (check_panels).
 void q4_gemm_vnni_impl(const at::Tensor& x, const at::Tensor& words, const at::Tensor& pscale,
-                       const at::Tensor& pminv, const at::Tensor& out) {
+                       const at::Tensor& pminv, const at::Tensor& out, int64_t factor_bytes) {
   const int64_t M = x.size(0), K = x.size(1), G = K / 32, N = out.size(1), P = N / 16;
-  check_rows(x, out, N);
-  check(K % 32 == 0 && N % 16 == 0, "q4_gemm_vnni: K must be a multiple of 32 and N of 16");
-  const int64_t factor_bytes = check_panels(words, pscale, pminv, P, G, "q4_gemm_vnni");
-  check(cpu_has_avx512_vnni(), "this CPU has no AVX-512 VNNI");
-  if (M == 0) return;
   const QuantizedRows q = quantize_rows(x, false);
   const uint32_t* wp = static_cast<const uint32_t*>(words.data_ptr());
   const uint8_t* sp = static_cast<const uint8_t*>(pscale.data_ptr());
@@ -774,15 +770,17 @@ void q4_gemm_vnni([[maybe_unused]] const at::Tensor& x, [[maybe_unused]] const a
                   [[maybe_unused]] const at::Tensor& pscale,
                   [[maybe_unused]] const at::Tensor& pminv,
                   [[maybe_unused]] const at::Tensor& out) {
-#ifdef RS_AVX512_VNNI
-  if (cpu_has_avx512_vnni()) return q4_gemm_vnni_impl(x, words, pscale, pminv, out);
-#endif
 #ifdef RS_AVX2
   const int64_t K = x.size(1), N = out.size(1);
   check_rows(x, out, N);
   check(K % 32 == 0 && N % 16 == 0, "q4_gemm_vnni: K must be a multiple of 32 and N of 16");
-  check_panels(words, pscale, pminv, N / 16, K / 32, "q4_gemm_vnni");
-  q4_gemm_panels_avx2(x, words, pscale, pminv, out);  // gemm_panels_avx2.cpp
+  [[maybe_unused]] const int64_t factor_bytes =
+      check_panels(words, pscale, pminv, N / 16, K / 32, "q4_gemm_vnni");
+  if (x.size(0) == 0) return;
+#ifdef RS_AVX512_VNNI
+  if (cpu_has_avx512_vnni()) return q4_gemm_vnni_impl(x, words, pscale, pminv, out, factor_bytes);
+#endif
+  q4_gemm_panels_avx2(x, words, pscale, pminv, out);  // without VNNI: gemm_panels_avx2.cpp
 #else
   check(false, "this build has no AVX2 code");
 #endif
