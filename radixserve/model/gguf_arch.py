@@ -5,6 +5,7 @@ gemma3). gguf_convert.py and gguf_quant.py read files through it."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -79,16 +80,10 @@ END_OF_TURN = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>")
 _CONTROL = 3  # tokenizer.ggml.token_type of control tokens
 
 
-def field_value(reader: Any, key: str, default: Any = None) -> Any:
-    """The value of GGUF metadata field `key`, or `default` where the file lacks it."""
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
-
-
-def gguf_arch(reader: Any, file_name: str) -> tuple[str, GgufArch]:
-    """The file's architecture name and its GgufArch; ModelNotFoundError naming an
-    architecture radixserve does not serve."""
-    name = field_value(reader, "general.architecture")
+def gguf_arch(meta: Mapping[str, Any], file_name: str) -> tuple[str, GgufArch]:
+    """The file's architecture name (from its metadata `meta`) and its GgufArch;
+    ModelNotFoundError naming an architecture radixserve does not serve."""
+    name = meta.get("general.architecture")
     if name not in GGUF_ARCHS:
         raise ModelNotFoundError(
             f"{file_name} holds a model of GGUF architecture {name!r}, which radixserve does "
@@ -121,40 +116,36 @@ def rope_heads(gguf_name: str, arch: GgufArch, num_heads: int, num_kv_heads: int
     return None
 
 
-def stop_token_ids(reader: Any) -> int | list[int] | None:
+def stop_token_ids(meta: Mapping[str, Any]) -> int | list[int] | None:
     """The file's end-of-sequence token, with its end-of-turn ones (the eot / eom ids it names,
     and the END_OF_TURN control tokens of its vocabulary): a chat stops at either."""
-    ids = [field_value(reader, f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
+    ids = [meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
     found = [int(i) for i in ids if i is not None]
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    types = reader.fields.get("tokenizer.ggml.token_type")
-    if tokens is not None and types is not None:
-        kinds = types.contents()
-        for i, idx in enumerate(tokens.data):
-            if kinds[i] != _CONTROL:
-                continue
-            text = bytes(tokens.parts[idx]).decode("utf-8", "replace")
-            if text in END_OF_TURN:
-                found.append(i)
+    tokens = meta.get("tokenizer.ggml.tokens")
+    kinds = meta.get("tokenizer.ggml.token_type")
+    if tokens is not None and kinds is not None:
+        found += [i for i, k in enumerate(kinds) if k == _CONTROL and tokens[i] in END_OF_TURN]
     unique = list(dict.fromkeys(found))
     if not unique:
         return None
     return unique[0] if len(unique) == 1 else unique
 
 
-def hf_config(reader: Any, file_name: str, tensor_names: set[str], vocab: int) -> dict[str, Any]:
+def hf_config(
+    meta: Mapping[str, Any], file_name: str, tensor_names: set[str], vocab: int
+) -> dict[str, Any]:
     """The transformers config.json the file's metadata stands for. ModelNotFoundError for a
     missing field or a variant radixserve does not compute (long-context RoPE factors)."""
-    name, arch = gguf_arch(reader, file_name)
+    name, arch = gguf_arch(meta, file_name)
 
     def need(key: str) -> Any:
-        value = field_value(reader, f"{name}.{key}")
+        value = meta.get(f"{name}.{key}")
         if value is None:
             raise ModelNotFoundError(f"{file_name} lacks the GGUF metadata field {name}.{key}")
         return value
 
     def get(key: str, default: Any = None) -> Any:
-        return field_value(reader, f"{name}.{key}", default)
+        return meta.get(f"{name}.{key}", default)
 
     heads = int(need("attention.head_count"))
     hidden = int(need("embedding_length"))
@@ -172,7 +163,7 @@ def hf_config(reader: Any, file_name: str, tensor_names: set[str], vocab: int) -
         if scaling != "linear":
             raise ModelNotFoundError(f"{file_name}: RoPE scaling {scaling!r} is not supported")
         rope = rope | {"rope_type": "linear", "factor": float(need("rope.scaling.factor"))}
-    eos = stop_token_ids(reader)
+    eos = stop_token_ids(meta)
     config: dict[str, Any] = {
         "architectures": [arch.hf_architecture],
         "model_type": arch.model_type,
@@ -186,7 +177,7 @@ def hf_config(reader: Any, file_name: str, tensor_names: set[str], vocab: int) -
         "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-5)),
         "max_position_embeddings": int(get("context_length", 2048)),
         "tie_word_embeddings": "output.weight" not in tensor_names,
-        "bos_token_id": field_value(reader, "tokenizer.ggml.bos_token_id"),
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
         "eos_token_id": eos,
         "torch_dtype": "float32",
         "attention_bias": "blk.0.attn_q.bias" in tensor_names,

@@ -16,20 +16,19 @@ from pathlib import Path
 from typing import Any
 
 from radixserve.errors import ModelNotFoundError
-from radixserve.model.gguf_arch import TENSOR_INDEX, field_value, gguf_arch, hf_config
+from radixserve.model.gguf_arch import TENSOR_INDEX, GgufArch, gguf_arch, hf_config
+from radixserve.model.gguf_header import GgufHeader, read_gguf_header
 from radixserve.model.locks import file_lock
 
 log = logging.getLogger(__name__)
 
 
-def open_gguf(gguf_path: Path) -> Any:
-    """A gguf.GGUFReader over the file; ModelNotFoundError, in one line, for a file that is
-    not a complete GGUF (truncated, corrupt, or another format)."""
-    import gguf
-
+def open_gguf(gguf_path: Path) -> GgufHeader:
+    """The file's metadata and tensor table; ModelNotFoundError, in one line, for a file that
+    is not a complete GGUF (truncated, corrupt, or another format)."""
     try:
-        return gguf.GGUFReader(str(gguf_path))
-    except Exception as e:  # the reader raises ValueError, IndexError, OSError... on bad files
+        return read_gguf_header(gguf_path)
+    except Exception as e:  # ValueError, struct.error, IndexError, OSError... on bad files
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ModelNotFoundError(
             f"{gguf_path} is not a readable GGUF file (truncated or corrupt?): {why}"
@@ -86,31 +85,25 @@ def write_model_dir(gguf_path: Path, out_dir: Path) -> None:
     """config.json, the tokenizer files and TENSOR_INDEX of `gguf_path` into `out_dir`.
     Raises ModelNotFoundError for an unreadable file, an architecture radixserve does not
     serve, or missing metadata."""
-    reader = open_gguf(gguf_path)
-    name, arch = gguf_arch(reader, gguf_path.name)
-    (out_dir / "config.json").write_text(json.dumps(_config(reader, gguf_path), indent=2))
+    header = open_gguf(gguf_path)
+    name, arch = gguf_arch(header.metadata, gguf_path.name)
+    (out_dir / "config.json").write_text(json.dumps(_config(header, gguf_path), indent=2))
     index = [
-        {
-            "name": t.name,
-            "type": int(t.tensor_type),
-            "shape": [int(n) for n in t.shape],
-            "offset": int(t.data_offset),
-            "bytes": int(t.n_bytes),
-        }
-        for t in reader.tensors
+        dict(name=t.name, type=t.type, shape=list(t.shape), offset=t.offset, bytes=t.nbytes)
+        for t in header.tensors
     ]
     (out_dir / TENSOR_INDEX).write_text(json.dumps({"architecture": name, "tensors": index}))
     log.info("%s: GGUF architecture %s as %s", gguf_path.name, name, arch.hf_architecture)
     log.info("building the tokenizer from the GGUF metadata (the slowest step)")
-    _save_tokenizer(gguf_path, out_dir, field_value(reader, "tokenizer.chat_template"))
+    _save_tokenizer(gguf_path, out_dir, arch, header.metadata.get("tokenizer.chat_template"))
 
 
-def _config(reader: Any, gguf_path: Path) -> dict[str, Any]:
-    tensor_names = {t.name for t in reader.tensors}
-    embed = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+def _config(header: GgufHeader, gguf_path: Path) -> dict[str, Any]:
+    tensor_names = {t.name for t in header.tensors}
+    embed = next((t for t in header.tensors if t.name == "token_embd.weight"), None)
     if embed is None:
         raise ModelNotFoundError(f"{gguf_path.name} has no token_embd.weight tensor")
-    return hf_config(reader, gguf_path.name, tensor_names, int(embed.shape[-1]))
+    return hf_config(header.metadata, gguf_path.name, tensor_names, int(embed.shape[-1]))
 
 
 def export_hf(gguf_path: Path, out_dir: Path) -> None:
@@ -132,13 +125,25 @@ def export_hf(gguf_path: Path, out_dir: Path) -> None:
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
 
 
-def _save_tokenizer(gguf_path: Path, out_dir: Path, chat_template: str | None) -> None:
+def _save_tokenizer(
+    gguf_path: Path, out_dir: Path, arch: GgufArch, chat_template: str | None
+) -> None:
     """The tokenizer transformers builds from the file's metadata, with the file's chat
-    template (tokenizer.chat_template) where it has one."""
-    from transformers import AutoTokenizer
+    template (tokenizer.chat_template) where it has one. The class is the one AutoTokenizer
+    picks for the model type (TokenizersBackend where transformers names none), asked
+    directly: AutoTokenizer would first build the model's config from the file with gguf's
+    reader (about 5 s for a 49k vocabulary) only to learn that type, which config.json has."""
+    from transformers.models.auto.tokenization_auto import (
+        TOKENIZER_MAPPING_NAMES,
+        tokenizer_class_from_name,
+    )
 
+    name = TOKENIZER_MAPPING_NAMES.get(arch.model_type) or "TokenizersBackend"
+    cls = tokenizer_class_from_name(name)
+    if cls is None:
+        raise ModelNotFoundError(f"{gguf_path.name}: transformers lacks the tokenizer {name}")
     try:
-        tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        tok = cls.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     except Exception as e:  # transformers raises many kinds on tokenizers it cannot build
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ModelNotFoundError(f"{gguf_path.name}: cannot build its tokenizer: {why}") from e

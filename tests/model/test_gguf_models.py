@@ -102,3 +102,24 @@ def test_a_gguf_chat_template_and_end_of_turn_token_carry_over(
     # <s>, the content (not in the tiny vocabulary: <unk>), <end_of_turn>; per message
     assert tok.apply_chat_template(chat) == [1, 0, 3, 1, 0, 3]
     assert set(ModelConfig.from_dir(files.path).eos_token_ids) == {2, 3}
+
+
+@pytest.mark.parametrize("arch", list(TYPES))
+def test_the_written_tokenizer_is_the_one_autotokenizer_builds_from_the_file(
+    tiny_pair_factory, tmp_path: Path, arch: str
+) -> None:
+    """The model directory's tokenizer, built by the class asked directly, saves the same
+    files as AutoTokenizer's own GGUF path (which reads the whole file to learn the type)."""
+    from transformers import AutoTokenizer
+
+    hf, _ = tiny_pair_factory(arch=arch, **(SHAPES | EXTRA[arch]))
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    path = write_tiny_gguf(
+        tmp_path / f"tiny-{arch}.gguf", arch, hf, TYPES[arch], chat_template=template
+    )
+    files = resolve_model(str(path), cache_dir=tmp_path / "cache")
+    AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name).save_pretrained(
+        str(tmp_path / "auto")
+    )
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (files.path / name).read_text() == (tmp_path / "auto" / name).read_text(), name
