@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -92,12 +93,19 @@ def load_parts(config: EngineConfig) -> EngineParts:
         quantization = resolve_quantization(config.quantization, files, device)
         dtype = resolve_dtype(config.dtype, device, quantized=quantization != "none")
         prefill = resolve_prefill_path(config.dtype, dtype, device, quantization)
-    with phase("weights"):
-        model = load_model(files, dtype, device, quantization, prefill)
-        if config.max_model_len:  # no position reaches it (request.check_prompt)
-            model.rotary.keep(config.max_model_len)
-    with phase("tokenizer"):
-        tokenizer = Tokenizer.from_dir(files.path, chat_template=config.chat_template)
+    # The tokenizer loads beside the weights: it is Python (importing transformers, reading
+    # the vocabulary) while the weights' time goes to kernels and page faults that leave the
+    # interpreter free. Its phase's time is what the weights left to wait for.
+    with ThreadPoolExecutor(1, thread_name_prefix="tokenizer") as pool:
+        tokenizer_job = pool.submit(
+            Tokenizer.from_dir, files.path, chat_template=config.chat_template
+        )
+        with phase("weights"):
+            model = load_model(files, dtype, device, quantization, prefill)
+            if config.max_model_len:  # no position reaches it (request.check_prompt)
+                model.rotary.keep(config.max_model_len)
+        with phase("tokenizer"):
+            tokenizer = tokenizer_job.result()
     with phase("KV pool, runner and cache"):
         return assemble(config, model, tokenizer, files.name)
 

@@ -77,13 +77,15 @@ void q4k_vnni_pack_impl(const at::Tensor& blocks, int64_t K, const at::Tensor& w
   uint8_t* wp = static_cast<uint8_t*>(words.data_ptr());
   uint8_t* sp = static_cast<uint8_t*>(kscale.data_ptr());
   uint8_t* mp = static_cast<uint8_t*>(kmin.data_ptr());
+  const __m128i low = _mm_set1_epi8(0x0F), high = _mm_set1_epi8(static_cast<char>(0xF0));
   at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p)
       for (int64_t sb = 0; sb < S; ++sb) {
         float d[16], nd[16];
         uint8_t sc[8][16], mn[8][16];
+        const uint8_t* row0 = bp + p * 16 * row_bytes + sb * 144;
         for (int c = 0; c < 16; ++c) {
-          const uint8_t* b = bp + (p * 16 + c) * row_bytes + sb * 144;
+          const uint8_t* b = row0 + c * row_bytes;
           d[c] = f16_at(b);
           nd[c] = -f16_at(b + 2);
           for (int j = 0; j < 8; ++j) {
@@ -91,10 +93,30 @@ void q4k_vnni_pack_impl(const at::Tensor& blocks, int64_t K, const at::Tensor& w
             k_scale_min(b + 4, j, s, m);
             sc[j][c] = static_cast<uint8_t>(s);
             mn[j][c] = static_cast<uint8_t>(m);
-            // gguf_repack's code bytes of sub-block j: word (i, c) of the group takes bytes
-            // 4i..4i+3.
-            uint8_t* dst = wp + ((p * G + sb * 8 + j) * 64 + c) * 4;
-            for (int e = 0; e < 16; ++e) dst[(e / 4) * 64 + e % 4] = q4k_code_byte(b + 16, j, e);
+          }
+        }
+        // Sub-block j's 16 code bytes of column c (q4k_code_byte's, e = 0..15) as four words;
+        // word (i, c) of the group's 64 takes bytes 4i..4i+3: a 4 x 4 word transpose per four
+        // columns.
+        for (int j = 0; j < 8; ++j) {
+          uint32_t* dst = reinterpret_cast<uint32_t*>(wp) + (p * G + sb * 8 + j) * 64;
+          for (int c0 = 0; c0 < 16; c0 += 4) {
+            __m128i v[4];
+            for (int k = 0; k < 4; ++k) {
+              const uint8_t* src = row0 + (c0 + k) * row_bytes + 16 + 32 * (j / 2);
+              const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+              const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16));
+              v[k] = (j & 1) ? _mm_or_si128(_mm_and_si128(_mm_srli_epi16(lo, 4), low),
+                                            _mm_and_si128(hi, high))
+                             : _mm_or_si128(_mm_and_si128(lo, low),
+                                            _mm_and_si128(_mm_slli_epi16(hi, 4), high));
+            }
+            const __m128i t0 = _mm_unpacklo_epi32(v[0], v[1]), t1 = _mm_unpacklo_epi32(v[2], v[3]);
+            const __m128i t2 = _mm_unpackhi_epi32(v[0], v[1]), t3 = _mm_unpackhi_epi32(v[2], v[3]);
+            const __m128i rows[4] = {_mm_unpacklo_epi64(t0, t1), _mm_unpackhi_epi64(t0, t1),
+                                     _mm_unpacklo_epi64(t2, t3), _mm_unpackhi_epi64(t2, t3)};
+            for (int i = 0; i < 4; ++i)
+              _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i * 16 + c0), rows[i]);
           }
         }
         uint8_t* fs = sp + (p * S + sb) * kKFactorBytes;
