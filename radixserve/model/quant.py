@@ -24,6 +24,12 @@ from radixserve.values import QUANTIZATIONS
 
 GROUP = 32
 F32 = torch.float32
+# GGUF blocks as stored take int8-vnni's GEMM from this many rows, not the path's 8: it packs
+# the matrix's K-quant blocks into panels at every call, which the decode rows' kernel
+# (gguf_gemm_q8) does not. This Zen 4, matrix vs rows at 8 rows: LM head 49152 x 2048 Q6_K
+# 16.4 vs 10.6 ms, 2048 x 8192 Q6_K 2.9 vs 1.8, 8192 x 2048 Q4_K 1.7 vs 1.5; at 12, 17.9 vs
+# 17.7, 2.5 vs 2.9, 2.0 vs 2.3. The head of an 8-sequence decode step is such a call.
+GGUF_VNNI_MIN_ROWS = 12
 
 
 @dataclass
@@ -611,11 +617,14 @@ class QuantLinear:
         """Whether a call over x [M, in] runs its rows past `fp32_rows` on the matrix units
         (never for int4 on int8-vnni: the decode rows' panels take every row, in one call)."""
         path = self.prefill_path
+        min_rows = path.min_rows
+        if self.weight.kind == "gguf" and path is PrefillPath.INT8_VNNI:
+            min_rows = GGUF_VNNI_MIN_ROWS
         return (
             path is not PrefillPath.FP32
             and not self._on_panels()
             and x.device.type == "cpu"
-            and x.shape[0] - min(fp32_rows, x.shape[0]) >= path.min_rows
+            and x.shape[0] - min(fp32_rows, x.shape[0]) >= min_rows
             and self._cpu_kernel() is not None
         )
 

@@ -12,7 +12,7 @@ import torch
 from radixserve.model import kernels
 from radixserve.model.gguf_quant import SERVED_TYPES, gguf_weight
 from radixserve.model.kernels.matrix import PrefillPath
-from radixserve.model.quant import QuantLinear
+from radixserve.model.quant import GGUF_VNNI_MIN_ROWS, QuantLinear
 from tests.model.test_gguf_kernels import dequantized, random_blocks
 
 pytest.importorskip("gguf")
@@ -121,7 +121,8 @@ def test_stored_blocks_run_decode_rows_in_int8_and_long_chunks_as_the_path_says(
     assert lin.prefill_path is path
     assert lin.silu_gated(torch.randn(16, 256), fp32_rows=2) is None  # no tile reads blocks
     dense = torch.cat([dequantized(q4k, "Q4_K"), dequantized(q6k, "Q6_K")])
-    x = torch.randn(2 + path.min_rows + 2, 256)  # 2 decode rows, then a long chunk
+    long_rows = GGUF_VNNI_MIN_ROWS if path is PrefillPath.INT8_VNNI else path.min_rows
+    x = torch.randn(2 + long_rows + 2, 256)  # 2 decode rows, then a long chunk
     out = lin(x, fp32_rows=2)
     chunk = x[2:] @ dense.T
     if path is PrefillPath.INT8_VNNI:
@@ -135,3 +136,20 @@ def test_stored_blocks_run_decode_rows_in_int8_and_long_chunks_as_the_path_says(
     assert torch.equal(lin(x[:1].contiguous())[0], out[0])
     qs, _, _, layout = lin.decode_operands()  # what decode_layers takes: the same kernel
     assert layout[:, 1].tolist() == [12 + 1000, 14 + 1000]
+
+
+def test_on_int8_vnni_stored_blocks_take_the_gemm_from_its_own_threshold() -> None:
+    """int8-vnni's GEMM packs K-quant blocks into panels at every call: below
+    GGUF_VNNI_MIN_ROWS rows (the LM head of an 8-sequence decode step) they stay on the decode
+    rows' kernel, each row what it gets alone; from it on, the GEMM (other bits)."""
+    if PrefillPath.INT8_VNNI.value not in kernels.op("matrix_units")():
+        pytest.skip("this CPU or build does not run int8-vnni")
+    assert GGUF_VNNI_MIN_ROWS > PrefillPath.INT8_VNNI.min_rows
+    q6k = random_blocks("Q6_K", 64, 256, seed=3)
+    lin = QuantLinear(gguf_weight(torch.from_numpy(q6k.reshape(-1)), torch.tensor([[64, 14]]), 256))
+    lin.use_prefill_path(PrefillPath.INT8_VNNI)
+    x = torch.randn(GGUF_VNNI_MIN_ROWS, 256)
+    short = lin(x[: GGUF_VNNI_MIN_ROWS - 1])
+    alone = torch.cat([lin(x[r : r + 1]) for r in range(GGUF_VNNI_MIN_ROWS)])
+    assert torch.equal(short, alone[:-1])
+    assert not torch.equal(lin(x), alone)
