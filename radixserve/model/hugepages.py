@@ -14,14 +14,15 @@ import mmap
 import sys
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 
 from radixserve.values import ceil_div
 
 _MADV_HUGEPAGE = 14  # Linux
 _ALIGN = 64  # bytes: a cache line, and any element size
-_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+# glibc's mallopt parameters, and its default limit on blocks given their own mapping
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -3, -4
+_DEFAULT_MMAP_MAX = 65536
 
 
 def advise_huge_pages(t: torch.Tensor) -> bool:
@@ -48,12 +49,28 @@ def return_freed_memory_at_once() -> None:
     it holds free now). By default it raises that threshold to the largest block freed so
     far, up to 32 MiB, and keeps smaller ones in its heap: the temporaries of repacking each
     weight at load then stayed resident, 1 GB on a 1B model."""
+    _mallopt((_M_MMAP_MAX, _DEFAULT_MMAP_MAX), (_M_MMAP_THRESHOLD, 1 << 20), trim=True)
+
+
+def reuse_freed_memory() -> None:
+    """Make glibc keep freed memory for the next allocation (no block on its own mapping;
+    up to 256 MiB free at the heap's top before it trims): a step's temporaries (a 512-token
+    chunk's FFN activations: 32 MiB each) are then the same pages every step, where fresh
+    mappings cost a page fault and Linux's zeroing each time. A 2.5k-token prefill of the 1B
+    Q4_K_M on a Zen 4 VM: 9.6-11.8 -> 7.9-9.6 s, peak RSS +90 MB. `return_freed_memory_at_once`
+    undoes it."""
+    _mallopt((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 256 << 20))
+
+
+def _mallopt(*settings: tuple[int, int], trim: bool = False) -> None:
     if not sys.platform.startswith("linux"):
         return
     try:
         libc = ctypes.CDLL(None)
-        libc.mallopt(_M_MMAP_THRESHOLD, 1 << 20)
-        libc.malloc_trim(0)
+        for param, value in settings:
+            libc.mallopt(param, value)
+        if trim:
+            libc.malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass
 
@@ -63,15 +80,15 @@ def zeros_on_huge_pages(
 ) -> torch.Tensor:
     """torch.zeros(shape), on huge pages where the CPU allows (advised before the first touch).
 
-    On the CPU the memory comes from calloc, whose large blocks are fresh pages of zeros that
-    become resident only when first written: a KV pool costs the memory of the blocks used
-    so far, not its whole size (as torch.zeros would, writing every page at start)."""
-    if device.type != "cpu":
-        return torch.zeros(shape, dtype=dtype, device=device)
+    On the CPU the memory is a private anonymous mapping of its own: fresh pages of zeros
+    that become resident only when first written, so a KV pool costs the memory of the
+    blocks used so far, not its whole size (as torch.zeros would, writing every page at
+    start), whatever glibc does with freed memory (`reuse_freed_memory`)."""
     nbytes = math.prod(shape) * dtype.itemsize
-    raw = torch.from_numpy(np.zeros(nbytes + _ALIGN, dtype=np.uint8))
-    start = -raw.data_ptr() % _ALIGN
-    t = raw[start : start + nbytes].view(dtype).view(shape)
+    if device.type != "cpu" or nbytes == 0:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)  # unmapped with the last view
+    t = torch.frombuffer(pages, dtype=torch.uint8).view(dtype).view(shape)
     advise_huge_pages(t)
     return t
 

@@ -15,7 +15,11 @@ from radixserve.model import kernels
 from radixserve.model.config import ModelConfig
 from radixserve.model.decoder import DecoderModel
 from radixserve.model.files import ModelFiles
-from radixserve.model.hugepages import WeightArena, return_freed_memory_at_once
+from radixserve.model.hugepages import (
+    WeightArena,
+    return_freed_memory_at_once,
+    reuse_freed_memory,
+)
 from radixserve.model.kernels import matrix
 from radixserve.model.kernels.matrix import PrefillPath
 from radixserve.model.quant import QuantizedWeight
@@ -240,5 +244,6 @@ def load_model(
     model.use_prefill_path(prefill_path, in_place=arena is not None)
     pack_model_weights(model, arena)
     return_freed_memory_at_once()
+    reuse_freed_memory()  # the load's temporaries are gone: a step's are reused from here
     log.info("%s", matrix.describe(prefill_path))
     return model

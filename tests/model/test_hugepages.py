@@ -13,7 +13,14 @@ from radixserve.model import kernels
 from radixserve.model.attention import select_backend
 from radixserve.model.batch import SeqChunk, build_batch
 from radixserve.model.config import ModelConfig
-from radixserve.model.hugepages import WeightArena, advise_huge_pages, pack_on_huge_pages
+from radixserve.model.hugepages import (
+    WeightArena,
+    advise_huge_pages,
+    pack_on_huge_pages,
+    return_freed_memory_at_once,
+    reuse_freed_memory,
+    zeros_on_huge_pages,
+)
 from radixserve.model.kv_pool import KVPool
 from radixserve.model.quant import QuantLinear
 from radixserve.model.weights import pack_model_weights, quantize_model
@@ -53,6 +60,31 @@ def test_the_kv_pool_is_on_huge_pages() -> None:
     )  # fmt: skip
     pool = KVPool(config, 4000, 16, torch.float32)  # K and V 8 MB each
     assert _thp_eligible(pool.k.data_ptr() + pool.k.nbytes // 2)
+
+
+def _mapping_of(address: int) -> str:
+    """The name /proc/self/maps gives the mapping holding `address` ("" for an anonymous one)."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split()
+        lo, hi = (int(x, 16) for x in fields[0].split("-"))
+        if lo <= address < hi:
+            return fields[5] if len(fields) > 5 else ""
+    raise AssertionError(f"{address:#x} is not mapped")
+
+
+def test_kv_zeros_are_pages_of_their_own_while_freed_memory_is_reused() -> None:
+    """With glibc keeping freed memory for reuse (as after a model's load), the pool's zeros
+    are still a mapping of their own, fresh pages resident only once written, not a block
+    of glibc's heap that calloc would first have to clear."""
+    reuse_freed_memory()
+    try:
+        torch.full((64 << 20,), 7, dtype=torch.uint8).sum()  # freed at once, kept by glibc
+        zeros = zeros_on_huge_pages((16, 4 << 20), torch.uint8, torch.device("cpu"))
+        assert _mapping_of(zeros.data_ptr()) != "[heap]"
+        zeros[3, -1] = 5
+        assert int(zeros.sum()) == 5
+    finally:
+        return_freed_memory_at_once()
 
 
 def test_packed_tensors_are_equal_copies_side_by_side_in_the_order_given() -> None:
