@@ -24,11 +24,12 @@ from radixserve.values import QUANTIZATIONS
 
 GROUP = 32
 F32 = torch.float32
-# GGUF blocks as stored take int8-vnni's GEMM from this many rows, not the path's 8: it packs
-# the matrix's K-quant blocks into panels at every call, which the decode rows' kernel
-# (gguf_gemm_q8) does not. This Zen 4, matrix vs rows at 8 rows: LM head 49152 x 2048 Q6_K
-# 16.4 vs 10.6 ms, 2048 x 8192 Q6_K 2.9 vs 1.8, 8192 x 2048 Q4_K 1.7 vs 1.5; at 12, 17.9 vs
-# 17.7, 2.5 vs 2.9, 2.0 vs 2.3. The head of an 8-sequence decode step is such a call.
+# GGUF K-quant blocks as stored take int8-vnni's GEMM from this many rows, not the path's 8: it
+# packs them into panels at every call, which the decode rows' kernel (gguf_gemm_q8) does not
+# (other blocks run the float32 block kernels there, which keep the path's threshold). This
+# Zen 4, GEMM vs rows at 8 rows: LM head 49152 x 2048 Q6_K 16.4 vs 10.6 ms, 2048 x 8192 Q6_K
+# 2.9 vs 1.8, 8192 x 2048 Q4_K 1.7 vs 1.5; at 12, 17.9 vs 17.7, 2.5 vs 2.9, 2.0 vs 2.3. The
+# head of an 8-sequence decode step is such a call.
 GGUF_VNNI_MIN_ROWS = 12
 
 
@@ -240,6 +241,7 @@ def _merged_layout(layout: torch.Tensor) -> torch.Tensor:
 _GGML_Q4_0, _GGML_Q4_1, _GGML_Q5_0, _GGML_Q8_0, _GGML_Q4_K = 2, 3, 6, 8, 12
 _AS_INT8 = frozenset({_GGML_Q8_0, _GGML_Q5_0})
 _AS_INT4 = frozenset({_GGML_Q4_0, _GGML_Q4_1, _GGML_Q4_K})
+_K_QUANT_TYPES = frozenset({_GGML_Q4_K, 13, 14})  # Q4_K, Q5_K, Q6_K
 
 
 def repacked(w: QuantizedWeight, k_quants: bool = True) -> QuantizedWeight:
@@ -474,6 +476,7 @@ class QuantLinear:
         self._kernel: Callable[[torch.Tensor, torch.Tensor], None] | None = None
         self._matrix: Callable[[torch.Tensor, torch.Tensor], None] | None = None
         self._rows: Callable[[torch.Tensor, torch.Tensor], None] | None = None
+        self._k_quants: bool | None = None  # `_k_quant_blocks`, found once per weight
         # As given (int4-vnni panels from the loader stay panels): `use_prefill_path` then
         # holds it as its path reads it.
         self.weight = weight
@@ -489,6 +492,7 @@ class QuantLinear:
         elif weight.kind == "int4" and path.int4_panels:
             weight = weight.to_panels(in_place)
         self.weight, self._kernel, self._matrix, self._rows = weight, None, None, None
+        self._k_quants = None
 
     def use_prefill_path(self, path: PrefillPath, in_place: bool = False) -> None:
         """Run prefill rows on `path` from now on (fp32 where it does not take this matrix:
@@ -613,12 +617,23 @@ class QuantLinear:
         q8, qs, scale = kernels.op("q8_gemm_bf16" + suffix), w.qs, w.scale
         return lambda x, out: q8(x, qs, scale, out, unit)
 
+    def _k_quant_blocks(self) -> bool:
+        """Whether this matrix is GGUF K-quant blocks as stored (Q4_K / Q5_K / Q6_K parts)."""
+        w = self.weight
+        if self._k_quants is None:
+            self._k_quants = (
+                w.kind == "gguf"
+                and w.layout is not None
+                and set(w.layout[:, 1].tolist()) <= _K_QUANT_TYPES
+            )
+        return self._k_quants
+
     def _on_matrix_units(self, x: torch.Tensor, fp32_rows: int) -> bool:
         """Whether a call over x [M, in] runs its rows past `fp32_rows` on the matrix units
         (never for int4 on int8-vnni: the decode rows' panels take every row, in one call)."""
         path = self.prefill_path
         min_rows = path.min_rows
-        if self.weight.kind == "gguf" and path is PrefillPath.INT8_VNNI:
+        if path is PrefillPath.INT8_VNNI and self._k_quant_blocks():
             min_rows = GGUF_VNNI_MIN_ROWS
         return (
             path is not PrefillPath.FP32

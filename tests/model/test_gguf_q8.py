@@ -74,7 +74,7 @@ def test_k_quant_chunks_on_vnni_are_the_product_of_int8_activations_and_the_bloc
     """gguf_gemm with int8_vnni (int8-vnni's prefill chunks): Q4_K, Q5_K and Q6_K parts take
     int8 activations, as the decode rows do, to float32 summation; other kinds stay float32."""
     needs_int8_avx2()
-    if PrefillPath.INT8_VNNI.value not in kernels.op("matrix_units")():
+    if not kernels.load() or PrefillPath.INT8_VNNI.value not in kernels.op("matrix_units")():
         pytest.skip("this CPU or build has no AVX-512 VNNI")
     kinds = ["Q4_K", "Q5_K", "Q6_K", "Q8_0"]
     parts = [random_blocks(k, 32 if k == "Q5_K" else 16, 512, seed=i) for i, k in enumerate(kinds)]
@@ -142,7 +142,7 @@ def test_on_int8_vnni_stored_blocks_take_the_gemm_from_its_own_threshold() -> No
     """int8-vnni's GEMM packs K-quant blocks into panels at every call: below
     GGUF_VNNI_MIN_ROWS rows (the LM head of an 8-sequence decode step) they stay on the decode
     rows' kernel, each row what it gets alone; from it on, the GEMM (other bits)."""
-    if PrefillPath.INT8_VNNI.value not in kernels.op("matrix_units")():
+    if not kernels.load() or PrefillPath.INT8_VNNI.value not in kernels.op("matrix_units")():
         pytest.skip("this CPU or build does not run int8-vnni")
     assert GGUF_VNNI_MIN_ROWS > PrefillPath.INT8_VNNI.min_rows
     q6k = random_blocks("Q6_K", 64, 256, seed=3)
@@ -152,4 +152,19 @@ def test_on_int8_vnni_stored_blocks_take_the_gemm_from_its_own_threshold() -> No
     short = lin(x[: GGUF_VNNI_MIN_ROWS - 1])
     alone = torch.cat([lin(x[r : r + 1]) for r in range(GGUF_VNNI_MIN_ROWS)])
     assert torch.equal(short, alone[:-1])
+    assert not torch.equal(lin(x), alone)
+
+
+def test_on_int8_vnni_other_stored_blocks_keep_the_paths_threshold() -> None:
+    """Q8_0 blocks as stored (the default model's tied LM head) are not packed per call: from
+    the path's min_rows on they take its GEMM (float32 block kernels), as before."""
+    if not kernels.load() or PrefillPath.INT8_VNNI.value not in kernels.op("matrix_units")():
+        pytest.skip("this CPU or build does not run int8-vnni")
+    q8 = random_blocks("Q8_0", 64, 256, seed=4)
+    lin = QuantLinear(gguf_weight(torch.from_numpy(q8.reshape(-1)), torch.tensor([[64, 8]]), 256))
+    lin.use_prefill_path(PrefillPath.INT8_VNNI)
+    rows = PrefillPath.INT8_VNNI.min_rows
+    x = torch.randn(rows, 256)
+    alone = torch.cat([lin(x[r : r + 1]) for r in range(rows)])
+    assert torch.equal(lin(x[: rows - 1]), alone[:-1])
     assert not torch.equal(lin(x), alone)
