@@ -174,14 +174,17 @@ def test_more_than_one_worker_delegates_to_the_router(monkeypatch: pytest.Monkey
 
 def test_freezing_the_startup_heap_takes_live_objects_out_of_collections() -> None:
     alive = [0.5]  # a container the collector tracks
+    gc.disable()  # as run_serve leaves it through start-up
     try:
         assert freeze_startup_heap() > 0  # (other threads may free frozen objects since)
+        assert gc.isenabled()
         later = [0.5]
         scanned = gc.get_objects()  # what collections go through
         assert not any(o is alive for o in scanned)
         assert any(o is later for o in scanned)  # objects made afterwards still are
     finally:
         gc.unfreeze()
+        gc.enable()
 
 
 def test_startup_line_names_model_pool_and_url() -> None:
