@@ -61,8 +61,16 @@ def run_serve(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; in-flight requests get --shutdown-timeout to finish."""
     # Start-up allocates a few hundred thousand objects that live as long as the server
     # (imports, the tokenizer's vocabulary, the model's modules): collecting among them
-    # while they pile up took about 10% of a 1B's start. freeze_startup_heap turns it on.
+    # while they pile up took about 10% of a 1B's start. freeze_startup_heap turns it on
+    # once serving; a start-up error leaves it on too.
     gc.disable()
+    try:
+        return _start_and_serve(args)
+    finally:
+        gc.enable()
+
+
+def _start_and_serve(args: argparse.Namespace) -> int:
     opts = WorkerOptions.from_namespace(args)
     logging.basicConfig(
         level=opts.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -6,6 +6,7 @@ import argparse
 import gc
 import sys
 import types
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,7 +23,7 @@ from radixserve.errors import (
     RequestTooLargeError,
 )
 from radixserve.server.errors import APIError, to_api_error
-from radixserve.server.main import freeze_startup_heap, startup_line
+from radixserve.server.main import freeze_startup_heap, run_serve, startup_line
 from radixserve.server.protocol import ChatCompletionRequest, CompletionRequest, parse_body
 
 
@@ -170,6 +171,16 @@ def test_more_than_one_worker_delegates_to_the_router(monkeypatch: pytest.Monkey
     launch.add_serve_args(parser)
     assert launch.run_serve(parser.parse_args(["--workers", "3"])) == 0
     assert seen == [3]
+
+
+def test_a_start_up_error_leaves_garbage_collection_on(tmp_path: Path) -> None:
+    """run_serve turns collection off while it starts; an error on the way turns it back on."""
+    parser = argparse.ArgumentParser()
+    launch.add_serve_args(parser)
+    args = parser.parse_args(["--api-key-tiers", str(tmp_path / "missing.json")])
+    with pytest.raises(ValueError, match="cannot read API-key tiers"):
+        run_serve(args)
+    assert gc.isenabled()
 
 
 def test_freezing_the_startup_heap_takes_live_objects_out_of_collections() -> None:
