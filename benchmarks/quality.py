@@ -146,7 +146,8 @@ def radixserve_variants(model: str | None) -> list[tuple[str, list[str], dict[st
     for path in available_paths():
         if path.value != "fp32":
             env = {"RADIXSERVE_PREFILL_PATH": path.value}
-            out.append((f"{path.value}, K/V float32", radixserve_command(*base), env))
+            cmd = radixserve_command(*base, "--kv-cache-dtype", "float32")
+            out.append((f"{path.value}, K/V float32", cmd, env))
     default = default_path().value
     for kv in ("bfloat16", "float16"):
         cmd = radixserve_command(*base, "--kv-cache-dtype", kv)

@@ -48,6 +48,16 @@ def test_compare_reports_perplexity_change_and_top1_agreement(tool: dict) -> Non
     assert c.top1_same == pytest.approx(0.5)
 
 
+def test_each_variant_runs_the_kv_dtype_its_label_names(tool: dict) -> None:
+    """A variant labelled "K/V float32" must ask for float32 K/V: `--kv-cache-dtype auto` is
+    16-bit wherever `--dtype auto` runs a quantized model on the CPU."""
+    variants = tool["radixserve_variants"](None)
+    assert len(variants) >= 3
+    for label, cmd, _ in variants[1:]:
+        kv = label.rsplit("K/V ", 1)[1]
+        assert cmd[cmd.index("--kv-cache-dtype") + 1] == kv, label
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not TEXT.exists(), reason="Debian's GPL-3 text is not on this machine")
 def test_the_default_path_keeps_perplexity_within_half_a_percent_of_float32(tool: dict) -> None:
