@@ -598,23 +598,25 @@ class QuantLinear:
         return self._matrix
 
     def _bind_matrix(self, suffix: str) -> Callable[[torch.Tensor, torch.Tensor], None]:
-        w, unit = self.weight, self.prefill_path.unit
-        if w.kind == "gguf" and self.prefill_path is PrefillPath.INT8_VNNI:
-            # blocks as stored: K-quant parts on int8 activations, the rest the float32 kernels
+        w, path = self.weight, self.prefill_path
+        if w.kind == "gguf" and (path is PrefillPath.INT8_VNNI or (path.bf16 and path.int8_decode)):
+            # Blocks as stored, on AVX-512 VNNI (the bf16 paths' tiles read int4 / int8 codes
+            # only): K-quant parts on int8 activations, as their decode rows; the rest the
+            # float32 kernels.
             gguf_gemm, blocks, layout = kernels.op("gguf_gemm"), w.qs, w.layout
             return lambda x, out: gguf_gemm(x, blocks, layout, out, True)
         if w.kind == "gguf":  # long chunks of blocks as stored: the float32 kernels
             kernel = self._cpu_kernel()
             assert kernel is not None
             return kernel
-        if self.prefill_path is PrefillPath.INT8_VNNI:  # int8 activations (gemm_vnni.cpp)
+        if path is PrefillPath.INT8_VNNI:  # int8 activations (gemm_vnni.cpp)
             v8, qs, scale = kernels.op("q8_gemm_vnni"), w.qs, w.scale
             return lambda x, out: v8(x, qs, scale, out)
         if w.kind in ("int4", "int4-vnni"):
             name = ("q4_gemm_bf16" if w.kind == "int4" else "q4v_gemm_bf16") + suffix
-            q4, qs, scale, minv = kernels.op(name), w.qs, w.scale, w.minv
+            q4, qs, scale, minv, unit = kernels.op(name), w.qs, w.scale, w.minv, path.unit
             return lambda x, out: q4(x, qs, scale, minv, out, unit)
-        q8, qs, scale = kernels.op("q8_gemm_bf16" + suffix), w.qs, w.scale
+        q8, qs, scale, unit = kernels.op("q8_gemm_bf16" + suffix), w.qs, w.scale, path.unit
         return lambda x, out: q8(x, qs, scale, out, unit)
 
     def _k_quant_blocks(self) -> bool:
