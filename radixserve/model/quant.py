@@ -239,9 +239,10 @@ def _merged_layout(layout: torch.Tensor) -> torch.Tensor:
 # exactly: w = d q (Q8_0; Q5_0 with q - 16 in [-16, 15]) or w = s q + m with q a nibble (Q4_0:
 # m = -8 d; Q4_1; Q4_K: s = d sc, m = -(dmin m) of each sub-block of 32).
 _GGML_Q4_0, _GGML_Q4_1, _GGML_Q5_0, _GGML_Q8_0, _GGML_Q4_K = 2, 3, 6, 8, 12
+_GGML_Q5_K, _GGML_Q6_K = 13, 14
 _AS_INT8 = frozenset({_GGML_Q8_0, _GGML_Q5_0})
 _AS_INT4 = frozenset({_GGML_Q4_0, _GGML_Q4_1, _GGML_Q4_K})
-_K_QUANT_TYPES = frozenset({_GGML_Q4_K, 13, 14})  # Q4_K, Q5_K, Q6_K
+_K_QUANT_TYPES = frozenset({_GGML_Q4_K, _GGML_Q5_K, _GGML_Q6_K})
 
 
 def repacked(w: QuantizedWeight, k_quants: bool = True) -> QuantizedWeight:
