@@ -58,7 +58,7 @@ def test_q8_kernel_is_the_product_of_int8_activations_and_the_blocks(
 
 @pytest.mark.parametrize("type_name", SERVED_TYPES)
 def test_q8_kernel_gives_each_row_its_bits_alone(type_name: str) -> None:
-    """9 rows: groups of 2 and 4 and a partial last group, each row as computed alone."""
+    """9 rows: groups of 2, 4 or 8 and a partial last group, each row as computed alone."""
     needs_int8_avx2()
     blocks = random_blocks(type_name, 20, 512, seed=7)
     x = torch.randn(9, 512)

@@ -92,13 +92,15 @@ inline void row_dot_q8(const int8_t* q, const float* d, const float* sums, int64
 }
 
 // The activations a row dot reads: codes, scales and sums per 32, sums per 16; each row's
-// K, K / 32 and K / 16 apart.
+// K, K / 32 and K / 16 apart; and where the CPU has AVX-512 VNNI, the scales as Q6_K's row dot
+// meets them (vnni_row_scales; else null).
 struct Q8Rows {
   const int8_t* q;
   const float* d;
   const float* sums;
   const float* sums16;
   int64_t K;
+  const float* dxv = nullptr;
 };
 
 // Lane j of v in every lane.
@@ -217,34 +219,63 @@ inline void row_dot_q6k(const Q8Rows& a, const uint8_t* row, float* out, int64_t
 }
 
 #ifdef RS_AVX512_VNNI
-// row_dot_q6k on AVX-512 VNNI, 64 weights a vpdpbusd: lane l of vector v (weights 64v..64v+63
-// of the block) sums weights 64v + 4l..4l+3, of half-group 4v + l / 4 and group 2v + l / 8, so
-// one vector of scales (d sc x dx, permuted once a block per row) meets it in one FMA. The low
+// The VNNI row dots' lane maps: lane l of vector v (weights 64v..64v+63 of a block) sums
+// weights 64v + 4l..4l+3, of half-group 4v + l / 4 (by_half: Q6_K's scales) and group 2v + l / 8
+// (by_group); half-group j is of group j / 2 (of_half).
+struct VnniLanes {
+  __m512i by_half[4], by_group[4], of_half;
+  VnniLanes() {
+    for (int v = 0; v < 4; ++v) {
+      alignas(64) int32_t h[16], g[16];
+      for (int l = 0; l < 16; ++l) h[l] = 4 * v + l / 4, g[l] = 2 * v + l / 8;
+      by_half[v] = _mm512_load_si512(h);
+      by_group[v] = _mm512_load_si512(g);
+    }
+    alignas(64) int32_t halves[16];
+    for (int j = 0; j < 16; ++j) halves[j] = j / 2;
+    of_half = _mm512_load_si512(halves);
+  }
+};
+
+// Each row's activation scales as the VNNI row dots meet them, made once a call rather than
+// once a weight row: per row and block of 256, kScaleVectors vectors, the first four the
+// block's 8 group scales dx laid out as weights 64v.. of the block take them (by_group), the
+// fifth dx per half-group times -32 (the codes' offset; a power of two, so the product is
+// exact and the sums equal those of multiplying by -32 later).
+constexpr int kScaleVectors = 5;
+void vnni_row_scales(const float* d, int64_t M, int64_t K, float* dxv) {
+  const VnniLanes lanes;
+  const __m512 m32 = _mm512_set1_ps(-32.f);
+  const int64_t G = K / 32, blocks = K / 256;
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const __m512 dx = _mm512_castps256_ps512(_mm256_loadu_ps(d + r * G + 8 * b));
+      float* o = dxv + (r * blocks + b) * kScaleVectors * 16;
+      for (int v = 0; v < 4; ++v)
+        _mm512_storeu_ps(o + 16 * v, _mm512_permutexvar_ps(lanes.by_group[v], dx));
+      _mm512_storeu_ps(o + 64, _mm512_mul_ps(_mm512_permutexvar_ps(lanes.of_half, dx), m32));
+    }
+}
+
+// row_dot_q6k on AVX-512 VNNI, 64 weights a vpdpbusd: lane l of vector v meets one vector of
+// scales d sc x dx (VnniLanes) in one FMA; the block's scales are permuted once for all the
+// rows, each row's dx once a call (vnni_row_scales: `dxv`, row r's K / 256 x 5 vectors). The low
 // nibbles of the 64 code bytes at 64h are weights 128h..128h+63 in order, the high nibbles the
 // next 64; the 32 bytes of high bits at 128 + 32h hold theirs two bits a weight, 32 weights a
 // bit pair, read from both halves of one broadcast vector by shifts of 0 / 2 (4 / 6).
 template <int MR>
-inline void row_dot_q6k_vnni(const Q8Rows& a, const uint8_t* row, float* out, int64_t ldo) {
-  const int64_t K = a.K, G = K / 32;
+inline void row_dot_q6k_vnni(const Q8Rows& a, const float* dxv, const VnniLanes& lanes,
+                             const uint8_t* row, float* out, int64_t ldo) {
+  const int64_t K = a.K, G = K / 32, blocks = K / 256;
   __m512 acc[MR][2];  // the low and high nibbles' sums (two chains of FMAs); the -32 in the first
   RS_UNROLL for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-  const __m512 m32 = _mm512_set1_ps(-32.f);
-  __m512i by_half[4], by_group[4];  // lane l of vector v: 4v + l / 4, 2v + l / 8
-  for (int v = 0; v < 4; ++v) {
-    alignas(64) int32_t h[16], g[16];
-    for (int l = 0; l < 16; ++l) h[l] = 4 * v + l / 4, g[l] = 2 * v + l / 8;
-    by_half[v] = _mm512_load_si512(h);
-    by_group[v] = _mm512_load_si512(g);
-  }
-  alignas(64) int32_t halves[16];  // half-group j's group: j / 2
-  for (int j = 0; j < 16; ++j) halves[j] = j / 2;
-  const __m512i of_half = _mm512_load_si512(halves);
   const __m512i nibble = _mm512_set1_epi8(0x0F), two_bits = _mm512_set1_epi8(0x03);
   // 16-bit shift counts: 0 in the low 256 bits, 2 in the high (the low nibbles' bit pairs);
   // 4 and 6 for the high nibbles'.
   const __m512i shift_lo = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
   const __m512i shift_hi = _mm512_add_epi16(shift_lo, _mm512_set1_epi16(4));
-  for (int64_t b = 0; b < K / 256; ++b) {
+  const int64_t row_stride = blocks * kScaleVectors * 16;
+  for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* blk = row + b * 210;
     stream_ahead(blk, 4);  // the rows lie one after another: the walk goes on into the next
     __m512 sc = _mm512_mul_ps(
@@ -252,19 +283,15 @@ inline void row_dot_q6k_vnni(const Q8Rows& a, const uint8_t* row, float* out, in
             _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)))),
         _mm512_set1_ps(f16_at(blk + 208)));  // d sc_j, j = 0..15
     asm("" : "+v"(sc));  // see row_dot_q8
-    __m512 vs[MR][4];
+    __m512 scv[4];
+    RS_UNROLL for (int v = 0; v < 4; ++v) scv[v] = _mm512_permutexvar_ps(lanes.by_half[v], sc);
+    const float* xv = dxv + b * kScaleVectors * 16;
     RS_UNROLL for (int r = 0; r < MR; ++r) {
-      const __m512 dx = _mm512_castps256_ps512(_mm256_loadu_ps(a.d + r * G + 8 * b));
-      RS_UNROLL for (int v = 0; v < 4; ++v) {
-        vs[r][v] = _mm512_mul_ps(_mm512_permutexvar_ps(by_half[v], sc),
-                                 _mm512_permutexvar_ps(by_group[v], dx));
-        asm("" : "+v"(vs[r][v]));
-      }
-      const __m512 sx = _mm512_mul_ps(sc, _mm512_permutexvar_ps(of_half, dx));
-      acc[r][0] = _mm512_fmadd_ps(_mm512_mul_ps(sx, m32),
-                                  _mm512_loadu_ps(a.sums16 + r * 2 * G + 16 * b), acc[r][0]);
+      __m512 sx = _mm512_mul_ps(sc, _mm512_loadu_ps(xv + r * row_stride + 64));
+      asm("" : "+v"(sx));
+      acc[r][0] = _mm512_fmadd_ps(sx, _mm512_loadu_ps(a.sums16 + r * 2 * G + 16 * b), acc[r][0]);
     }
-    for (int h = 0; h < 2; ++h) {
+    RS_UNROLL for (int h = 0; h < 2; ++h) {
       const __m512i ql = _mm512_loadu_si512(blk + 64 * h);
       const __m512i qh = _mm512_broadcast_i64x4(
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h)));
@@ -276,12 +303,75 @@ inline void row_dot_q6k_vnni(const Q8Rows& a, const uint8_t* row, float* out, in
           _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shift_hi), two_bits), 4));
       RS_UNROLL for (int r = 0; r < MR; ++r) {
         const int8_t* q = a.q + r * K + 256 * b + 128 * h;
+        const float* x = xv + r * row_stride;
+        __m512 vlo = _mm512_mul_ps(scv[2 * h], _mm512_loadu_ps(x + 32 * h));
+        __m512 vhi = _mm512_mul_ps(scv[2 * h + 1], _mm512_loadu_ps(x + 32 * h + 16));
+        asm("" : "+v"(vlo), "+v"(vhi));
         const __m512i dlo =
             _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(q));
         const __m512i dhi =
             _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, _mm512_loadu_si512(q + 64));
-        acc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dlo), vs[r][2 * h], acc[r][0]);
-        acc[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dhi), vs[r][2 * h + 1], acc[r][1]);
+        acc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dlo), vlo, acc[r][0]);
+        acc[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dhi), vhi, acc[r][1]);
+      }
+    }
+  }
+  RS_UNROLL for (int r = 0; r < MR; ++r)
+    out[r * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
+}
+
+// row_dot_q4k on AVX-512 VNNI, 64 weights a vpdpbusd: vector v is the 32 code bytes at 16 + 32v,
+// low nibbles (group 2v) then high ones (group 2v + 1), so lane l is of group 2v + l / 8 and
+// meets the scales d sc x dx laid out as Q6_K's groups are (VnniLanes::by_group, the first four
+// of vnni_row_scales' vectors); the mins' term is one FMA a block in the low 8 lanes.
+template <int MR>
+inline void row_dot_q4k_vnni(const Q8Rows& a, const float* dxv, const VnniLanes& lanes,
+                             const uint8_t* row, float* out, int64_t ldo) {
+  const int64_t K = a.K, G = K / 32, blocks = K / 256;
+  __m512 acc[MR][2];  // even and odd vectors (two chains of FMAs); the mins in the first
+  RS_UNROLL for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  // 16-bit shift counts: 0 in the low 256 bits (low nibbles), 4 in the high.
+  const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+  const int64_t row_stride = blocks * kScaleVectors * 16;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* blk = row + b * 144;
+    stream_ahead(blk, 3);  // as row_dot_q4k's
+    uint32_t u[4];  // the 8 six-bit scales and mins, as row_dot_q4k unpacks them
+    std::memcpy(u, blk + 4, 12);
+    u[3] = ((u[2] >> 4) & 0x0F0F0F0F) | (((u[1] >> 6) & 0x03030303) << 4);
+    const uint32_t mins_lo = u[1] & 0x3F3F3F3F;
+    u[1] = (u[2] & 0x0F0F0F0F) | (((u[0] >> 6) & 0x03030303) << 4);
+    u[2] = mins_lo;
+    u[0] &= 0x3F3F3F3F;
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
+    __m512 sc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(packed)),
+                              _mm512_set1_ps(f16_at(blk)));  // d sc_j in lanes 0-7
+    __m256 mn = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(packed, 8))),
+                              _mm256_set1_ps(f16_at(blk + 2)));  // dmin m_j
+    asm("" : "+v"(sc), "+v"(mn));  // see row_dot_q8
+    __m512 scv[4];
+    RS_UNROLL for (int v = 0; v < 4; ++v) scv[v] = _mm512_permutexvar_ps(lanes.by_group[v], sc);
+    const float* xv = dxv + b * kScaleVectors * 16;
+    RS_UNROLL for (int r = 0; r < MR; ++r) {
+      __m256 m = _mm256_mul_ps(mn, _mm256_loadu_ps(a.d + r * G + 8 * b));
+      asm("" : "+v"(m));
+      acc[r][0] = _mm512_fnmadd_ps(_mm512_zextps256_ps512(m),
+                                   _mm512_zextps256_ps512(_mm256_loadu_ps(a.sums + r * G + 8 * b)),
+                                   acc[r][0]);
+    }
+    RS_UNROLL for (int v = 0; v < 4; ++v) {
+      const __m512i codes = _mm512_and_si512(
+          _mm512_srlv_epi16(_mm512_broadcast_i64x4(_mm256_loadu_si256(
+                                reinterpret_cast<const __m256i*>(blk + 16 + 32 * v))),
+                            shift),
+          nibble);
+      RS_UNROLL for (int r = 0; r < MR; ++r) {
+        __m512 s = _mm512_mul_ps(scv[v], _mm512_loadu_ps(xv + r * row_stride + 16 * v));
+        asm("" : "+v"(s));
+        const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes,
+                                                _mm512_loadu_si512(a.q + r * K + 256 * b + 64 * v));
+        acc[r][v & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, acc[r][v & 1]);
       }
     }
   }
@@ -298,16 +388,19 @@ inline void row_dot_q6k_vnni(const Q8Rows& a, const uint8_t* row, float* out, in
 // do row_dot_q6k and row_dot_q4k (AVX2): on Zen 3, one row over 8 matrices of 2048 x 8192 Q6_K
 // 0.50-0.65 ms each against 0.88 (15.6 GB/s); 4 of 16384 x 2048 Q4_K 0.80-0.83 against 0.93.
 constexpr int64_t kAheadBytes = 64 << 10;
-// Input rows a Q6_K row dot takes at once: 4 in 512-bit registers (a step of 4 rows on the matrix
-// above: 2.15 against 2.41 ms with 2), 2 in 256-bit ones.
+// Input rows a Q6_K row dot takes at once: 8 in 512-bit registers, 2 in 256-bit ones. With
+// each row's scales made once a call (vnni_row_scales), the LM head of 49152 x 2048 Q6_K took
+// 9.1-9.7 ms for 8 rows against 12.9-13.3 at 4 a pass with the scales permuted per weight row,
+// and 9.1-12.0 with 4 a pass (Xeon, AVX-512 VNNI without BF16, 3-4 processes each; 2048 x 8192:
+// 2.0-2.4 ms all three). Before that: 4 rather than 2, 2.15 against 2.41 ms (Zen 4).
 #ifdef RS_AVX512_VNNI
-constexpr int kQ6kRows = 4;
+constexpr int kQ6kRows = 8, kQ4kRows = 8;
 #else
-constexpr int kQ6kRows = 2;
+constexpr int kQ6kRows = 2, kQ4kRows = 2;
 #endif
 
 // out [M, ldo] columns [0, N) = x W^T for one part of N rows of format B: weight rows spread
-// over the threads, input rows 4 at a time (the sub-block's codes made once for the four).
+// over the threads, input rows a few at a time (the sub-block's codes made once for them).
 template <typename B>
 void gemv_part_q8(const Q8Rows& a, int64_t M, const uint8_t* blocks, int64_t N, float* out,
                   int64_t ldo) {
@@ -315,7 +408,11 @@ void gemv_part_q8(const Q8Rows& a, int64_t M, const uint8_t* blocks, int64_t N, 
   const int64_t row_bytes = K / B::kWeights * B::kBytes, G = K / 32;
   const int64_t ahead_rows = std::max<int64_t>(4, kAheadBytes / row_bytes);
 #ifdef RS_AVX512_VNNI
-  const bool vnni = cpu_has_avx512_vnni();
+  const bool vnni = a.dxv != nullptr;
+  const VnniLanes lanes;
+  const int64_t scale_stride = K / 256 * kScaleVectors * 16;
+#else
+  constexpr int64_t scale_stride = 0;
 #endif
   constexpr bool rows_ahead =  // Q4_K's and Q6_K's row dots stream their blocks
       !std::is_same_v<B, Q6KBlock> && !std::is_same_v<B, QKBlock<false>>;
@@ -329,18 +426,23 @@ void gemv_part_q8(const Q8Rows& a, int64_t M, const uint8_t* blocks, int64_t N, 
       }
       // Input rows a few at a time, each sub-block's codes made once for them (2 for the
       // K-quants, whose two sums a row fill the registers sooner).
-      constexpr int kRows = std::is_same_v<B, QKBlock<false>> ? 2
+      constexpr int kRows = std::is_same_v<B, QKBlock<false>> ? kQ4kRows
                             : std::is_same_v<B, Q6KBlock>    ? kQ6kRows
                                                              : 4;
       for (int64_t m = 0; m < M; m += kRows) {
-        const Q8Rows at{a.q + m * K, a.d + m * G, a.sums + m * G, a.sums16 + m * 2 * G, K};
+        const Q8Rows at{a.q + m * K,        a.d + m * G, a.sums + m * G, a.sums16 + m * 2 * G, K,
+                        a.dxv ? a.dxv + m * scale_stride : nullptr};
         float* o = out + m * ldo + n;
         with_rows<kRows>(static_cast<int>(std::min<int64_t>(kRows, M - m)), [&](auto R) {
-          if constexpr (std::is_same_v<B, QKBlock<false>>)
+          if constexpr (std::is_same_v<B, QKBlock<false>>) {
+#ifdef RS_AVX512_VNNI
+            if (vnni) return row_dot_q4k_vnni<R>(at, at.dxv, lanes, row, o, ldo);
+#endif
             row_dot_q4k<R>(at, row, o, ldo);
+          }
           else if constexpr (std::is_same_v<B, Q6KBlock>) {
 #ifdef RS_AVX512_VNNI
-            if (vnni) return row_dot_q6k_vnni<R>(at, row, o, ldo);
+            if (vnni) return row_dot_q6k_vnni<R>(at, at.dxv, lanes, row, o, ldo);
 #endif
             row_dot_q6k<R>(at, row, o, ldo);
           }
@@ -373,10 +475,21 @@ void gguf_gemm_q8(const at::Tensor& x, const at::Tensor& blocks, const at::Tenso
         "out: float32 [M, rows]");
 #ifdef RS_AVX2
   const int64_t G = K / 32;
-  std::vector<int8_t> q(M * K);
-  std::vector<float> d(M * G), sums(M * G), sums16(2 * M * G);
-  quantize_rows_q8(x.data_ptr<float>(), M, K, q.data(), d.data(), sums.data(), sums16.data());
-  const Q8Rows a{q.data(), d.data(), sums.data(), sums16.data(), K};
+  // On 64-byte lines (torch's allocator): the Q6_K row dot loads them 64 bytes at a time.
+  const at::Tensor q = at::empty({M * K}, at::kChar), d = at::empty({M * G}, at::kFloat),
+                   sums = at::empty({M * G}, at::kFloat), sums16 = at::empty({2 * M * G}, at::kFloat);
+  quantize_rows_q8(x.data_ptr<float>(), M, K, q.data_ptr<int8_t>(), d.data_ptr<float>(),
+                   sums.data_ptr<float>(), sums16.data_ptr<float>());
+  Q8Rows a{q.data_ptr<int8_t>(), d.data_ptr<float>(), sums.data_ptr<float>(),
+           sums16.data_ptr<float>(), K};
+#ifdef RS_AVX512_VNNI
+  at::Tensor dxv;
+  if (cpu_has_avx512_vnni() && K % 256 == 0) {  // Q6_K blocks hold 256 weights
+    dxv = at::empty({M * K / 256 * kScaleVectors * 16}, at::kFloat);
+    vnni_row_scales(d.data_ptr<float>(), M, K, dxv.data_ptr<float>());
+    a.dxv = dxv.data_ptr<float>();
+  }
+#endif
   float* op = out.data_ptr<float>();
   for_each_part(tp, types.size(0), K, blocks.data_ptr<uint8_t>(),
                 [&](auto b, int64_t rows, const uint8_t* bp, int64_t first) {
