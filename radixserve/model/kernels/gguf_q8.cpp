@@ -112,6 +112,18 @@ inline __m256i dot_u8_s8(__m256i codes, const int8_t* q) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(codes, qx), _mm256_set1_epi16(1));
 }
 
+// A Q4_K block's 8 six-bit scales and 8 mins (k_scale_min's, all at once): bytes 0-7 and 8-15.
+inline __m128i q4k_scales_mins(const uint8_t* blk) {
+  uint32_t u[4];
+  std::memcpy(u, blk + 4, 12);
+  u[3] = ((u[2] >> 4) & 0x0F0F0F0F) | (((u[1] >> 6) & 0x03030303) << 4);
+  const uint32_t mins_lo = u[1] & 0x3F3F3F3F;
+  u[1] = (u[2] & 0x0F0F0F0F) | (((u[0] >> 6) & 0x03030303) << 4);
+  u[2] = mins_lo;
+  u[0] &= 0x3F3F3F3F;
+  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
+}
+
 // Q4_K, a block at a time: the 8 sub-blocks' scales d sc_j and mins dmin m_j made into vectors
 // once, times each row's 8 activation scales in one multiply; codes are unsigned nibbles (no
 // sign handling), and the mins' term sum_j dmin m_j dx_j sum(q_j) is one FMA per block.
@@ -125,15 +137,7 @@ inline void row_dot_q4k(const Q8Rows& a, const uint8_t* row, float* out, int64_t
   for (int64_t b = 0; b < K / 256; ++b) {
     const uint8_t* blk = row + b * 144;
     stream_ahead(blk, 3);  // as row_dot_q6k's
-    // The 8 six-bit scales and mins (k_scale_min's, all at once): bytes 0-7 and 8-15 of u.
-    uint32_t u[4];
-    std::memcpy(u, blk + 4, 12);
-    u[3] = ((u[2] >> 4) & 0x0F0F0F0F) | (((u[1] >> 6) & 0x03030303) << 4);
-    const uint32_t mins_lo = u[1] & 0x3F3F3F3F;
-    u[1] = (u[2] & 0x0F0F0F0F) | (((u[0] >> 6) & 0x03030303) << 4);
-    u[2] = mins_lo;
-    u[0] &= 0x3F3F3F3F;
-    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
+    const __m128i packed = q4k_scales_mins(blk);
     __m256 vsc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(packed)),
                                _mm256_set1_ps(f16_at(blk)));
     __m256 vmn = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(packed, 8))),
@@ -337,14 +341,7 @@ inline void row_dot_q4k_vnni(const Q8Rows& a, const float* dxv, const VnniLanes&
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* blk = row + b * 144;
     stream_ahead(blk, 3);  // as row_dot_q4k's
-    uint32_t u[4];  // the 8 six-bit scales and mins, as row_dot_q4k unpacks them
-    std::memcpy(u, blk + 4, 12);
-    u[3] = ((u[2] >> 4) & 0x0F0F0F0F) | (((u[1] >> 6) & 0x03030303) << 4);
-    const uint32_t mins_lo = u[1] & 0x3F3F3F3F;
-    u[1] = (u[2] & 0x0F0F0F0F) | (((u[0] >> 6) & 0x03030303) << 4);
-    u[2] = mins_lo;
-    u[0] &= 0x3F3F3F3F;
-    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
+    const __m128i packed = q4k_scales_mins(blk);
     __m512 sc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(packed)),
                               _mm512_set1_ps(f16_at(blk)));  // d sc_j in lanes 0-7
     __m256 mn = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(packed, 8))),
