@@ -92,8 +92,8 @@ inline void row_dot_q8(const int8_t* q, const float* d, const float* sums, int64
 }
 
 // The activations a row dot reads: codes, scales and sums per 32, sums per 16; each row's
-// K, K / 32 and K / 16 apart; and where the CPU has AVX-512 VNNI, the scales as Q6_K's row dot
-// meets them (vnni_row_scales; else null).
+// K, K / 32 and K / 16 apart; and where the CPU has AVX-512 VNNI, the scales as the VNNI row
+// dots (Q6_K, Q4_K) meet them (vnni_row_scales; else null).
 struct Q8Rows {
   const int8_t* q;
   const float* d;
@@ -389,7 +389,9 @@ constexpr int64_t kAheadBytes = 64 << 10;
 // each row's scales made once a call (vnni_row_scales), the LM head of 49152 x 2048 Q6_K took
 // 9.1-9.7 ms for 8 rows against 12.9-13.3 at 4 a pass with the scales permuted per weight row,
 // and 9.1-12.0 with 4 a pass (Xeon, AVX-512 VNNI without BF16, 3-4 processes each; 2048 x 8192:
-// 2.0-2.4 ms all three). Before that: 4 rather than 2, 2.15 against 2.41 ms (Zen 4).
+// 2.0-2.4 ms all three). Before that: 4 rather than 2, 2.15 against 2.41 ms (Zen 4). Q4_K's
+// VNNI row dot takes 8 too (8192 x 2048, 8 rows: 1.9-2.4 ms against 2.7-4.3 at 2 a pass on the
+// 256-bit one); with 256-bit registers, two sums a row fill them at 2.
 #ifdef RS_AVX512_VNNI
 constexpr int kQ6kRows = 8, kQ4kRows = 8;
 #else
@@ -421,13 +423,13 @@ void gemv_part_q8(const Q8Rows& a, int64_t M, const uint8_t* blocks, int64_t N, 
             reinterpret_cast<const char*>(blocks + std::min(n + ahead_rows, N - 1) * row_bytes);
         for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T1);
       }
-      // Input rows a few at a time, each sub-block's codes made once for them (2 for the
-      // K-quants, whose two sums a row fill the registers sooner).
+      // Input rows a few at a time, each sub-block's codes made once for them (kQ4kRows,
+      // kQ6kRows for the K-quants).
       constexpr int kRows = std::is_same_v<B, QKBlock<false>> ? kQ4kRows
                             : std::is_same_v<B, Q6KBlock>    ? kQ6kRows
                                                              : 4;
       for (int64_t m = 0; m < M; m += kRows) {
-        const Q8Rows at{a.q + m * K,        a.d + m * G, a.sums + m * G, a.sums16 + m * 2 * G, K,
+        const Q8Rows at{a.q + m * K, a.d + m * G, a.sums + m * G, a.sums16 + m * 2 * G, K,
                         a.dxv ? a.dxv + m * scale_stride : nullptr};
         float* o = out + m * ldo + n;
         with_rows<kRows>(static_cast<int>(std::min<int64_t>(kRows, M - m)), [&](auto R) {
