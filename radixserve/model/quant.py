@@ -48,6 +48,10 @@ class QuantizedWeight:
           uint8 [P * in / 256, 192]: per panel and super-block of 8 groups the 16 rows'
           float32 d (-dmin) and [8][16] uint8 sub-block scales (mins), 4.75 bits a weight
           in all where float32 factors take 6, for the same float32 values d * sc.
+    q6k-vnni: Q6_K blocks in int8-vnni's panels of 16 rows (gemm_q6k_vnni.cpp's
+          q6k_vnni_pack, `_q6k_panels`): qs [P * G, 384] uint8 (6-bit codes), scale uint8
+          [P * in / 256, 320] (float32 d and int8 sub-block scales), no mins; `cols` = in.
+          The blocks' own values in 1% more bytes.
     """
 
     kind: str
@@ -65,6 +69,8 @@ class QuantizedWeight:
             return int(self.layout[:, 0].sum()), self.cols
         if self.kind == "int4-vnni":
             return self.qs.numel() * 2 // self.cols, self.cols
+        if self.kind == "q6k-vnni":
+            return self.qs.numel() * 4 // (3 * self.cols), self.cols
         return self.scale.shape[0], self.scale.shape[1] * GROUP
 
     def to_panels(self, in_place: bool = False) -> QuantizedWeight:
@@ -91,7 +97,10 @@ class QuantizedWeight:
         return QuantizedWeight("int4-vnni", words, scale, minv, cols=k)
 
     def from_panels(self, index: torch.Tensor | None = None) -> QuantizedWeight:
-        """This int4-vnni weight (its rows `index`, or all) as int4."""
+        """This int4-vnni weight (its rows `index`, or all) as int4; a q6k-vnni one as the
+        Q6_K blocks it was packed from, byte for byte."""
+        if self.kind == "q6k-vnni":
+            return self._q6k_blocks(index)
         assert self.kind == "int4-vnni" and self.minv is not None
         (n, _), groups = self.shape, self.cols // GROUP
         rows = torch.arange(n) if index is None else index
@@ -101,6 +110,33 @@ class QuantizedWeight:
         minv = self._factors(self.minv).view(n // 16, groups, 16)[panel, :, col]
         qs = words.reshape(rows.numel(), groups * GROUP // 2).contiguous()
         return QuantizedWeight("int4", qs, scale.contiguous(), minv.contiguous())
+
+    def _q6k_blocks(self, index: torch.Tensor | None) -> QuantizedWeight:
+        """q6k-vnni rows `index` (or all) as gguf Q6_K blocks (the layout gemm_q6k_vnni.cpp's
+        opening comment gives, undone)."""
+        (n, k), groups, supers = self.shape, self.cols // GROUP, self.cols // 256
+        rows = torch.arange(n) if index is None else index
+        panel, col, m = rows // 16, rows % 16, rows.numel()
+        words = self.qs.view(n // 16, groups, 384)[panel]  # [m, G, 384]
+        lo = words[..., :256].reshape(m, groups, 4, 16, 4)[torch.arange(m), :, :, col]
+        top = words[..., 256:].reshape(m, groups, 2, 16, 4)[torch.arange(m), :, :, col]
+        low = torch.cat([(lo & 0x0F).reshape(m, groups, 16), (lo >> 4).reshape(m, groups, 16)], -1)
+        shifts = torch.arange(0, 8, 2, dtype=torch.uint8).view(1, 1, 1, 4, 1)
+        high = ((top[:, :, :, None, :] >> shifts) & 3).reshape(m, groups, 32)  # 16k + 4i + b
+        c = (low | (high << 4)).reshape(m, supers, 2, 4, 32)  # [m, S, half h, t, e]
+        ql = (c[:, :, :, 0:2] & 0x0F) | ((c[:, :, :, 2:4] & 0x0F) << 4)  # [m, S, 2, 2, 32]
+        qh = sum(((c[:, :, :, t] >> 4) & 3) << (2 * t) for t in range(4))  # [m, S, 2, 32]
+        factors = self.scale.view(n // 16, supers, 320)[panel]  # [m, S, 320]
+        sc = factors[..., 64:].reshape(m, supers, 16, 16)[torch.arange(m), :, :, col]
+        d = factors[..., :64].contiguous().view(torch.float32)[torch.arange(m), :, col]
+        d16 = d.to(torch.float16).contiguous().view(torch.uint8).view(m, supers, 2)
+        blocks = torch.cat(
+            [ql.reshape(m, supers, 128), qh.to(torch.uint8).reshape(m, supers, 64), sc, d16], -1
+        )
+        layout = torch.tensor([[m, _GGML_Q6_K]], dtype=torch.int64)
+        return QuantizedWeight(
+            "gguf", blocks.reshape(-1).contiguous(), torch.empty(0), None, layout, k
+        )
 
     @staticmethod
     def _factors(f: torch.Tensor) -> torch.Tensor:
@@ -135,7 +171,7 @@ class QuantizedWeight:
     def rows(self, index: torch.Tensor) -> torch.Tensor:
         """Float32 rows `index` [n] of the weight (an embedding lookup in the codes)."""
         index = index.to(self.qs.device)
-        if self.kind == "int4-vnni":
+        if self.kind in ("int4-vnni", "q6k-vnni"):
             return self.from_panels(index).dequantize()
         if self.kind == "int4" or self.kind == "int8":
             n = self.scale.shape[0]
@@ -152,7 +188,7 @@ class QuantizedWeight:
 
     def dequantize(self) -> torch.Tensor:
         """The float32 weight these codes stand for."""
-        if self.kind == "int4-vnni":
+        if self.kind in ("int4-vnni", "q6k-vnni"):
             return self.from_panels().dequantize()
         out = torch.empty(self.shape, dtype=torch.float32, device=self.qs.device)
         if self.kind == "gguf":
@@ -266,15 +302,19 @@ def repacked_rows(
     k_quants: bool = True,
     empty: Empty = _torch_empty,
     panels: bool = False,
+    q6k_panels: bool = False,
 ) -> QuantizedWeight:
     """The rows of `parts` (of one kind) one after another, as `repacked` holds them, in
     tensors from `empty` (e.g. a hugepages.WeightArena's): blocks that repack are written
     into the codes part by part, blocks kept as stored are copied in one after another, and
     other codes concatenated and copied in. With `panels` (a path that holds int4 as
     int4-vnni), Q4_K blocks go straight into int4-vnni panels with their factors as stored
-    (`_q4k_panels`), where the shapes allow."""
+    (`_q4k_panels`), where the shapes allow; with `q6k_panels` (int8-vnni), Q6_K blocks go
+    into q6k-vnni panels (`_q6k_panels`) where they allow."""
     if panels and _q4k_panels_fit(parts):
         return _q4k_panels(parts, empty)
+    if q6k_panels and _q6k_panels_fit(parts):
+        return _q6k_panels(parts, empty)
     target = _repack_target(parts, k_quants)
     if target is None:
         if all(p.kind == "gguf" and p.layout is not None for p in parts):
@@ -339,6 +379,45 @@ def _q4k_panels(parts: Sequence[QuantizedWeight], empty: Empty) -> QuantizedWeig
         )
         at += n
     return QuantizedWeight("int4-vnni", words, scale, minv, cols=cols)
+
+
+def _q6k_panels_fit(parts: Sequence[QuantizedWeight]) -> bool:
+    """Whether every part is Q6_K blocks on the CPU, of rows in whole panels (16) and columns
+    in whole blocks (256), and this CPU and build run q6k-vnni (AVX-512 VNNI)."""
+    cols = parts[0].cols
+    return (
+        cols % 256 == 0
+        and all(
+            p.kind == "gguf"
+            and p.layout is not None
+            and p.cols == cols
+            and p.qs.device.type == "cpu"
+            and set(p.layout[:, 1].tolist()) == {_GGML_Q6_K}
+            and p.shape[0] % 16 == 0
+            for p in parts
+        )
+        and PrefillPath.INT8_VNNI in available_paths()
+    )
+
+
+def _q6k_panels(parts: Sequence[QuantizedWeight], empty: Empty) -> QuantizedWeight:
+    """The Q6_K rows of `parts` as q6k-vnni panels (QuantizedWeight), written part by part
+    (q6k_vnni_pack)."""
+    rows, cols = sum(p.shape[0] for p in parts), parts[0].cols
+    groups, supers = cols // GROUP, cols // 256
+    words = empty((rows // 16 * groups, 384), torch.uint8)
+    factors = empty((rows // 16 * supers, 320), torch.uint8)
+    pack, at = kernels.op("q6k_vnni_pack"), 0
+    for p in parts:
+        n = p.shape[0] // 16
+        pack(
+            p.qs,
+            cols,
+            words[at * groups : (at + n) * groups],
+            factors[at * supers : (at + n) * supers],
+        )
+        at += n
+    return QuantizedWeight("q6k-vnni", words, factors, None, cols=cols)
 
 
 def _blocks_in(parts: Sequence[QuantizedWeight], empty: Empty) -> QuantizedWeight:
@@ -490,6 +569,8 @@ class QuantLinear:
         path = self.prefill_path
         if weight.kind == "int4-vnni" and not path.q4k_panels:
             weight = weight.from_panels()
+        elif weight.kind == "q6k-vnni" and not path.q6k_panels:
+            weight = weight.from_panels()  # the blocks again
         elif weight.kind == "int4" and path.int4_panels:
             weight = weight.to_panels(in_place)
         self.weight, self._kernel, self._matrix, self._rows = weight, None, None, None
@@ -502,7 +583,7 @@ class QuantLinear:
         the path holds int4 as int4-vnni panels (`int4_panels`), an int4 weight is repacked
         into them (and back on leaving it; `in_place`: over the int4 tensors, which nothing
         else may read)."""
-        if self.weight.kind == "gguf":  # gguf_q8.cpp takes every kind as stored
+        if self.weight.kind in ("gguf", "q6k-vnni"):  # gguf_q8.cpp: every kind as stored
             fits = path.int8_decode or path.bf16  # bf16: int8 decode rows (_int8_rows)
         else:  # int4 / int8 codes; int8-avx2 leaves them (not its panels) on the float32 kernels
             fits = (
@@ -527,6 +608,9 @@ class QuantLinear:
             elif w.kind == "int4-vnni":  # every row on the panels (gemm_vnni.cpp)
                 v4, qs, scale, minv = kernels.op("q4_gemm_vnni"), w.qs, w.scale, w.minv
                 self._kernel = lambda x, out: v4(x, qs, scale, minv, out)
+            elif w.kind == "q6k-vnni":  # every row on the panels (gemm_q6k_vnni.cpp)
+                v6, qs, scale = kernels.op("q6k_gemm_vnni"), w.qs, w.scale
+                self._kernel = lambda x, out: v6(x, qs, scale, out)
             else:
                 q8, qs, scale = kernels.op("q8_gemm"), w.qs, w.scale
                 self._kernel = lambda x, out: q8(x, qs, scale, out)
@@ -551,7 +635,7 @@ class QuantLinear:
     def _on_panels(self) -> bool:
         """Whether every row of this matrix, decode or prefill, runs in one call on int4-vnni
         panels (on int8-vnni; the bfloat16 paths' matrix units take their long chunks)."""
-        return self.weight.kind == "int4-vnni" and not self.prefill_path.bf16
+        return self.weight.kind in ("int4-vnni", "q6k-vnni") and not self.prefill_path.bf16
 
     def decode_operands(
         self,
@@ -579,7 +663,11 @@ class QuantLinear:
         if self._rows is None:
             self._rows = self._cpu_kernel()
             kind = self.weight.kind
-            if self._rows is not None and self._int8_rows() and kind != "int4-vnni":
+            if (
+                self._rows is not None
+                and self._int8_rows()
+                and kind not in ("int4-vnni", "q6k-vnni")
+            ):
                 qs, scale, _, layout = self.decode_operands()
                 if kind == "gguf":
                     q8 = kernels.op("gguf_gemm_q8")

@@ -239,6 +239,79 @@ def test_q4k_blocks_straight_into_panels_give_the_repacked_panels_bits() -> None
                 assert torch.equal(got, ref)
 
 
+def _q6k_parts():
+    pytest.importorskip("gguf")
+    from radixserve.model.gguf_quant import gguf_weight
+    from tests.model.test_gguf_kernels import random_blocks
+
+    return [
+        gguf_weight(
+            torch.from_numpy(random_blocks("Q6_K", n, 768, seed=n)), torch.tensor([[n, 14]]), 768
+        )
+        for n in (48, 32)
+    ]
+
+
+def test_q6k_blocks_into_panels_read_back_as_the_same_blocks() -> None:
+    """Q6_K blocks packed into q6k-vnni panels (`repacked_rows(..., q6k_panels=True)`, two
+    parts as a fused projection) take 1% more bytes than the blocks, and give back the blocks
+    byte for byte, whole or a few rows (an embedding lookup)."""
+    needs(PrefillPath.INT8_VNNI)
+    from radixserve.model.quant import repacked_rows
+
+    parts = _q6k_parts()
+    packed, blocks = repacked_rows(parts, q6k_panels=True), repacked_rows(parts)
+    assert packed.kind == "q6k-vnni" and blocks.kind == "gguf" and packed.shape == (80, 768)
+    nbytes = sum(t.numel() * t.element_size() for t in packed.tensors())
+    assert blocks.qs.numel() < nbytes <= 1.02 * blocks.qs.numel()
+    back = packed.from_panels()
+    assert torch.equal(back.qs, blocks.qs) and torch.equal(back.layout, blocks.layout)
+    index = torch.tensor([0, 17, 79, 33, 16])
+    assert torch.equal(packed.rows(index), blocks.rows(index))
+    assert torch.equal(packed.dequantize(), blocks.dequantize())
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 21])
+def test_q6k_panels_are_the_product_of_int8_activations_and_the_blocks(rows: int) -> None:
+    """Every row count (decode rows 8 a pass over one panel, chunks 4 over two) gives the
+    product of the activations' int8 codes and gguf's dequantization, to float32 summation;
+    each row the bits it gets alone."""
+    needs(PrefillPath.INT8_VNNI)
+    from radixserve.model.quant import repacked_rows
+    from tests.model.test_gguf_q8 import q8_activations
+
+    packed = repacked_rows(_q6k_parts(), q6k_panels=True)
+    torch.manual_seed(rows)
+    x = torch.randn(rows, 768)
+    want = q8_activations(x) @ packed.dequantize().double().T
+    got = torch.empty(rows, 80)
+    ops.q6k_gemm_vnni(x, packed.qs, packed.scale, got)
+    assert (got.double() - want).abs().max().item() <= 2e-5 * want.abs().max().item() + 1e-6
+    alone = torch.empty(1, 80)
+    ops.q6k_gemm_vnni(x[-1:].contiguous(), packed.qs, packed.scale, alone)
+    assert torch.equal(alone[0], got[-1])
+
+
+def test_int8_vnni_holds_q6k_as_panels_and_other_paths_as_blocks() -> None:
+    """On int8-vnni a Q6_K matrix runs every row on its panels, and hands decode_layers the
+    panels as the q6k-vnni kind; a path without them gets the blocks back."""
+    needs(PrefillPath.INT8_VNNI)
+    from radixserve.model.quant import repacked_rows
+
+    packed = repacked_rows(_q6k_parts(), q6k_panels=True)
+    lin = QuantLinear(packed)
+    lin.use_prefill_path(PrefillPath.INT8_VNNI)
+    x = torch.randn(20, 768)
+    want = torch.empty(20, 80)
+    ops.q6k_gemm_vnni(x, packed.qs, packed.scale, want)
+    assert lin.weight.kind == "q6k-vnni" and torch.equal(lin(x), want)
+    qs, scale, minv, layout = lin.decode_operands()  # decode_layers' quant_linear
+    assert layout.tolist() == [[80, kernels.quant_kind_code("q6k-vnni")]]
+    assert qs is packed.qs and scale is packed.scale and minv is None
+    lin.use_prefill_path(PrefillPath.FP32)
+    assert lin.weight.kind == "gguf" and torch.equal(lin.weight.qs, repacked_rows(_q6k_parts()).qs)
+
+
 @pytest.mark.parametrize("kind", ["int4", "int8"])
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 16])
 # 544 = 17 groups: int8's 64-byte chunks of 2 groups leave one over, and the panels' 16

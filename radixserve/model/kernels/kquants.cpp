@@ -754,8 +754,8 @@ void gguf_repack(const at::Tensor& blocks, const at::Tensor& layout, const at::T
 
 // Our code for a QuantizedWeight kind name ("int4", "q4_k", ...), -1 for none.
 int64_t quant_kind_code(const std::string& name) {
-  for (int64_t k : {kInt4, kInt8, kInt4Vnni, kInt8Vnni, kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kQ4_K,
-                    kQ5_K, kQ6_K})
+  for (int64_t k : {kInt4, kInt8, kInt4Vnni, kInt8Vnni, kQ6kVnni, kQ4_0, kQ4_1, kQ5_0, kQ5_1,
+                    kQ8_0, kQ4_K, kQ5_K, kQ6_K})
     if (name == quant_kind_name(k)) return k;
   if (name == "gguf-q8") return kGgufQ8;  // added to a GGML type (quant_kinds.h)
   return -1;

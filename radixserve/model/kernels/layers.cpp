@@ -188,6 +188,7 @@ void quant_linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& s
   if (k == kInt8) return q8_gemm(x, qs, scale, out);
   if (k == kInt4Vnni) return q4_gemm_vnni(x, qs, scale, minv, out);
   if (k == kInt8Vnni) return q8_gemv_vnni(x, qs, scale, out);
+  if (k == kQ6kVnni) return q6k_gemm_vnni(x, qs, scale, out);
   if (k >= kGgufQ8) return gguf_gemm_q8(x, qs, layout, out);
   gguf_gemm(x, qs, layout, out);
 }

@@ -116,6 +116,12 @@ class PrefillPath(Enum):
         return self.int4_panels or self is PrefillPath.INT8_AVX2
 
     @property
+    def q6k_panels(self) -> bool:
+        """Whether a GGUF's Q6_K matrices are held as q6k-vnni panels (gemm_q6k_vnni.cpp's
+        q6k_vnni_pack, in place of the blocks) on which every row runs: on int8-vnni."""
+        return self is PrefillPath.INT8_VNNI
+
+    @property
     def stored_blocks(self) -> bool:
         """Whether a GGUF's K-quant blocks are computed as the file stores them (int8-avx2),
         rather than Q4_K repacked into int4 codes holding the same values."""
@@ -219,8 +225,8 @@ def describe(path: PrefillPath) -> str:
         )
     elif path.int8_decode:
         decode = (
-            "decode rows and shorter chunks: int8 activations too (int4: every row on panels "
-            "packed once), the LM head's too"
+            "decode rows and shorter chunks: int8 activations too (int4, on int8-vnni Q6_K too: "
+            "every row on panels packed once), the LM head's too"
         )
     else:
         decode = (

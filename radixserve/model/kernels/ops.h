@@ -46,6 +46,10 @@ void q4_gemm_vnni(const at::Tensor& x, const at::Tensor& words, const at::Tensor
                   const at::Tensor& pminv, const at::Tensor& out);
 void q8_gemv_vnni(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
                   const at::Tensor& out);
+// The same over Q6_K blocks packed into panels (gemm_q6k_vnni.cpp's q6k_vnni_pack: words
+// [N / 16 * K / 32, 384], factors [N / 16 * K / 256, 320] uint8), every row.
+void q6k_gemm_vnni(const at::Tensor& x, const at::Tensor& words, const at::Tensor& factors,
+                   const at::Tensor& out);
 
 // One query row per sequence over its context (its last `window` tokens, where window > 0)
 // in the paged pool (see attention.cpp).

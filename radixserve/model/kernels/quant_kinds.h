@@ -25,6 +25,7 @@ enum QuantKind : int64_t {
   kInt8 = 101,
   kInt4Vnni = 102,  // int4 codes packed into int8-vnni's decode panels (gemm_vnni.cpp)
   kInt8Vnni = 103,  // int8 codes, to meet int8 activations (gemm_vnni.cpp's q8_gemv_vnni)
+  kQ6kVnni = 104,  // Q6_K blocks packed into int8-vnni's panels (gemm_q6k_vnni.cpp)
   // Added to a GGML type: its blocks as stored, met by int8 activations (gguf_q8.cpp; the
   // int8-avx2 path's decode rows).
   kGgufQ8 = 1000,
@@ -44,6 +45,7 @@ inline const char* quant_kind_name(int64_t kind) {
     case kInt8: return "int8";
     case kInt4Vnni: return "int4-vnni";
     case kInt8Vnni: return "int8-vnni";
+    case kQ6kVnni: return "q6k-vnni";
     default: return "?";
   }
 }

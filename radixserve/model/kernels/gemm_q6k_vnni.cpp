@@ -1,0 +1,257 @@
+// A GGUF's Q6_K matrices on int8-vnni, packed once into panels of 16 columns (q6k_vnni_pack, in
+// place of the blocks) on which every row runs, decode or prefill (q6k_gemm_vnni): as
+// gemm_vnni.cpp's int4-vnni panels do for Q4_K. The blocks as stored (gguf_q8.cpp's row dot)
+// spend a float multiply and add per 64 weights and input row on their scales; a panel's
+// 16 columns share them, 8 times fewer.
+// Each weight is w = d * sc * (q - 32): q a 6-bit code, sc an int8 scale per 16 weights, d a
+// float16 per 256. With x quantized per group of 32 (gemm_vnni.cpp's quantize_rows),
+//   y = sum over groups g and halves h of  sx_g * d * sc_{g,h} * (xq_{g,h} . q_{g,h} - 32 sum(xq_{g,h}))
+// The integer dot products are exact; the sums over groups are float32, in group order, the
+// same whatever the number of rows, so a row gives the same bits in a decode step or a chunk.
+// Layout per panel p and group g (words [P * G, 384] uint8): 4 vectors of 16 words, word (j, c)
+// = column c's codes 4j..4j+3 (low nibbles) and 16+4j..16+4j+3 (high nibbles), then 2 vectors
+// of their top 2 bits: vector k's byte (c, b) holds at bits 2i..2i+1 those of code 16k + 4i + b.
+// Per panel and super-block of 8 groups (factors [P * K / 256, 320] uint8): the 16 columns'
+// float32 d, then [16][16] int8 sc (sub-block of 16 weights, column). 0.83 bytes a weight in
+// all, where the blocks take 0.82.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "simd.h"
+
+namespace radixserve {
+namespace {
+
+constexpr int64_t kQ6kGroupBytes = 384, kQ6kFactorBytes = 320, kQ6kBlockBytes = 210;
+
+#ifdef RS_AVX512_VNNI
+// Q6_K blocks [rows, K / 256 x 210 bytes] (rows a multiple of 16) into q6k panels.
+void q6k_vnni_pack_impl(const at::Tensor& blocks, int64_t K, const at::Tensor& words,
+                        const at::Tensor& factors) {
+  const int64_t S = K / 256, G = K / 32, row_bytes = S * kQ6kBlockBytes;
+  check(K % 256 == 0 && blocks.is_contiguous() && blocks.numel() % (16 * row_bytes) == 0,
+        "q6k_vnni_pack: contiguous Q6_K rows of K / 256 blocks, a multiple of 16 rows");
+  const int64_t P = blocks.numel() / row_bytes / 16;
+  check(words.is_contiguous() && words.numel() == P * G * kQ6kGroupBytes &&
+            factors.is_contiguous() && factors.numel() == P * S * kQ6kFactorBytes,
+        "q6k_vnni_pack: outputs [P * K / 32, 384] and [P * K / 256, 320] uint8");
+  const uint8_t* bp = blocks.data_ptr<uint8_t>();
+  uint8_t* wp = static_cast<uint8_t*>(words.data_ptr());
+  uint8_t* fp = static_cast<uint8_t*>(factors.data_ptr());
+  at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
+    uint8_t code[16][256];
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t sb = 0; sb < S; ++sb) {
+        uint8_t* f = fp + (p * S + sb) * kQ6kFactorBytes;
+        for (int c = 0; c < 16; ++c) {
+          const uint8_t* b = bp + (p * 16 + c) * row_bytes + sb * kQ6kBlockBytes;
+          const float d = f16_at(b + 208);
+          std::memcpy(f + 4 * c, &d, 4);
+          for (int s = 0; s < 16; ++s) f[64 + s * 16 + c] = b[192 + s];
+          // llama.cpp's order: per half h of 128, code 32t + e from ql[64h + 32(t & 1) + e]'s
+          // nibble t / 2 and qh[32h + e]'s bits 2t.
+          for (int h = 0; h < 2; ++h)
+            for (int t = 0; t < 4; ++t)
+              for (int e = 0; e < 32; ++e) {
+                const int lo = (b[64 * h + 32 * (t & 1) + e] >> (4 * (t / 2))) & 0x0F;
+                const int hi = (b[128 + 32 * h + e] >> (2 * t)) & 3;
+                code[c][128 * h + 32 * t + e] = static_cast<uint8_t>(lo | (hi << 4));
+              }
+        }
+        for (int gi = 0; gi < 8; ++gi) {
+          uint8_t* dst = wp + (p * G + sb * 8 + gi) * kQ6kGroupBytes;
+          for (int c = 0; c < 16; ++c) {
+            const uint8_t* q = code[c] + 32 * gi;
+            for (int j = 0; j < 4; ++j)
+              for (int b = 0; b < 4; ++b)
+                dst[j * 64 + c * 4 + b] =
+                    static_cast<uint8_t>((q[4 * j + b] & 0x0F) | ((q[16 + 4 * j + b] & 0x0F) << 4));
+            for (int k = 0; k < 2; ++k)
+              for (int b = 0; b < 4; ++b) {
+                int top = 0;
+                for (int i = 0; i < 4; ++i) top |= (q[16 * k + 4 * i + b] >> 4) << (2 * i);
+                dst[256 + k * 64 + c * 4 + b] = static_cast<uint8_t>(top);
+              }
+          }
+        }
+      }
+  });
+}
+
+// Panel p as q6k_tile reads it.
+struct Q6kPanel {
+  const uint8_t* w;  // the panel's first group
+  const uint8_t* f;  // the panel's first super-block's factors
+  // Group g's word vector j (0..7; j < 4: codes of the first half): the 6-bit codes.
+  __m512i codes(int64_t g, int j) const {
+    const uint8_t* at = w + g * kQ6kGroupBytes;
+    const __m512i v = _mm512_loadu_si512(at + (j % 4) * 64);
+    const __m512i lo = _mm512_and_si512(j < 4 ? v : _mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F));
+    const __m512i t = _mm512_loadu_si512(at + 256 + (j / 4) * 64);
+    const int i = j % 4;  // bits 2i..2i+1 of each byte, to bits 4..5
+    const __m512i top = i == 0   ? _mm512_slli_epi16(t, 4)
+                        : i == 1 ? _mm512_slli_epi16(t, 2)
+                        : i == 2 ? t
+                                 : _mm512_srli_epi16(t, 2);
+    return _mm512_ternarylogic_epi32(lo, top, _mm512_set1_epi8(0x30), 0xF8);  // lo | (top & 0x30)
+  }
+  // Group g's 16 columns' scales d * sc of half h.
+  __m512 scale(int64_t g, int h) const {
+    const uint8_t* at = f + (g / 8) * kQ6kFactorBytes;
+    const __m512i sc = _mm512_cvtepi8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 64 + (2 * (g % 8) + h) * 16)));
+    __m512 r = _mm512_mul_ps(_mm512_loadu_ps(reinterpret_cast<const float*>(at)),
+                             _mm512_cvtepi32_ps(sc));
+    asm("" : "+v"(r));  // rounded here, as k_factor's
+    return r;
+  }
+  // Decode rows walk the panels once: group g's reads, `bytes` ahead (simd.h's stream_ahead;
+  // the factors at their pace, a ninth of the words').
+  void ahead(int64_t g, int64_t bytes) const {
+    stream_ahead(w + g * kQ6kGroupBytes, 6, bytes);
+    if (g % 8 == 0) stream_ahead(f + (g / 8) * kQ6kFactorBytes, 5, bytes * 5 / 48);
+  }
+};
+
+// out[r, 16 t..] for R rows of xq (signed codes, sx their scales, bias [R][2G]: -32 times each
+// half group's sum) and NT panels.
+template <int R, int NT>
+void q6k_tile(const int8_t* xq, const float* sx, const int32_t* bias, int64_t K,
+              const Q6kPanel* panels, float* out, int64_t ldo) {
+  const int64_t G = K / 32;
+  __m512 acc[R][NT];
+  RS_UNROLL
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    if constexpr (NT == 1) panels[0].ahead(g, R > 1 ? 4 * kStreamAhead : kStreamAhead);
+    __m512i dot[2][R][NT];
+    RS_UNROLL
+    for (int h = 0; h < 2; ++h)
+      for (int r = 0; r < R; ++r)
+        for (int t = 0; t < NT; ++t) dot[h][r][t] = _mm512_setzero_si512();
+    RS_UNROLL
+    for (int j = 0; j < 8; ++j) {
+      __m512i w[NT];
+      for (int t = 0; t < NT; ++t) w[t] = panels[t].codes(g, j);
+      RS_UNROLL
+      for (int r = 0; r < R; ++r) {
+        int32_t word;
+        std::memcpy(&word, xq + r * K + g * 32 + 4 * j, 4);
+        const __m512i xb = _mm512_set1_epi32(word);
+        for (int t = 0; t < NT; ++t) dot[j / 4][r][t] = _mm512_dpbusd_epi32(dot[j / 4][r][t], w[t], xb);
+      }
+    }
+    RS_UNROLL
+    for (int t = 0; t < NT; ++t) {
+      const __m512 s[2] = {panels[t].scale(g, 0), panels[t].scale(g, 1)};
+      for (int r = 0; r < R; ++r) {
+        const __m512 x = _mm512_set1_ps(sx[r * G + g]);
+        for (int h = 0; h < 2; ++h) {
+          const __m512i d = _mm512_add_epi32(dot[h][r][t], _mm512_set1_epi32(bias[r * 2 * G + 2 * g + h]));
+          acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(s[h], x), acc[r][t]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + r * ldo + 16 * t, acc[r][t]);
+}
+
+constexpr int kQ6kDecodeRows = 8;  // rows a pass over one panel (decode: up to 8 rows)
+constexpr int kQ6kChunkRows = 4;   // rows a pass over two panels (chunks: 16 + 8 accumulators)
+
+// out [M, N] = x W^T on q6k panels; operands checked by q6k_gemm_vnni.
+void q6k_gemm_vnni_impl(const at::Tensor& x, const at::Tensor& words, const at::Tensor& factors,
+                        const at::Tensor& out) {
+  const int64_t M = x.size(0), K = x.size(1), G = K / 32, S = K / 256, N = out.size(1), P = N / 16;
+  const QuantizedRows q = quantize_rows(x, false);
+  std::vector<int32_t> bias(M * 2 * G);
+  for (int64_t i = 0; i < M * 2 * G; ++i) {
+    int32_t sum = 0;
+    for (int e = 0; e < 16; ++e) sum += q.xq[i * 16 + e];
+    bias[i] = -32 * sum;
+  }
+  const uint8_t* wp = static_cast<const uint8_t*>(words.data_ptr());
+  const uint8_t* fp = static_cast<const uint8_t*>(factors.data_ptr());
+  float* op = out.data_ptr<float>();
+  const int64_t ldo = out.stride(0), span = M > kQ6kDecodeRows ? 2 : 1;
+  const int64_t units = (P + span - 1) / span, panel_bytes = G * kQ6kGroupBytes;
+  at::parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t p = u * span, nt = std::min(span, P - p), last = p + nt - 1;
+      if (span == 2 && u + 2 < u1) {  // chunks: the unit after next into L2
+        const int64_t next = (u + 2) * span, n_next = std::min(span, P - next);
+        prefetch_l2(wp + next * panel_bytes, n_next * panel_bytes);
+        prefetch_l2(fp + next * S * kQ6kFactorBytes, n_next * S * kQ6kFactorBytes);
+      }
+      const Q6kPanel panels[2] = {{wp + p * panel_bytes, fp + p * S * kQ6kFactorBytes},
+                                  {wp + last * panel_bytes, fp + last * S * kQ6kFactorBytes}};
+      const int rows = nt == 2 ? kQ6kChunkRows : kQ6kDecodeRows;
+      for (int64_t m = 0; m < M; m += rows) {
+        const int mr = static_cast<int>(std::min<int64_t>(rows, M - m));
+        const int8_t* xr = q.xq.data() + m * K;
+        const float* sr = q.sx.data() + m * G;
+        const int32_t* br = bias.data() + m * 2 * G;
+        float* o = op + m * ldo + p * 16;
+        if (nt == 2)
+          with_rows<kQ6kChunkRows>(mr, [&](auto Rc) {
+            q6k_tile<decltype(Rc)::value, 2>(xr, sr, br, K, panels, o, ldo);
+          });
+        else
+          with_rows<kQ6kDecodeRows>(mr, [&](auto Rc) {
+            q6k_tile<decltype(Rc)::value, 1>(xr, sr, br, K, panels, o, ldo);
+          });
+      }
+    }
+  });
+}
+#endif  // RS_AVX512_VNNI
+
+void q6k_vnni_pack([[maybe_unused]] const at::Tensor& blocks, [[maybe_unused]] int64_t K,
+                   [[maybe_unused]] const at::Tensor& words,
+                   [[maybe_unused]] const at::Tensor& factors) {
+#ifdef RS_AVX512_VNNI
+  q6k_vnni_pack_impl(blocks, K, words, factors);
+#else
+  check(false, "this build has no AVX-512 VNNI code");
+#endif
+}
+
+}  // namespace
+
+void q6k_gemm_vnni([[maybe_unused]] const at::Tensor& x, [[maybe_unused]] const at::Tensor& words,
+                   [[maybe_unused]] const at::Tensor& factors,
+                   [[maybe_unused]] const at::Tensor& out) {
+#ifdef RS_AVX512_VNNI
+  const int64_t K = x.size(1), N = out.size(1);
+  check_rows(x, out, N);
+  check(K % 256 == 0 && N % 16 == 0, "q6k_gemm_vnni: K must be a multiple of 256 and N of 16");
+  check(words.is_contiguous() && words.numel() == N / 16 * (K / 32) * kQ6kGroupBytes &&
+            factors.is_contiguous() && factors.numel() == N / 16 * (K / 256) * kQ6kFactorBytes,
+        "q6k_gemm_vnni: panels of q6k_vnni_pack for [N, K]");
+  check(cpu_has_avx512_vnni(), "q6k_gemm_vnni: this CPU has no AVX-512 VNNI");
+  if (x.size(0) == 0) return;
+  q6k_gemm_vnni_impl(x, words, factors, out);
+#else
+  check(false, "this build has no AVX-512 VNNI code");
+#endif
+}
+
+}  // namespace radixserve
+
+TORCH_LIBRARY_FRAGMENT(radixserve, m) {
+  m.def("q6k_vnni_pack(Tensor blocks, int K, Tensor(a!) words, Tensor(b!) factors) -> ()");
+  m.def("q6k_gemm_vnni(Tensor x, Tensor words, Tensor factors, Tensor(a!) out) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
+  m.impl("q6k_vnni_pack", &radixserve::q6k_vnni_pack);
+  m.impl("q6k_gemm_vnni", &radixserve::q6k_gemm_vnni);
+}
