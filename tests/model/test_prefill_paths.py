@@ -271,11 +271,11 @@ def test_q6k_blocks_into_panels_read_back_as_the_same_blocks() -> None:
     assert torch.equal(packed.dequantize(), blocks.dequantize())
 
 
-@pytest.mark.parametrize("rows", [1, 3, 8, 9, 21])
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 21, 130])
 def test_q6k_panels_are_the_product_of_int8_activations_and_the_blocks(rows: int) -> None:
-    """Every row count (decode rows 8 a pass over one panel, chunks 4 over two) gives the
-    product of the activations' int8 codes and gguf's dequantization, to float32 summation;
-    each row the bits it gets alone."""
+    """Every row count (decode rows 8 a pass over one panel, chunks 4 over two, from 128 rows
+    over codes unpacked per call) gives the product of the activations' int8 codes and gguf's
+    dequantization, to float32 summation; each row the bits it gets alone."""
     needs(PrefillPath.INT8_VNNI)
     from radixserve.model.quant import repacked_rows
     from tests.model.test_gguf_q8 import q8_activations

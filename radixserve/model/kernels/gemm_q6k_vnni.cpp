@@ -119,11 +119,25 @@ struct Q6kPanel {
   }
 };
 
+// A Q6kPanel's codes unpacked into bytes (`codes` [G][8][64]) for long chunks, whose many rows
+// would each pay the 2-bit plane's unpacking again; the same codes and scales, so the same bits.
+struct Q6kBytes {
+  const uint8_t* c;
+  Q6kPanel panel;
+  __m512i codes(int64_t g, int j) const { return _mm512_loadu_si512(c + (g * 8 + j) * 64); }
+  __m512 scale(int64_t g, int h) const { return panel.scale(g, h); }
+  void ahead(int64_t, int64_t) const {}  // unpacked per call: in cache already
+  static void unpack(const Q6kPanel& p, int64_t G, uint8_t* c) {
+    for (int64_t g = 0; g < G; ++g)
+      for (int j = 0; j < 8; ++j) _mm512_storeu_si512(c + (g * 8 + j) * 64, p.codes(g, j));
+  }
+};
+
 // out[r, 16 t..] for R rows of xq (signed codes, sx their scales, bias [R][2G]: -32 times each
 // half group's sum) and NT panels.
-template <int R, int NT>
+template <int R, int NT, typename Panel>
 void q6k_tile(const int8_t* xq, const float* sx, const int32_t* bias, int64_t K,
-              const Q6kPanel* panels, float* out, int64_t ldo) {
+              const Panel* panels, float* out, int64_t ldo) {
   const int64_t G = K / 32;
   __m512 acc[R][NT];
   RS_UNROLL
@@ -166,6 +180,9 @@ void q6k_tile(const int8_t* xq, const float* sx, const int32_t* bias, int64_t K,
 
 constexpr int kQ6kDecodeRows = 8;  // rows a pass over one panel (decode: up to 8 rows)
 constexpr int kQ6kChunkRows = 4;   // rows a pass over two panels (chunks: 16 + 8 accumulators)
+// Chunks from this many rows unpack each pair of panels into bytes first (Q6kBytes). Zen 5, 3072
+// x 8192 at 512 rows: 23.1 ms on the panels, 21.4 on codes unpacked per call; at 64, 3.0 and 4.0.
+constexpr int64_t kQ6kUnpackRows = 128;
 
 // out [M, N] = x W^T on q6k panels; operands checked by q6k_gemm_vnni.
 void q6k_gemm_vnni_impl(const at::Tensor& x, const at::Tensor& words, const at::Tensor& factors,
@@ -183,7 +200,9 @@ void q6k_gemm_vnni_impl(const at::Tensor& x, const at::Tensor& words, const at::
   float* op = out.data_ptr<float>();
   const int64_t ldo = out.stride(0), span = M > kQ6kDecodeRows ? 2 : 1;
   const int64_t units = (P + span - 1) / span, panel_bytes = G * kQ6kGroupBytes;
+  const bool unpack = M >= kQ6kUnpackRows;
   at::parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
+    std::vector<uint8_t> bytes(unpack ? 2 * G * 8 * 64 : 0);
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t p = u * span, nt = std::min(span, P - p), last = p + nt - 1;
       if (span == 2 && u + 2 < u1) {  // chunks: the unit after next into L2
@@ -193,21 +212,31 @@ void q6k_gemm_vnni_impl(const at::Tensor& x, const at::Tensor& words, const at::
       }
       const Q6kPanel panels[2] = {{wp + p * panel_bytes, fp + p * S * kQ6kFactorBytes},
                                   {wp + last * panel_bytes, fp + last * S * kQ6kFactorBytes}};
-      const int rows = nt == 2 ? kQ6kChunkRows : kQ6kDecodeRows;
-      for (int64_t m = 0; m < M; m += rows) {
-        const int mr = static_cast<int>(std::min<int64_t>(rows, M - m));
-        const int8_t* xr = q.xq.data() + m * K;
-        const float* sr = q.sx.data() + m * G;
-        const int32_t* br = bias.data() + m * 2 * G;
-        float* o = op + m * ldo + p * 16;
-        if (nt == 2)
-          with_rows<kQ6kChunkRows>(mr, [&](auto Rc) {
-            q6k_tile<decltype(Rc)::value, 2>(xr, sr, br, K, panels, o, ldo);
-          });
-        else
-          with_rows<kQ6kDecodeRows>(mr, [&](auto Rc) {
-            q6k_tile<decltype(Rc)::value, 1>(xr, sr, br, K, panels, o, ldo);
-          });
+      auto run = [&](const auto* tiles) {
+        const int rows = nt == 2 ? kQ6kChunkRows : kQ6kDecodeRows;
+        for (int64_t m = 0; m < M; m += rows) {
+          const int mr = static_cast<int>(std::min<int64_t>(rows, M - m));
+          const int8_t* xr = q.xq.data() + m * K;
+          const float* sr = q.sx.data() + m * G;
+          const int32_t* br = bias.data() + m * 2 * G;
+          float* o = op + m * ldo + p * 16;
+          if (nt == 2)
+            with_rows<kQ6kChunkRows>(mr, [&](auto Rc) {
+              q6k_tile<decltype(Rc)::value, 2>(xr, sr, br, K, tiles, o, ldo);
+            });
+          else
+            with_rows<kQ6kDecodeRows>(mr, [&](auto Rc) {
+              q6k_tile<decltype(Rc)::value, 1>(xr, sr, br, K, tiles, o, ldo);
+            });
+        }
+      };
+      if (unpack) {
+        for (int64_t t = 0; t < nt; ++t) Q6kBytes::unpack(panels[t], G, bytes.data() + t * G * 512);
+        const Q6kBytes tiles[2] = {{bytes.data(), panels[0]},
+                                   {bytes.data() + (nt - 1) * G * 512, panels[1]}};
+        run(tiles);
+      } else {
+        run(panels);
       }
     }
   });
