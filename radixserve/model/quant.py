@@ -49,7 +49,7 @@ class QuantizedWeight:
           float32 d (-dmin) and [8][16] uint8 sub-block scales (mins), 4.75 bits a weight
           in all where float32 factors take 6, for the same float32 values d * sc.
     q6k-vnni: Q6_K blocks in int8-vnni's panels of 16 rows (gemm_q6k_vnni.cpp's
-          q6k_vnni_pack, `_q6k_panels`): qs [P * G, 384] uint8 (6-bit codes), scale uint8
+          q6k_vnni_pack, `_k_panels`): qs [P * G, 384] uint8 (6-bit codes), scale uint8
           [P * in / 256, 320] (float32 d and int8 sub-block scales), no mins; `cols` = in.
           The blocks' own values in 1% more bytes.
     """
@@ -125,14 +125,14 @@ class QuantizedWeight:
         high = ((top[:, :, :, None, :] >> shifts) & 3).reshape(m, groups, 32)  # 16k + 4i + b
         c = (low | (high << 4)).reshape(m, supers, 2, 4, 32)  # [m, S, half h, t, e]
         ql = (c[:, :, :, 0:2] & 0x0F) | ((c[:, :, :, 2:4] & 0x0F) << 4)  # [m, S, 2, 2, 32]
-        qh = sum(((c[:, :, :, t] >> 4) & 3) << (2 * t) for t in range(4))  # [m, S, 2, 32]
+        qh = torch.zeros_like(c[:, :, :, 0])  # [m, S, 2, 32]
+        for t in range(4):
+            qh |= ((c[:, :, :, t] >> 4) & 3) << (2 * t)
         factors = self.scale.view(n // 16, supers, 320)[panel]  # [m, S, 320]
         sc = factors[..., 64:].reshape(m, supers, 16, 16)[torch.arange(m), :, :, col]
         d = factors[..., :64].contiguous().view(torch.float32)[torch.arange(m), :, col]
         d16 = d.to(torch.float16).contiguous().view(torch.uint8).view(m, supers, 2)
-        blocks = torch.cat(
-            [ql.reshape(m, supers, 128), qh.to(torch.uint8).reshape(m, supers, 64), sc, d16], -1
-        )
+        blocks = torch.cat([ql.reshape(m, supers, 128), qh.reshape(m, supers, 64), sc, d16], -1)
         layout = torch.tensor([[m, _GGML_Q6_K]], dtype=torch.int64)
         return QuantizedWeight(
             "gguf", blocks.reshape(-1).contiguous(), torch.empty(0), None, layout, k
@@ -309,12 +309,12 @@ def repacked_rows(
     into the codes part by part, blocks kept as stored are copied in one after another, and
     other codes concatenated and copied in. With `panels` (a path that holds int4 as
     int4-vnni), Q4_K blocks go straight into int4-vnni panels with their factors as stored
-    (`_q4k_panels`), where the shapes allow; with `q6k_panels` (int8-vnni), Q6_K blocks go
-    into q6k-vnni panels (`_q6k_panels`) where they allow."""
-    if panels and _q4k_panels_fit(parts):
-        return _q4k_panels(parts, empty)
-    if q6k_panels and _q6k_panels_fit(parts):
-        return _q6k_panels(parts, empty)
+    (`_k_panels`), where the shapes allow; with `q6k_panels` (int8-vnni), Q6_K blocks go
+    into q6k-vnni panels (`_k_panels`) where they allow."""
+    if panels and _panels_fit(parts, _GGML_Q4_K):
+        return _k_panels(parts, empty, _GGML_Q4_K)
+    if q6k_panels and _panels_fit(parts, _GGML_Q6_K):
+        return _k_panels(parts, empty, _GGML_Q6_K)
     target = _repack_target(parts, k_quants)
     if target is None:
         if all(p.kind == "gguf" and p.layout is not None for p in parts):
@@ -340,9 +340,19 @@ def repacked_rows(
     return QuantizedWeight(target, codes, scale, mins if target == "int4" else None)
 
 
-def _q4k_panels_fit(parts: Sequence[QuantizedWeight]) -> bool:
-    """Whether every part is Q4_K blocks on the CPU, of rows in whole panels (16) and columns
-    in whole blocks (256), and the kernels that pack and read them are here (AVX2)."""
+# GGUF K-quants packed at load into panels of 16 rows (gemm_vnni.cpp, gemm_q6k_vnni.cpp): the
+# path whose kernels pack and read them, the bytes of codes per panel and group, of each factor
+# tensor per panel and super-block, the packing op and the QuantizedWeight kind.
+_PANELS = {
+    _GGML_Q4_K: (PrefillPath.INT8_AVX2, 256, (192, 192), "q4k_vnni_pack", "int4-vnni"),
+    _GGML_Q6_K: (PrefillPath.INT8_VNNI, 384, (320,), "q6k_vnni_pack", "q6k-vnni"),
+}
+
+
+def _panels_fit(parts: Sequence[QuantizedWeight], ggml_type: int) -> bool:
+    """Whether every part is blocks of `ggml_type` (a key of `_PANELS`) on the CPU, of rows in
+    whole panels (16) and columns in whole blocks (256), and the kernels that pack and read
+    them are here (AVX2 for Q4_K, AVX-512 VNNI for Q6_K)."""
     cols = parts[0].cols
     return (
         cols % 256 == 0
@@ -351,73 +361,31 @@ def _q4k_panels_fit(parts: Sequence[QuantizedWeight]) -> bool:
             and p.layout is not None
             and p.cols == cols
             and p.qs.device.type == "cpu"
-            and set(p.layout[:, 1].tolist()) == {_GGML_Q4_K}
+            and set(p.layout[:, 1].tolist()) == {ggml_type}
             and p.shape[0] % 16 == 0
             for p in parts
         )
-        and PrefillPath.INT8_AVX2 in available_paths()
+        and _PANELS[ggml_type][0] in available_paths()
     )
 
 
-def _q4k_panels(parts: Sequence[QuantizedWeight], empty: Empty) -> QuantizedWeight:
-    """The Q4_K rows of `parts` as int4-vnni panels with the blocks' own factors (kind
-    int4-vnni, uint8 scale / minv: QuantizedWeight), written part by part (q4k_vnni_pack)."""
+def _k_panels(parts: Sequence[QuantizedWeight], empty: Empty, ggml_type: int) -> QuantizedWeight:
+    """The rows of `parts` (blocks of `ggml_type`, a key of `_PANELS`) as its panels, written
+    part by part: Q4_K as int4-vnni with the blocks' own factors (uint8 scale / minv), Q6_K as
+    q6k-vnni (QuantizedWeight)."""
+    _, word_bytes, factor_bytes, op, kind = _PANELS[ggml_type]
     rows, cols = sum(p.shape[0] for p in parts), parts[0].cols
     groups, supers = cols // GROUP, cols // 256
-    words = empty((rows // 16 * groups, 256), torch.uint8)
-    scale = empty((rows // 16 * supers, 192), torch.uint8)
-    minv = empty((rows // 16 * supers, 192), torch.uint8)
-    pack, at = kernels.op("q4k_vnni_pack"), 0
+    words = empty((rows // 16 * groups, word_bytes), torch.uint8)
+    factors = [empty((rows // 16 * supers, b), torch.uint8) for b in factor_bytes]
+    pack, at = kernels.op(op), 0
     for p in parts:
         n = p.shape[0] // 16
-        pack(
-            p.qs,
-            cols,
-            words[at * groups : (at + n) * groups],
-            scale[at * supers : (at + n) * supers],
-            minv[at * supers : (at + n) * supers],
-        )
+        rows_of = [f[at * supers : (at + n) * supers] for f in factors]
+        pack(p.qs, cols, words[at * groups : (at + n) * groups], *rows_of)
         at += n
-    return QuantizedWeight("int4-vnni", words, scale, minv, cols=cols)
-
-
-def _q6k_panels_fit(parts: Sequence[QuantizedWeight]) -> bool:
-    """Whether every part is Q6_K blocks on the CPU, of rows in whole panels (16) and columns
-    in whole blocks (256), and this CPU and build run q6k-vnni (AVX-512 VNNI)."""
-    cols = parts[0].cols
-    return (
-        cols % 256 == 0
-        and all(
-            p.kind == "gguf"
-            and p.layout is not None
-            and p.cols == cols
-            and p.qs.device.type == "cpu"
-            and set(p.layout[:, 1].tolist()) == {_GGML_Q6_K}
-            and p.shape[0] % 16 == 0
-            for p in parts
-        )
-        and PrefillPath.INT8_VNNI in available_paths()
-    )
-
-
-def _q6k_panels(parts: Sequence[QuantizedWeight], empty: Empty) -> QuantizedWeight:
-    """The Q6_K rows of `parts` as q6k-vnni panels (QuantizedWeight), written part by part
-    (q6k_vnni_pack)."""
-    rows, cols = sum(p.shape[0] for p in parts), parts[0].cols
-    groups, supers = cols // GROUP, cols // 256
-    words = empty((rows // 16 * groups, 384), torch.uint8)
-    factors = empty((rows // 16 * supers, 320), torch.uint8)
-    pack, at = kernels.op("q6k_vnni_pack"), 0
-    for p in parts:
-        n = p.shape[0] // 16
-        pack(
-            p.qs,
-            cols,
-            words[at * groups : (at + n) * groups],
-            factors[at * supers : (at + n) * supers],
-        )
-        at += n
-    return QuantizedWeight("q6k-vnni", words, factors, None, cols=cols)
+    minv = factors[1] if len(factors) > 1 else None
+    return QuantizedWeight(kind, words, factors[0], minv, cols=cols)
 
 
 def _blocks_in(parts: Sequence[QuantizedWeight], empty: Empty) -> QuantizedWeight:
