@@ -144,7 +144,7 @@ void q6k_tile(const int8_t* xq, const float* sx, const int32_t* bias, int64_t K,
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
   for (int64_t g = 0; g < G; ++g) {
-    if constexpr (NT == 1) panels[0].ahead(g, R > 1 ? 4 * kStreamAhead : kStreamAhead);
+    if constexpr (NT == 1) panels[0].ahead(g, R > 1 ? kStreamAheadRows : kStreamAhead);
     __m512i dot[2][R][NT];
     RS_UNROLL
     for (int h = 0; h < 2; ++h)

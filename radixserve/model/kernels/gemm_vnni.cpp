@@ -272,7 +272,7 @@ constexpr int kVnniRows = 6;  // 6 rows x 2 panels: 12 int32 + 12 float32 accumu
 // PackedPanel and PackedKPanel (below): int4, packed once.
 struct SplitPanel {
   const VnniPanel* p;
-  void ahead(int64_t) const {}  // built per call: in cache already
+  void ahead(int64_t, int64_t) const {}  // built per call: in cache already
   __m512i words(int64_t g, int j) const { return _mm512_loadu_si512(&p->words[(g * 8 + j) * 16]); }
   __m512 scale(int64_t g) const { return _mm512_loadu_ps(&p->scale[g * 16]); }
   const int32_t* offset(int64_t g) const { return &p->offset[g * 16]; }
@@ -288,7 +288,8 @@ void vnni_tile(const int8_t* xq, const float* sx, const float* xs, int64_t K,
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
   for (int64_t g = 0; g < G; ++g) {
-    if constexpr (NT == 1) panels[0].ahead(g);  // decode rows: one pass over the panels
+    if constexpr (NT == 1)  // decode rows: one pass over the panels
+      panels[0].ahead(g, R > 1 ? kStreamAheadRows : kStreamAhead);
     __m512i dot[R][NT];
     RS_UNROLL
     for (int r = 0; r < R; ++r)
@@ -670,10 +671,10 @@ struct PackedPanel {
   __m512 minv(int64_t g) const { return _mm512_loadu_ps(m + g * 16); }
   // Group g's reads ahead (simd.h's stream_ahead): panels lie one after another, so the walk
   // goes on into the next one; the factors stream at a quarter of the words' pace.
-  void ahead(int64_t g) const {
-    stream_ahead(w + g * 64, 4);
-    stream_ahead(s + g * 16, 1, kStreamAhead / 4);
-    stream_ahead(m + g * 16, 1, kStreamAhead / 4);
+  void ahead(int64_t g, int64_t bytes) const {
+    stream_ahead(w + g * 64, 4, bytes);
+    stream_ahead(s + g * 16, 1, bytes / 4);
+    stream_ahead(m + g * 16, 1, bytes / 4);
   }
 };
 
@@ -687,12 +688,12 @@ struct PackedKPanel {
   __m512 minv(int64_t g) const { return k_factor(m, G, p, g); }
   // As PackedPanel's; the factors, 192 bytes a super-block of 8 groups (2,048 bytes of
   // words), at its first group.
-  void ahead(int64_t g) const {
-    stream_ahead(w + g * 64, 4);
+  void ahead(int64_t g, int64_t bytes) const {
+    stream_ahead(w + g * 64, 4, bytes);
     if (g % 8 == 0) {
       const int64_t at = (p * (G / 8) + g / 8) * kKFactorBytes;
-      stream_ahead(s + at, 3, kStreamAhead * 3 / 32);
-      stream_ahead(m + at, 3, kStreamAhead * 3 / 32);
+      stream_ahead(s + at, 3, bytes * 3 / 32);
+      stream_ahead(m + at, 3, bytes * 3 / 32);
     }
   }
 };

@@ -90,6 +90,12 @@ inline void with_rows(int mr, F&& f) {
 // into L2, the requests queue behind each other (Zen 4, one row over Q4_K panels of 16384 x
 // 2048: 22-28 GB/s; spread over the walk: 32-35, what the machine reads).
 constexpr int64_t kStreamAhead = 2048;
+// The same for a walk that meets several input rows (2-8 decode rows over panels), which takes
+// longer per line, so its lines are asked for further on: on the Zen 5, 8 rows over the 1B's
+// 49152 x 2048 Q6_K panels took 1.6-1.8 ms at 8 KB against 2.6 at 2 KB (one row: 1.6 at 2 KB,
+// 1.8 at 8 KB), and 8 sequences of the 1B Q4_K_M decoded 3.2-3.5 s against 3.5-3.7 for 1,024
+// tokens with the Q4_K panels' walk at 8 KB (4 and 16 KB: the same as 8).
+constexpr int64_t kStreamAheadRows = 4 * kStreamAhead;
 // Asks for `lines` cache lines from `ahead` bytes past `at` into L1 (a stream read at a
 // fraction of the pace: that fraction of kStreamAhead).
 inline void stream_ahead(const void* at, int lines, int64_t ahead = kStreamAhead) {
