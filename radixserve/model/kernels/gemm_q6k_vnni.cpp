@@ -119,7 +119,7 @@ struct Q6kPanel {
   }
 };
 
-// A Q6kPanel's codes unpacked into bytes (`codes` [G][8][64]) for long chunks, whose many rows
+// A Q6kPanel's codes unpacked into bytes (`c` [G][8][64]) for long chunks, whose many rows
 // would each pay the 2-bit plane's unpacking again; the same codes and scales, so the same bits.
 struct Q6kBytes {
   const uint8_t* c;
@@ -181,7 +181,8 @@ void q6k_tile(const int8_t* xq, const float* sx, const int32_t* bias, int64_t K,
 constexpr int kQ6kDecodeRows = 8;  // rows a pass over one panel (decode: up to 8 rows)
 constexpr int kQ6kChunkRows = 4;   // rows a pass over two panels (chunks: 16 + 8 accumulators)
 // Chunks from this many rows unpack each pair of panels into bytes first (Q6kBytes). Zen 5, 3072
-// x 8192 at 512 rows: 23.1 ms on the panels, 21.4 on codes unpacked per call; at 64, 3.0 and 4.0.
+// x 8192 at 512 rows: 23.1 ms on the panels, 20.9 unpacked first (the blocks' per-call panels,
+// kquant_gemm_vnni: 21.4-21.6); at 64 rows the panels take 3.0 ms against those 4.0.
 constexpr int64_t kQ6kUnpackRows = 128;
 
 // out [M, N] = x W^T on q6k panels; operands checked by q6k_gemm_vnni.
