@@ -50,19 +50,15 @@ void q6k_vnni_pack_impl(const at::Tensor& blocks, int64_t K, const at::Tensor& w
       for (int64_t sb = 0; sb < S; ++sb) {
         uint8_t* f = fp + (p * S + sb) * kQ6kFactorBytes;
         for (int c = 0; c < 16; ++c) {
-          const uint8_t* b = bp + (p * 16 + c) * row_bytes + sb * kQ6kBlockBytes;
+          const uint8_t* row = bp + (p * 16 + c) * row_bytes;
+          const uint8_t* b = row + sb * kQ6kBlockBytes;
           const float d = f16_at(b + 208);
           std::memcpy(f + 4 * c, &d, 4);
           for (int s = 0; s < 16; ++s) f[64 + s * 16 + c] = b[192 + s];
-          // llama.cpp's order: per half h of 128, code 32t + e from ql[64h + 32(t & 1) + e]'s
-          // nibble t / 2 and qh[32h + e]'s bits 2t.
-          for (int h = 0; h < 2; ++h)
-            for (int t = 0; t < 4; ++t)
-              for (int e = 0; e < 32; ++e) {
-                const int lo = (b[64 * h + 32 * (t & 1) + e] >> (4 * (t / 2))) & 0x0F;
-                const int hi = (b[128 + 32 * h + e] >> (2 * t)) & 3;
-                code[c][128 * h + 32 * t + e] = static_cast<uint8_t>(lo | (hi << 4));
-              }
+          for (int gi = 0; gi < 8; ++gi)  // kquants.cpp's codes of the group, less 32: + 32
+            _mm256_storeu_si256(
+                reinterpret_cast<__m256i*>(code[c] + 32 * gi),
+                _mm256_add_epi8(Q6KBlock::sub(row, sb * 8 + gi).codes, _mm256_set1_epi8(32)));
         }
         for (int gi = 0; gi < 8; ++gi) {
           uint8_t* dst = wp + (p * G + sb * 8 + gi) * kQ6kGroupBytes;
@@ -190,12 +186,7 @@ void q6k_gemm_vnni_impl(const at::Tensor& x, const at::Tensor& words, const at::
                         const at::Tensor& out) {
   const int64_t M = x.size(0), K = x.size(1), G = K / 32, S = K / 256, N = out.size(1), P = N / 16;
   const QuantizedRows q = quantize_rows(x, false);
-  std::vector<int32_t> bias(M * 2 * G);
-  for (int64_t i = 0; i < M * 2 * G; ++i) {
-    int32_t sum = 0;
-    for (int e = 0; e < 16; ++e) sum += q.xq[i * 16 + e];
-    bias[i] = -32 * sum;
-  }
+  const std::vector<int32_t> bias = half_group_sums(q, -32);
   const uint8_t* wp = static_cast<const uint8_t*>(words.data_ptr());
   const uint8_t* fp = static_cast<const uint8_t*>(factors.data_ptr());
   float* op = out.data_ptr<float>();

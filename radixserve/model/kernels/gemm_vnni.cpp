@@ -175,6 +175,18 @@ QuantizedRows quantize_rows(const at::Tensor& x, bool offset) {
   return q;
 }
 
+// `times` each half group's sum of q's codes ([M][2G]: 16 codes each): the term a code offset
+// adds to each half's dot product (Q6_K's codes are stored + 32, so -32 for them).
+std::vector<int32_t> half_group_sums(const QuantizedRows& q, int32_t times) {
+  std::vector<int32_t> sums(q.xq.size() / 16);
+  for (size_t i = 0; i < sums.size(); ++i) {
+    int32_t sum = 0;
+    for (int e = 0; e < 16; ++e) sum += q.xq[i * 16 + e];
+    sums[i] = times * sum;
+  }
+  return sums;
+}
+
 // Asks for bytes [p, p + bytes) into L2, a cache line at a time.
 inline void prefetch_l2(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
@@ -481,12 +493,8 @@ void kquant_gemm_vnni_impl(const at::Tensor& x, const uint8_t* blocks, int64_t N
   const int64_t M = x.size(0), K = x.size(1), G = K / 32;
   const int64_t row_bytes = K / B::kWeights * B::kBytes;
   const QuantizedRows q = quantize_rows(x, false);
-  std::vector<int32_t> bias_sums(kKQuantBias<B> != 0 ? M * 2 * G : 0);  // Q6_K's only
-  for (int64_t i = 0; i < static_cast<int64_t>(bias_sums.size()); ++i) {
-    int32_t sum = 0;
-    for (int e = 0; e < 16; ++e) sum += q.xq[i * 16 + e];
-    bias_sums[i] = kKQuantBias<B> * sum;
-  }
+  const std::vector<int32_t> bias_sums =  // Q6_K's only
+      kKQuantBias<B> != 0 ? half_group_sums(q, kKQuantBias<B>) : std::vector<int32_t>();
   float* op = out.data_ptr<float>();
   at::parallel_for(0, (N + 31) / 32, 1, [&](int64_t b0, int64_t b1) {
     KQuantPanel p0(G), p1(G);
