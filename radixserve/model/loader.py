@@ -237,9 +237,8 @@ def load_model(
     if kind != "none":
         kernels.load()
         k_quants = not prefill_path.stored_blocks
-        panels = prefill_path.q4k_panels and device.type == "cpu"  # Q4_K straight to panels
-        q6k = prefill_path.q6k_panels and device.type == "cpu"  # Q6_K too, on int8-vnni
-        quantize_model(model, kind, stored, k_quants, arena=arena, panels=panels, q6k_panels=q6k)
+        panels = prefill_path if device.type == "cpu" else None  # K-quants straight to panels
+        quantize_model(model, kind, stored, k_quants, arena=arena, path=panels)
         use_stored_embedding(model, stored)
     # Before packing; int8-vnni's panels over the codes in the arena (nothing else reads them).
     model.use_prefill_path(prefill_path, in_place=arena is not None)

@@ -31,6 +31,9 @@ F32 = torch.float32
 # 2.9 vs 1.8, 8192 x 2048 Q4_K 1.7 vs 1.5; at 12, 17.9 vs 17.7, 2.5 vs 2.9, 2.0 vs 2.3. The
 # head of an 8-sequence decode step is such a call.
 GGUF_VNNI_MIN_ROWS = 12
+# The kinds held as panels, whose rows `QuantizedWeight.from_panels` reads back and on which every
+# row of a call runs (int4-vnni: int4's codes or Q4_K's; q6k-vnni: Q6_K's).
+_PANEL_KINDS = ("int4-vnni", "q6k-vnni")
 
 
 @dataclass
@@ -171,7 +174,7 @@ class QuantizedWeight:
     def rows(self, index: torch.Tensor) -> torch.Tensor:
         """Float32 rows `index` [n] of the weight (an embedding lookup in the codes)."""
         index = index.to(self.qs.device)
-        if self.kind in ("int4-vnni", "q6k-vnni"):
+        if self.kind in _PANEL_KINDS:
             return self.from_panels(index).dequantize()
         if self.kind == "int4" or self.kind == "int8":
             n = self.scale.shape[0]
@@ -188,7 +191,7 @@ class QuantizedWeight:
 
     def dequantize(self) -> torch.Tensor:
         """The float32 weight these codes stand for."""
-        if self.kind in ("int4-vnni", "q6k-vnni"):
+        if self.kind in _PANEL_KINDS:
             return self.from_panels().dequantize()
         out = torch.empty(self.shape, dtype=torch.float32, device=self.qs.device)
         if self.kind == "gguf":
@@ -301,20 +304,19 @@ def repacked_rows(
     parts: Sequence[QuantizedWeight],
     k_quants: bool = True,
     empty: Empty = _torch_empty,
-    panels: bool = False,
-    q6k_panels: bool = False,
+    path: PrefillPath | None = None,
 ) -> QuantizedWeight:
     """The rows of `parts` (of one kind) one after another, as `repacked` holds them, in
     tensors from `empty` (e.g. a hugepages.WeightArena's): blocks that repack are written
     into the codes part by part, blocks kept as stored are copied in one after another, and
-    other codes concatenated and copied in. With `panels` (a path that holds int4 as
-    int4-vnni), Q4_K blocks go straight into int4-vnni panels with their factors as stored
-    (`_k_panels`), where the shapes allow; with `q6k_panels` (int8-vnni), Q6_K blocks go
-    into q6k-vnni panels (`_k_panels`) where they allow."""
-    if panels and _panels_fit(parts, _GGML_Q4_K):
-        return _k_panels(parts, empty, _GGML_Q4_K)
-    if q6k_panels and _panels_fit(parts, _GGML_Q6_K):
-        return _k_panels(parts, empty, _GGML_Q6_K)
+    other codes concatenated and copied in. On a `path` that holds them as panels, Q4_K blocks
+    go straight into int4-vnni panels with their factors as stored (`q4k_panels`) and Q6_K
+    blocks into q6k-vnni ones (`q6k_panels`), where the shapes allow (`_k_panels`)."""
+    if path is not None:
+        held = {_GGML_Q4_K: path.q4k_panels, _GGML_Q6_K: path.q6k_panels}
+        for ggml_type, on in held.items():
+            if on and _panels_fit(parts, ggml_type):
+                return _k_panels(parts, empty, ggml_type)
     target = _repack_target(parts, k_quants)
     if target is None:
         if all(p.kind == "gguf" and p.layout is not None for p in parts):
@@ -603,7 +605,7 @@ class QuantLinear:
     def _on_panels(self) -> bool:
         """Whether every row of this matrix, decode or prefill, runs in one call on int4-vnni
         panels (on int8-vnni; the bfloat16 paths' matrix units take their long chunks)."""
-        return self.weight.kind in ("int4-vnni", "q6k-vnni") and not self.prefill_path.bf16
+        return self.weight.kind in _PANEL_KINDS and not self.prefill_path.bf16
 
     def decode_operands(
         self,
@@ -631,11 +633,7 @@ class QuantLinear:
         if self._rows is None:
             self._rows = self._cpu_kernel()
             kind = self.weight.kind
-            if (
-                self._rows is not None
-                and self._int8_rows()
-                and kind not in ("int4-vnni", "q6k-vnni")
-            ):
+            if self._rows is not None and self._int8_rows() and kind not in _PANEL_KINDS:
                 qs, scale, _, layout = self.decode_operands()
                 if kind == "gguf":
                     q8 = kernels.op("gguf_gemm_q8")

@@ -12,6 +12,7 @@ import torch
 from radixserve.model.config import ModelConfig
 from radixserve.model.decoder import DecoderModel, Projection
 from radixserve.model.hugepages import PackedBuffer, WeightArena
+from radixserve.model.kernels.matrix import PrefillPath
 from radixserve.model.layers import Linear
 from radixserve.model.quant import GROUP, QuantizedWeight, QuantLinear, quantize, repacked_rows
 
@@ -116,8 +117,7 @@ def quantize_model(
     stored: Mapping[str, QuantizedWeight] | None = None,
     repack_k_quants: bool = True,
     arena: WeightArena | None = None,
-    panels: bool = False,
-    q6k_panels: bool = False,
+    path: PrefillPath | None = None,
 ) -> None:
     """Run the projections (and the LM head) of `model` on quantized codes; sets
     `model.quantization` to `kind`.
@@ -127,9 +127,8 @@ def quantize_model(
     matrix where the file mixed them (ones wholly of Q8_0 / Q5_0, or of Q4_0 / Q4_1 / Q4_K, as
     the int8 / int4 repacking of the same values: `repacked`, Q4_K only with
     `repack_k_quants`); the others keep their dense weights. With an `arena`, the codes
-    from `stored` are written into it; with `panels` (a path holding int4 as int4-vnni),
-    Q4_K blocks are written straight into int4-vnni panels, and with `q6k_panels` (int8-vnni)
-    Q6_K blocks into q6k-vnni ones (`quant.repacked_rows`).
+    from `stored` are written into it; on a `path` that holds them as panels, Q4_K and Q6_K
+    blocks are written straight into its panels (`quant.repacked_rows`).
     "int4" / "int8": stored codes are used where they are that kind (or int8, as precise),
     the rest is quantized from the current dense weights, except matrices that groups of 32
     do not tile, which stay dense.
@@ -140,9 +139,7 @@ def quantize_model(
     names = hf_names(model.config)
     device = model.embed.device
     for projection in model.projections():
-        codes = _stored_codes(
-            names[projection.weight_name], stored, repack_k_quants, arena, panels, q6k_panels
-        )
+        codes = _stored_codes(names[projection.weight_name], stored, repack_k_quants, arena, path)
         # int4-vnni: int4's values, in panels
         if (
             codes is not None
@@ -161,8 +158,7 @@ def _stored_codes(
     stored: Mapping[str, QuantizedWeight],
     k_quants: bool = True,
     arena: WeightArena | None = None,
-    panels: bool = False,
-    q6k_panels: bool = False,
+    path: PrefillPath | None = None,
 ) -> QuantizedWeight | None:
     """The rows of `names` concatenated from `stored` (GGUF blocks of any kinds, or int4 /
     int8 codes of one kind), repacked where that is the same values; None unless all are
@@ -174,8 +170,8 @@ def _stored_codes(
     if len(kinds) != 1:
         return None
     if arena is None:
-        return repacked_rows(parts, k_quants, panels=panels, q6k_panels=q6k_panels)
-    return repacked_rows(parts, k_quants, arena.empty, panels, q6k_panels)
+        return repacked_rows(parts, k_quants, path=path)
+    return repacked_rows(parts, k_quants, arena.empty, path)
 
 
 def _quantized(

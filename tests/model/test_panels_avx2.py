@@ -34,7 +34,7 @@ def q4k_panels(rows: int, cols: int, seed: int) -> tuple[object, QuantizedWeight
         gguf_weight(torch.from_numpy(b.copy()), torch.tensor([[b.shape[0], 12]]), cols)
         for b in (blocks[:half], blocks[half:])
     ]
-    return blocks, repacked_rows(parts, panels=True)
+    return blocks, repacked_rows(parts, path=PrefillPath.INT8_AVX2)
 
 
 def run(x: torch.Tensor, w: QuantizedWeight) -> torch.Tensor:

@@ -200,7 +200,7 @@ def test_int4_panels_written_over_the_codes_equal_panels_of_their_own() -> None:
 
 def test_q4k_blocks_straight_into_panels_give_the_repacked_panels_bits() -> None:
     """Q4_K blocks packed straight into int4-vnni panels with their factors as stored
-    (`repacked_rows(..., panels=True)`, two parts as a fused q/k) hold 4.75 bits a weight
+    (`repacked_rows(..., path=INT8_VNNI)`, two parts as a fused q/k) hold 4.75 bits a weight
     where panels of float32 factors take 6, read back as the same codes and factors, and give
     the float32-factor panels' bits on every kernel that reads panels: decode rows and chunks
     (q4_gemm_vnni) and the matrix units' chunks (q4v_gemm_bf16)."""
@@ -216,7 +216,7 @@ def test_q4k_blocks_straight_into_panels_give_the_repacked_panels_bits() -> None
         )
         for n in (48, 32)
     ]
-    packed = repacked_rows(parts, panels=True)
+    packed = repacked_rows(parts, path=PrefillPath.INT8_VNNI)
     via_codes = repacked_rows(parts).to_panels()
     assert packed.kind == via_codes.kind == "int4-vnni" and packed.shape == (80, 512)
     assert packed.scale.dtype == torch.uint8
@@ -253,14 +253,14 @@ def _q6k_parts():
 
 
 def test_q6k_blocks_into_panels_read_back_as_the_same_blocks() -> None:
-    """Q6_K blocks packed into q6k-vnni panels (`repacked_rows(..., q6k_panels=True)`, two
+    """Q6_K blocks packed into q6k-vnni panels (`repacked_rows(..., path=INT8_VNNI)`, two
     parts as a fused projection) take 1% more bytes than the blocks, and give back the blocks
     byte for byte, whole or a few rows (an embedding lookup)."""
     needs(PrefillPath.INT8_VNNI)
     from radixserve.model.quant import repacked_rows
 
     parts = _q6k_parts()
-    packed, blocks = repacked_rows(parts, q6k_panels=True), repacked_rows(parts)
+    packed, blocks = repacked_rows(parts, path=PrefillPath.INT8_VNNI), repacked_rows(parts)
     assert packed.kind == "q6k-vnni" and blocks.kind == "gguf" and packed.shape == (80, 768)
     nbytes = sum(t.numel() * t.element_size() for t in packed.tensors())
     assert blocks.qs.numel() < nbytes <= 1.02 * blocks.qs.numel()
@@ -280,7 +280,7 @@ def test_q6k_panels_are_the_product_of_int8_activations_and_the_blocks(rows: int
     from radixserve.model.quant import repacked_rows
     from tests.model.test_gguf_q8 import q8_activations
 
-    packed = repacked_rows(_q6k_parts(), q6k_panels=True)
+    packed = repacked_rows(_q6k_parts(), path=PrefillPath.INT8_VNNI)
     torch.manual_seed(rows)
     x = torch.randn(rows, 768)
     want = q8_activations(x) @ packed.dequantize().double().T
@@ -298,7 +298,7 @@ def test_int8_vnni_holds_q6k_as_panels_and_other_paths_as_blocks() -> None:
     needs(PrefillPath.INT8_VNNI)
     from radixserve.model.quant import repacked_rows
 
-    packed = repacked_rows(_q6k_parts(), q6k_panels=True)
+    packed = repacked_rows(_q6k_parts(), path=PrefillPath.INT8_VNNI)
     lin = QuantLinear(packed)
     lin.use_prefill_path(PrefillPath.INT8_VNNI)
     x = torch.randn(20, 768)
