@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 SERVED_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 _SERVED = dict(zip((2, 3, 6, 7, 8, 12, 13, 14), SERVED_TYPES, strict=True))
 # Bytes of codes after quant.repacked per byte as stored (int4: 16 + 8 bytes per 32 weights,
-# int8: 32 + 4): Q4_0, Q4_1, Q5_0, Q8_0, Q4_K; Q6_K in int8-vnni's q6k-vnni panels (per 16 rows
+# int8: 32 + 4): Q4_0, Q4_1, Q5_0, Q8_0, Q4_K; Q6_K in the int8 paths' q6k-vnni panels (per 16 rows
 # and 256 columns, 8 x 384 bytes of codes and 320 of factors against 16 blocks of 210).
 _REPACK_GROWTH = {2: 24 / 18, 3: 24 / 20, 6: 36 / 22, 8: 36 / 34, 12: 192 / 144, 14: 3392 / 3360}
 _DENSE_TYPES = {0: np.float32, 1: np.float16}  # F32, F16 (BF16, 30: below)

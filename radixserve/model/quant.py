@@ -51,7 +51,7 @@ class QuantizedWeight:
           uint8 [P * in / 256, 192]: per panel and super-block of 8 groups the 16 rows'
           float32 d (-dmin) and [8][16] uint8 sub-block scales (mins), 4.75 bits a weight
           in all where float32 factors take 6, for the same float32 values d * sc.
-    q6k-vnni: Q6_K blocks in int8-vnni's panels of 16 rows (gemm_q6k_vnni.cpp's
+    q6k-vnni: Q6_K blocks in the int8 paths' panels of 16 rows (gemm_q6k_vnni.cpp's
           q6k_vnni_pack, `_k_panels`): qs [P * G, 384] uint8 (6-bit codes), scale uint8
           [P * in / 256, 320] (float32 d and int8 sub-block scales), no mins; `cols` = in.
           The blocks' own values in 1% more bytes.
@@ -347,14 +347,14 @@ def repacked_rows(
 # tensor per panel and super-block, the packing op and the QuantizedWeight kind.
 _PANELS = {
     _GGML_Q4_K: (PrefillPath.INT8_AVX2, 256, (192, 192), "q4k_vnni_pack", "int4-vnni"),
-    _GGML_Q6_K: (PrefillPath.INT8_VNNI, 384, (320,), "q6k_vnni_pack", "q6k-vnni"),
+    _GGML_Q6_K: (PrefillPath.INT8_AVX2, 384, (320,), "q6k_vnni_pack", "q6k-vnni"),
 }
 
 
 def _panels_fit(parts: Sequence[QuantizedWeight], ggml_type: int) -> bool:
     """Whether every part is blocks of `ggml_type` (a key of `_PANELS`) on the CPU, of rows in
     whole panels (16) and columns in whole blocks (256), and the kernels that pack and read
-    them are here (AVX2 for Q4_K, AVX-512 VNNI for Q6_K)."""
+    them are here (AVX2)."""
     cols = parts[0].cols
     return (
         cols % 256 == 0

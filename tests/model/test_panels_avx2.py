@@ -1,10 +1,16 @@
 """int8-avx2 holds a GGUF's Q4_K matrices as int4-vnni panels (their blocks' own factors) and
-runs every row of them there (gemm_panels_avx2.cpp; on a CPU with AVX-512 VNNI the same op
-runs vnni_tile, with the same arithmetic): each row is the exact product of its int8
-activations and gguf's dequantization, to float32 summation, and gets its bits whatever
-shares the call."""
+its Q6_K matrices as q6k-vnni panels, and runs every row of them there (gemm_panels_avx2.cpp,
+gemm_q6k_vnni.cpp's q6k_rows_avx2; on a CPU with AVX-512 VNNI the same ops run vnni_tile and
+q6k_tile, with the same arithmetic): each row is the exact product of its int8 activations and
+gguf's dequantization, to float32 summation, and gets its bits whatever shares the call.
+test_gguf_kernels.py's AVX2-only build runs this file too."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -84,3 +90,93 @@ def test_int8_avx2_keeps_q4k_panels_and_fp32_reads_them_as_codes() -> None:
     assert lin.weight.kind == "int4"
     dense = x.double() @ dequantized(blocks, "Q4_K").double().T
     assert (lin(x).double() - dense).abs().max().item() <= 1e-4 * dense.abs().max().item()
+
+
+def q6k_panels(seed: int) -> tuple[object, QuantizedWeight]:
+    """Random Q6_K blocks [80, 768] and the same as q6k-vnni panels (two parts, as a fused
+    matrix's)."""
+    blocks = random_blocks("Q6_K", 80, 768, seed=seed)
+    parts = [
+        gguf_weight(torch.from_numpy(b.copy()), torch.tensor([[b.shape[0], 14]]), 768)
+        for b in (blocks[:48], blocks[48:])
+    ]
+    return blocks, repacked_rows(parts, path=PrefillPath.INT8_AVX2)
+
+
+def run_q6k(x: torch.Tensor, w: QuantizedWeight) -> torch.Tensor:
+    out = torch.empty(x.shape[0], w.shape[0])
+    kernels.op("q6k_gemm_vnni")(x, w.qs, w.scale, out)
+    return out
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 8, 9, 33])
+def test_q6k_panels_give_the_product_of_int8_activations_and_the_blocks(rows: int) -> None:
+    """Passes of 4 rows over each panel (1-8 rows streaming the panels, as decode steps do)."""
+    needs_int8_avx2()
+    blocks, w = q6k_panels(seed=rows)
+    assert w.kind == "q6k-vnni"
+    x = torch.randn(rows, 768)
+    want = q8_activations(x) @ dequantized(blocks, "Q6_K").double().T
+    got = run_q6k(x, w)
+    scale = want.abs().max().item()
+    assert (got.double() - want).abs().max().item() <= 2e-5 * scale
+    assert (got - gemm_q8(x, blocks, "Q6_K")).abs().max().item() <= 2e-5 * scale
+
+
+def test_q6k_panels_give_each_row_its_bits_alone() -> None:
+    needs_int8_avx2()
+    _, w = q6k_panels(seed=5)
+    wide = torch.randn(11, 1024)
+    x = wide[:, :768]  # rows 1024 apart: the kernel reads x by its row stride
+    together = run_q6k(x, w)
+    for r in range(11):
+        assert torch.equal(run_q6k(x[r : r + 1], w)[0], together[r])
+
+
+def test_int8_avx2_runs_q6k_on_its_panels_and_fp32_reads_the_blocks() -> None:
+    needs_int8_avx2()
+    blocks, w = q6k_panels(seed=13)
+    lin = QuantLinear(w)
+    lin.use_prefill_path(PrefillPath.INT8_AVX2)
+    assert lin.weight.kind == "q6k-vnni"
+    x = torch.randn(40, 768)
+    assert torch.equal(lin(x, fp32_rows=3), run_q6k(x, w))
+    qs, _, _, layout = lin.decode_operands()  # decode_layers' quant_linear
+    assert qs is w.qs and layout.tolist() == [[80, kernels.quant_kind_code("q6k-vnni")]]
+    lin.use_prefill_path(PrefillPath.FP32)
+    assert lin.weight.kind == "gguf"
+    dense = x.double() @ dequantized(blocks, "Q6_K").double().T
+    assert (lin(x).double() - dense).abs().max().item() <= 1e-4 * dense.abs().max().item()
+
+
+@pytest.mark.slow
+def test_the_avx2_build_gives_the_vnni_builds_bits(tmp_path: Path) -> None:
+    """The panels' rows on vpmaddubsw (an AVX2-only build, as AMD Zen 3 runs) equal those on
+    vpdpbusd bit for bit, Q4_K's and Q6_K's (in a subprocess: one build per process)."""
+    assert kernels.load()
+    if PrefillPath.INT8_VNNI not in available_paths():
+        pytest.skip("this CPU has no AVX-512 VNNI to compare with")
+    torch.manual_seed(0)
+    x = torch.randn(13, 768)
+    _, q4 = q4k_panels(32, 768, seed=3)
+    _, q6 = q6k_panels(seed=3)
+    torch.save({"x": x, "q4": q4.tensors(), "q6": q6.tensors()}, tmp_path / "in.pt")
+    code = (
+        "import sys, torch\n"
+        "from radixserve.model import kernels\n"
+        "assert kernels.load() and '-mavx512f' not in kernels.compile_flags()\n"
+        "d = torch.load(sys.argv[1])\n"
+        "x, (q4, s4, m4), (q6, s6) = d['x'], d['q4'], d['q6']\n"
+        "a, b = torch.empty(13, 32), torch.empty(13, 80)\n"
+        "kernels.op('q4_gemm_vnni')(x, q4, s4, m4, a)\n"
+        "kernels.op('q6k_gemm_vnni')(x, q6, s6, b)\n"
+        "torch.save((a, b), sys.argv[2])\n"
+    )
+    env = dict(os.environ, RADIXSERVE_CPU_ISA="avx2")
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
+        env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    a, b = torch.load(tmp_path / "out.pt")
+    assert torch.equal(a, run(x, q4)) and torch.equal(b, run_q6k(x, q6))

@@ -19,7 +19,7 @@
 //   attention_bf16.cpp  prefill attention on AMX tiles
 //   gemm_panels_avx2.cpp  int4-vnni panels on AVX2 without VNNI (vpmaddubsw; int8-avx2's Q4_K)
 //   gemm_vnni.cpp  prefill GEMMs with int8 activations on AVX-512 VNNI
-//   gemm_q6k_vnni.cpp  Q6_K packed once into panels, every row on them (int8-vnni)
+//   gemm_q6k_vnni.cpp  Q6_K packed once into panels, every row on them (int8-vnni, int8-avx2)
 // and, as a second unit of the same extension, the table of the weights decode_layers takes:
 //   layer_weights.h    their order (an enum)
 //   layer_weights.cpp  their names and kinds, and decode_layer_weight_names() for Python

@@ -128,6 +128,18 @@ void q4k_vnni_pack_impl(const at::Tensor& blocks, int64_t K, const at::Tensor& w
       }
   });
 }
+
+// `times` each half group's sum of the int8 codes xq [M, K] ([M][2G]: 16 codes each): the term a code offset
+// adds to each half's dot product (Q6_K's codes are stored + 32, so -32 for them).
+std::vector<int32_t> half_group_sums(const std::vector<int8_t>& xq, int32_t times) {
+  std::vector<int32_t> sums(xq.size() / 16);
+  for (size_t i = 0; i < sums.size(); ++i) {
+    int32_t sum = 0;
+    for (int e = 0; e < 16; ++e) sum += xq[i * 16 + e];
+    sums[i] = times * sum;
+  }
+  return sums;
+}
 #endif
 
 #ifdef RS_AVX512_VNNI
@@ -173,18 +185,6 @@ QuantizedRows quantize_rows(const at::Tensor& x, bool offset) {
   quantize_rows_q8(x.data_ptr<float>(), x.stride(0), M, K, offset, q.xq.data(), q.sx.data(),
                    q.xs.data());
   return q;
-}
-
-// `times` each half group's sum of q's codes ([M][2G]: 16 codes each): the term a code offset
-// adds to each half's dot product (Q6_K's codes are stored + 32, so -32 for them).
-std::vector<int32_t> half_group_sums(const QuantizedRows& q, int32_t times) {
-  std::vector<int32_t> sums(q.xq.size() / 16);
-  for (size_t i = 0; i < sums.size(); ++i) {
-    int32_t sum = 0;
-    for (int e = 0; e < 16; ++e) sum += q.xq[i * 16 + e];
-    sums[i] = times * sum;
-  }
-  return sums;
 }
 
 // Asks for bytes [p, p + bytes) into L2, a cache line at a time.
@@ -494,7 +494,7 @@ void kquant_gemm_vnni_impl(const at::Tensor& x, const uint8_t* blocks, int64_t N
   const int64_t row_bytes = K / B::kWeights * B::kBytes;
   const QuantizedRows q = quantize_rows(x, false);
   const std::vector<int32_t> bias_sums =  // Q6_K's only
-      kKQuantBias<B> != 0 ? half_group_sums(q, kKQuantBias<B>) : std::vector<int32_t>();
+      kKQuantBias<B> != 0 ? half_group_sums(q.xq, kKQuantBias<B>) : std::vector<int32_t>();
   float* op = out.data_ptr<float>();
   at::parallel_for(0, (N + 31) / 32, 1, [&](int64_t b0, int64_t b1) {
     KQuantPanel p0(G), p1(G);

@@ -118,8 +118,8 @@ class PrefillPath(Enum):
     @property
     def q6k_panels(self) -> bool:
         """Whether a GGUF's Q6_K matrices are held as q6k-vnni panels (gemm_q6k_vnni.cpp's
-        q6k_vnni_pack, in place of the blocks) on which every row runs: on int8-vnni."""
-        return self is PrefillPath.INT8_VNNI
+        q6k_vnni_pack, in place of the blocks) on which every row runs: on the int8 paths."""
+        return self in (PrefillPath.INT8_VNNI, PrefillPath.INT8_AVX2)
 
     @property
     def stored_blocks(self) -> bool:
