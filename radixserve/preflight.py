@@ -196,25 +196,37 @@ def check_bindable(host: str, port: int) -> None:
 
 
 def check_route_args(args: argparse.Namespace) -> None:
-    """route: at least one well-formed worker URL, none twice, none the router's own address."""
-    if not args.worker:
+    """route: at least one well-formed worker URL (with --pd-disaggregation: a --prefill and
+    a --decode one), none twice, none the router's own address."""
+    if args.pd_disaggregation:
+        if not args.prefill or not args.decode or args.worker or args.worker_kv_events:
+            raise ConfigError(
+                "--pd-disaggregation takes at least one --prefill URL and one --decode URL "
+                "(and no --worker / --worker-kv-events)"
+            )
+        flagged = [("--prefill", u) for u in args.prefill] + [("--decode", u) for u in args.decode]
+    elif args.prefill or args.decode:
+        raise ConfigError("--prefill / --decode workers need --pd-disaggregation")
+    elif not args.worker:
         raise ConfigError("give at least one --worker URL, e.g. --worker http://127.0.0.1:8001")
+    else:
+        flagged = [("--worker", u) for u in args.worker]
     seen: set[tuple[str, int]] = set()
-    for url in args.worker:
+    for flag, url in flagged:
         parts = urlsplit(url)
         try:
             port = parts.port
         except ValueError:
             port = None
         if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
-            raise ConfigError(f"--worker {url!r} is not a URL like http://127.0.0.1:8001")
+            raise ConfigError(f"{flag} {url!r} is not a URL like http://127.0.0.1:8001")
         key = (parts.hostname, port)
         if key in seen:
-            raise ConfigError(f"--worker {url} is given twice")
+            raise ConfigError(f"{flag} {url} is given twice")
         seen.add(key)
         if port == args.port and parts.hostname in _LOOPBACK and args.host in _LOOPBACK:
             raise ConfigError(
-                f"--worker {url} is the router's own address (--port {args.port}): "
+                f"{flag} {url} is the router's own address (--port {args.port}): "
                 "the router would send requests to itself; give the router another --port"
             )
     kv_event_sources(from_args(RouteConfig, args))  # one per --worker, each well formed

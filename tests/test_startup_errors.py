@@ -225,6 +225,20 @@ def test_route_worker_that_is_not_a_url_is_named() -> None:
     assert_one_error_line(res, "route", "'localhost'")
 
 
+def test_route_pd_disaggregation_without_both_kinds_of_worker_is_named() -> None:
+    res = run_cli("route", "--pd-disaggregation", "--prefill", "http://127.0.0.1:11794")
+    assert_one_error_line(res, "route", "--pd-disaggregation", "--decode")
+    res = run_cli(
+        "route", "--prefill", "http://127.0.0.1:11794", "--decode", "http://127.0.0.1:11795"
+    )
+    assert_one_error_line(res, "route", "--prefill / --decode", "--pd-disaggregation")
+    res = run_cli(
+        "route", "--pd-disaggregation", "--prefill", "http://127.0.0.1:11796",
+        "--decode", "http://127.0.0.1:11796",
+    )  # fmt: skip
+    assert_one_error_line(res, "route", "--decode http://127.0.0.1:11796", "twice")
+
+
 def test_route_threshold_out_of_range_is_named() -> None:
     res = run_cli("route", "--worker", "http://127.0.0.1:11791", "--cache-threshold", "2")
     assert_one_error_line(res, "route", "--cache-threshold")

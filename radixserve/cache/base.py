@@ -64,9 +64,12 @@ class PrefixCache(ABC):
     # ----------------------------------------------------------------- lookups
 
     @abstractmethod
-    def match_prefix(self, token_ids: TokenIds, namespace: Hashable = None) -> MatchResult:
-        """The longest cached prefix of `token_ids` in whole blocks, counted as a lookup;
-        lock its node before the next `evict` or `allocate` to keep its blocks."""
+    def match_prefix(
+        self, token_ids: TokenIds, namespace: Hashable = None, count: bool = True
+    ) -> MatchResult:
+        """The longest cached prefix of `token_ids` in whole blocks, counted as a lookup
+        and a hit of its nodes unless not `count` (the engine's own reads, as a K/V
+        handoff's); lock its node before the next `evict` or `allocate` to keep its blocks."""
 
     @abstractmethod
     def peek_prefix(self, token_ids: TokenIds, namespace: Hashable = None) -> int:

@@ -40,11 +40,14 @@ class NullCache(PrefixCache):
         """None: nothing is cached, so there is nothing to share out."""
         return None
 
-    def match_prefix(self, token_ids: TokenIds, namespace: Hashable = None) -> MatchResult:
+    def match_prefix(
+        self, token_ids: TokenIds, namespace: Hashable = None, count: bool = True
+    ) -> MatchResult:
         """Nothing is cached: no tokens, no blocks, and the namespace's (empty) root."""
         with self._mutex:
-            self.counters.lookups += 1
-            self.counters.missed_tokens += len(token_ids)
+            if count:
+                self.counters.lookups += 1
+                self.counters.missed_tokens += len(token_ids)
         return MatchResult(0, [], _root(namespace))
 
     def peek_prefix(self, token_ids: TokenIds, namespace: Hashable = None) -> int:

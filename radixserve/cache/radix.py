@@ -79,21 +79,26 @@ class RadixCache(PrefixCache):
 
     # ----------------------------------------------------------------- lookups
 
-    def match_prefix(self, token_ids: TokenIds, namespace: Hashable = None) -> MatchResult:
+    def match_prefix(
+        self, token_ids: TokenIds, namespace: Hashable = None, count: bool = True
+    ) -> MatchResult:
         """Find the longest cached prefix of `token_ids` made of whole blocks.
 
         Side effects: if the match ends inside a node, that node is split at the block
         boundary (the returned node is the new upper half); every node on the matched
-        path gets a new last-access time; the hit/miss counters grow. The nodes of the
-        returned match get one more hit and the policy hears of it. Lock the returned
-        node before the blocks may be evicted (before the next `evict` or `allocate`).
+        path gets a new last-access time. With `count` (not for the engine's own reads,
+        as a K/V handoff's), the hit/miss counters grow, and the nodes of the returned
+        match get one more hit and the policy hears of it. Lock the returned node before
+        the blocks may be evicted (before the next `evict` or `allocate`).
         """
         with self._mutex:
             counters = self.counters
-            counters.lookups += 1
             root = self._root(namespace)
+            if count:
+                counters.lookups += 1
             if root is None:
-                counters.missed_tokens += len(token_ids)
+                if count:
+                    counters.missed_tokens += len(token_ids)
                 return MatchResult(0, [], RadixNode(b"", [], None, namespace))
             path, matched_bytes = self._split_walk(*self._walk(root, token_ids))
             self._tick += 1
@@ -104,13 +109,15 @@ class RadixCache(PrefixCache):
             now = time.monotonic()
             for node in path:
                 node.access_time = now
-                node.hit_count += 1
-            if path:
-                self._policy.on_hit(path, tick)
             blocks = path_blocks(path)
             num_tokens = matched_bytes // TOKEN_BYTES
-            counters.hit_tokens += num_tokens
-            counters.missed_tokens += len(token_ids) - num_tokens
+            if count:
+                for node in path:
+                    node.hit_count += 1
+                if path:
+                    self._policy.on_hit(path, tick)
+                counters.hit_tokens += num_tokens
+                counters.missed_tokens += len(token_ids) - num_tokens
             return MatchResult(num_tokens, blocks, path[-1] if path else root)
 
     def peek_prefix(self, token_ids: TokenIds, namespace: Hashable = None) -> int:

@@ -16,6 +16,7 @@ from radixserve.cache import CacheEvent, TreeSnapshot
 from radixserve.engine.builder import EngineParts, assemble, load_parts
 from radixserve.engine.closing import JsonCloser, closing_starts
 from radixserve.engine.config import EngineConfig
+from radixserve.engine.handoff import FirstToken, KVHandoff, export_blocks, import_handoff
 from radixserve.engine.output import append_token, deliver
 from radixserve.engine.params import SamplingParams
 from radixserve.engine.request import OutputCallback, Request, check_prompt
@@ -106,6 +107,7 @@ class LLMEngine:
         self._inbox: list[Request] = []
         self._aborts: list[str] = []
         self._resets: list[Future[int]] = []  # reset_prefix_cache calls waiting for the loop
+        self._handoffs: list[tuple[KVHandoff, Hashable, Future[int]]] = []  # import_handoff's
         self._requests: dict[str, Request] = {}
         self._groups: dict[str, list[Request]] = {}  # a request's choices, by its id
         self._thread: threading.Thread | None = None
@@ -194,10 +196,17 @@ class LLMEngine:
         on_output: OutputCallback | None = None,
         bounded: bool = False,
         session_id: str | None = None,
+        export_kv_from: int | None = None,
+        first_token: FirstToken | None = None,
     ) -> str:
         """Validate and queue a request; returns its id. With `bounded` (the HTTP bridge), a
         full waiting queue (`max_waiting`) raises QueueFullError; the offline API queues
-        everything it is given. See docs/INTERFACES.md."""
+        everything it is given. See docs/INTERFACES.md.
+
+        Prefill/decode disaggregation (docs/disaggregation.md): with `export_kv_from` (a
+        multiple of the block size) the final output carries the prompt's whole blocks' K/V
+        from that token on (`RequestOutput.kv_handoff`); with `first_token` the request
+        emits that token first instead of drawing one (a prefill worker drew it)."""
         if self._crashed is not None or self._stop:
             raise EngineDeadError("the engine has stopped")
         ids = list(prompt_token_ids)
@@ -212,6 +221,8 @@ class LLMEngine:
         prompt_scores: list[TokenLogprobs] | None = (
             [] if params.prompt_logprobs is not None else None
         )
+        if (export_kv_from is not None or first_token is not None) and params.num_samples > 1:
+            raise InvalidRequestError("a K/V handoff carries one choice (n = best_of = 1)")
         group = [
             Request(
                 request_id=rid if i == 0 else f"{rid}#{i}", prompt_token_ids=ids, params=params,
@@ -226,6 +237,7 @@ class LLMEngine:
             follower.leader = group[0]  # the prompt's logprobs (one list) are its to score
         for req in group:
             req.matcher = grammar.matcher() if grammar is not None else None
+            req.export_kv_from, req.first_token = export_kv_from, first_token
         with self._lock:
             if rid in self._groups or any(r.group_id == rid for r in self._inbox):
                 raise InvalidRequestError(f"request id {rid!r} is already in use")
@@ -294,9 +306,26 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ the loop
 
+    def import_handoff(
+        self, handoff: KVHandoff, namespace: Hashable = None, timeout: float | None = 60.0
+    ) -> int:
+        """Put a prefill worker's K/V into this engine's pool and tree, on the loop thread
+        between steps (handoff.import_handoff); returns the tokens added. Raises
+        EngineDeadError if the loop is not running, TimeoutError past `timeout`."""
+        if self._thread is None:  # not started (tests that drive `step` themselves)
+            return import_handoff(self.kv.cache, self.kv_pool, handoff, namespace)
+        done: Future[int] = Future()
+        with self._lock:
+            if self._stop or self._crashed is not None:
+                raise EngineDeadError("the engine has stopped")
+            self._handoffs.append((handoff, namespace, done))
+            self._wake.notify_all()
+        return done.result(timeout)
+
     def _idle(self) -> bool:
         """Nothing for the loop to do (call with the lock held)."""
-        busy = self._inbox or self._aborts or self._resets or self.scheduler.has_work()
+        queued = (self._inbox, self._aborts, self._resets, self._handoffs)
+        busy = any(queued) or self.scheduler.has_work()
         return not (self._stop or busy)
 
     def _loop(self) -> None:
@@ -325,8 +354,11 @@ class LLMEngine:
                 self._finish(req, "abort" if self._crashed is None else "error")
             with self._lock:
                 resets, self._resets = self._resets, []
+                handoffs, self._handoffs = self._handoffs, []
             for done in resets:
                 done.set_exception(EngineDeadError("the engine stopped before the reset"))
+            for *_, taken in handoffs:
+                taken.set_exception(EngineDeadError("the engine stopped before the handoff"))
 
     def step(self) -> None:
         """One step: take in new requests, aborts and resets, schedule, run the model over
@@ -357,6 +389,8 @@ class LLMEngine:
             if m.first_scheduled_time is None:
                 m.first_scheduled_time = now
                 m.num_cached_tokens = c.req.num_computed  # nothing of it computed yet
+                if c.req.first_token is not None:  # prefilled elsewhere: that worker's hit
+                    m.num_cached_tokens = c.req.first_token.cached_tokens
         for req in scheduled.preempted:
             req.metrics.num_preemptions += 1
 
@@ -374,8 +408,14 @@ class LLMEngine:
             inbox, self._inbox = self._inbox, []
             aborts, self._aborts = self._aborts, []
             resets, self._resets = self._resets, []
+            handoffs, self._handoffs = self._handoffs, []
         for done in resets:
             done.set_result(self._reset_cache())
+        for handoff, namespace, taken in handoffs:
+            try:
+                taken.set_result(import_handoff(self.kv.cache, self.kv_pool, handoff, namespace))
+            except Exception as e:  # the caller's to report; the loop goes on
+                taken.set_exception(e)
         for req in inbox:
             self._track(req)
             if req.index == 0:
@@ -470,10 +510,14 @@ class LLMEngine:
                 req.prompt_logprobs.extend(row.scores)
             if row.token_id is None:
                 continue
+            drawn = row.token_id
             reason = self._emit(req, row, now)
+            # Drafts were checked against the drawn token: a handed-over first token that
+            # differs from it leaves them unverified.
+            verified = req.token_ids[-1] == drawn
             accepted = 0
             for draft_row in draft_rows:
-                if reason is not None or draft_row.token_id is None:
+                if reason is not None or draft_row.token_id is None or not verified:
                     break
                 self._commit(req, 1)  # the accepted draft's K/V, computed at its row
                 accepted += 1
@@ -491,12 +535,15 @@ class LLMEngine:
     def _emit(self, req: Request, row: StepRow, now: float) -> str | None:
         """Append `row`'s token to `req`; why `req` ends with it, if it does."""
         assert row.token_id is not None
-        token = row.token_id
+        token, logprobs = row.token_id, row.logprobs
+        if req.first_token is not None and not req.output_token_ids:  # drawn by a prefill worker
+            token = req.first_token.token_id
+            logprobs = req.first_token.logprobs if token != row.token_id else logprobs
         if row.logits is not None:
             req.logits.append(row.logits)
-        if row.logprobs is not None and req.logprobs is not None:
-            req.logprobs.append(row.logprobs)
-            req.cumulative_logprob += row.logprobs.logprob
+        if logprobs is not None and req.logprobs is not None:
+            req.logprobs.append(logprobs)
+            req.cumulative_logprob += logprobs.logprob
         self._counters.generation_tokens_total += 1
         if req.metrics.first_token_time is None:
             req.metrics.first_token_time = now
@@ -524,6 +571,12 @@ class LLMEngine:
             req.error = "the engine failed while running this request"
         if self._speculator is not None:
             self._speculator.finish(req)
+        if req.export_kv_from is not None and reason in ("stop", "length"):
+            ids, k, v = export_blocks(
+                self.kv_pool, req.block_table, req.prompt_token_ids, req.num_computed,
+                self.block_size, req.export_kv_from,
+            )  # fmt: skip
+            req.kv_export = (ids, k, v)
         self.scheduler.finish(req, cache_computed=reason != "error")
         req.metrics.finish_time = time.monotonic()
         self._requests.pop(req.request_id, None)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection
 
+from radixserve.engine.handoff import FirstToken, KVHandoff
 from radixserve.engine.outputs import RequestOutput
 from radixserve.engine.request import Request
 
@@ -79,7 +80,18 @@ def take_output(req: Request, finished: bool = False) -> RequestOutput:
         prompt_logprobs=list(req.prompt_logprobs) if req.prompt_logprobs is not None else None,
         cumulative_logprob=req.cumulative_logprob if req.logprobs is not None else None,
         stop_reason=req.stop_reason,
+        kv_handoff=_handoff(req) if finished else None,
     )
+
+
+def _handoff(req: Request) -> KVHandoff | None:
+    """What a finished prefill worker's request hands a decode worker, if it is one."""
+    if req.kv_export is None or req.export_kv_from is None or not req.output_token_ids:
+        return None
+    ids, k, v = req.kv_export
+    logprobs = req.logprobs[0] if req.logprobs else None
+    first = FirstToken(req.output_token_ids[0], logprobs, req.metrics.num_cached_tokens)
+    return KVHandoff(ids, min(req.export_kv_from, len(ids)), k, v, first)
 
 
 def _stable_text_len(req: Request) -> int:

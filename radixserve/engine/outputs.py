@@ -49,3 +49,6 @@ class RequestOutput:
     prompt_logprobs: list[TokenLogprobs] | None = None
     cumulative_logprob: float | None = None  # sum of `logprobs`
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    # A prefill worker's request (add_request's export_kv_from), finished: its prompt's K/V
+    # and first token for a decode worker (an engine.handoff.KVHandoff).
+    kv_handoff: Any = None

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from radixserve.engine.handoff import FirstToken
 from radixserve.engine.outputs import RequestMetrics, RequestOutput
 from radixserve.engine.params import SamplingParams
 from radixserve.engine.structured import GrammarMatcher
@@ -82,6 +83,12 @@ class Request:
     cumulative_logprob: float = 0.0  # of the output tokens, when log-probs are computed
     stop_reason: int | str | None = None  # the stop token id or string that ended it
     matcher: GrammarMatcher | None = None  # with params.structured: where the output is
+    # Prefill/decode disaggregation (engine/handoff.py): export the prompt's K/V from this
+    # token when the request ends (a prefill worker's), and what that export gave; or the
+    # first token, drawn by a prefill worker, to emit instead of drawing one.
+    export_kv_from: int | None = None
+    kv_export: tuple[list[int], torch.Tensor, torch.Tensor] | None = None
+    first_token: FirstToken | None = None
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.monotonic()))
 
     def __post_init__(self) -> None:

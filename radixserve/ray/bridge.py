@@ -31,6 +31,7 @@ from radixserve.server.engine_api import ServedEngine
 
 if TYPE_CHECKING:
     from radixserve.cache import CacheEvent, TreeSnapshot
+    from radixserve.engine.handoff import FirstToken
     from radixserve.engine.request import OutputCallback
     from radixserve.engine.structured import GrammarCompiler
     from radixserve.engine.tokenizer import Tokenizer
@@ -182,6 +183,7 @@ class RemoteEngine(ServedEngine):
         on_output: OutputCallback | None = None,
         bounded: bool = False,
         session_id: str | None = None,
+        first_token: FirstToken | None = None,
     ) -> str:
         """Not here: `RemoteBridge.submit` sends requests to the replicas."""
         raise _not_on_ingress("add_request")
@@ -222,8 +224,12 @@ class RemoteBridge(EngineBridge):
         priority: int = 0,
         stream: bool = True,
         session_id: str | None = None,
+        first_token: FirstToken | None = None,
     ) -> RemoteStream:
-        """Send the request; a streamed one is accepted (or refused) by a replica on return."""
+        """Send the request; a streamed one is accepted (or refused) by a replica on return.
+        (No `first_token`: prefill/decode disaggregation runs on `radixserve serve`.)"""
+        if first_token is not None:
+            raise _not_on_ingress("a K/V handoff")
         call = EngineCall(
             list(prompt_token_ids), params, request_id, namespace, priority, session_id
         )

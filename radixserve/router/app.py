@@ -107,8 +107,10 @@ class Proxy:
         metrics: RouterMetrics,
         worker_api_key: str | None = None,
         normalize: bool = False,
+        prefill: Balancer | None = None,
     ) -> None:
         self.balancer = balancer
+        self.prefill = prefill  # --pd-disaggregation: the prefill workers
         self.client = client
         self.metrics = metrics
         self.worker_api_key = worker_api_key
@@ -141,9 +143,23 @@ class Proxy:
             raw = json.dumps(body).encode()
         prompt = await self.balancer.prompt_of(body, chat)
         send = self._stream if body.get("stream") else self._once
-        return await self._with_retry(
-            prompt, lambda route: send(route, path, raw, self.headers(request))
-        )
+        headers = self.headers(request)
+        if self.prefill is None:
+            return await self._with_retry(prompt, lambda route: send(route, path, raw, headers))
+        prefill, tried = self.prefill, set[int]()
+
+        async def attempt(route: Route) -> Response | Failure:
+            """The decode worker `route` names, told which prefill worker to take the K/V
+            from: the policy's pick among the prefill workers this request has not tried."""
+            healthy = {w.index for w in prefill.healthy()}
+            if not healthy:
+                return Failure(503, "no healthy prefill worker is available")
+            p = prefill.pick(prompt, frozenset(tried) if healthy - tried else frozenset())
+            tried.add(p.worker.index)
+            transfer = {"kv_transfer_params": {"prefill_url": p.worker.url}}
+            return await send(route, path, json.dumps({**body, **transfer}).encode(), headers)
+
+        return await self._with_retry(prompt, attempt)
 
     async def get(self, request: Request, path: str) -> Response:
         """A GET (e.g. /v1/models) answered by any healthy worker."""
@@ -312,10 +328,14 @@ def build_app(
     api_key: str | None = None,
     worker_api_key: str | None = None,
     normalize: bool = False,
+    prefill: Balancer | None = None,
 ) -> FastAPI:
-    """The router app; its lifespan starts and stops the workers' health and event loops."""
-    proxy = Proxy(balancer, client, metrics, worker_api_key or api_key, normalize)
-    app = FastAPI(title="radixserve router", lifespan=_lifespan(balancer, client))
+    """The router app; its lifespan starts and stops the workers' health and event loops.
+    With `prefill` (--pd-disaggregation), `balancer`'s workers are the decode workers and
+    each request names one of `prefill`'s."""
+    proxy = Proxy(balancer, client, metrics, worker_api_key or api_key, normalize, prefill)
+    balancers = [balancer] if prefill is None else [balancer, prefill]
+    app = FastAPI(title="radixserve router", lifespan=_lifespan(balancers, client))
     app.state.balancer = balancer
     app.state.metrics = metrics
     _add_key_check(app, auth.ApiKeys([api_key] if api_key else []))
@@ -328,17 +348,19 @@ def build_app(
 
 
 def _lifespan(
-    balancer: Balancer, client: httpx.AsyncClient
+    balancers: list[Balancer], client: httpx.AsyncClient
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
-    """Starts the balancer's loops with the app; stops them and closes `client` after it."""
+    """Starts the balancers' loops with the app; stops them and closes `client` after it."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await balancer.start()
+        for balancer in balancers:
+            await balancer.start()
         try:
             yield
         finally:
-            await balancer.stop()
+            for balancer in balancers:
+                await balancer.stop()
             await client.aclose()
 
     return lifespan

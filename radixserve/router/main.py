@@ -59,6 +59,26 @@ class RouteConfig(HttpConfig):
         600.0, "seconds to wait for a worker's answer", type=types.positive_float
     )
     seed: int | None = option(None, "seed of the random policy", type=types.whole_number)
+    pd_disaggregation: bool = option(
+        False,
+        "prefill/decode disaggregation (SGLang's router flag): each request goes to a --decode "
+        "worker, which takes its prompt's K/V from the --prefill worker the router names; "
+        "--policy places both halves (docs/disaggregation.md)",
+    )
+    prefill: list[str] = option(
+        [],
+        "with --pd-disaggregation: a prefill worker's base URL (`serve --disaggregation-mode "
+        "prefill`; repeat)",
+        repeat=True,
+        metavar="URL",
+    )
+    decode: list[str] = option(
+        [],
+        "with --pd-disaggregation: a decode worker's base URL (`serve --disaggregation-mode "
+        "decode`; repeat)",
+        repeat=True,
+        metavar="URL",
+    )
 
 
 def add_route_args(parser: argparse.ArgumentParser) -> None:
@@ -80,7 +100,7 @@ def build_router_app(args: argparse.Namespace, tokenizer: Any = None) -> Any:
     from radixserve.router.worker import Worker
 
     route = from_args(RouteConfig, args)
-    if not route.worker:
+    if not route.worker and not route.pd_disaggregation:
         raise ConfigError("give at least one --worker URL, e.g. --worker http://127.0.0.1:8001")
     if route.policy == "cache_aware" and tokenizer is None:
         tokenizer = load_tokenizer(route.model)
@@ -92,15 +112,21 @@ def build_router_app(args: argparse.Namespace, tokenizer: Any = None) -> Any:
     limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256, keepalive_expiry=2.0)
     client = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
     metrics = RouterMetrics()
-    sources = kv_event_sources(route)
-    workers = [
-        Worker(i, url, client, cfg, metrics, sources[i]) for i, url in enumerate(route.worker)
-    ]
     policy_cfg = from_args(PolicyConfig, args)
-    balancer = Balancer(workers, route.policy, metrics, tokenizer, policy_cfg, route.seed)
+
+    def balancer_of(urls: list[str], sources: list[KVEventSource | None]) -> Balancer:
+        workers = [Worker(i, url, client, cfg, metrics, sources[i]) for i, url in enumerate(urls)]
+        return Balancer(workers, route.policy, metrics, tokenizer, policy_cfg, route.seed)
+
+    if route.pd_disaggregation:  # requests to decode workers, each naming a prefill worker
+        balancer = balancer_of(route.decode, [None] * len(route.decode))
+        prefill = balancer_of(route.prefill, [None] * len(route.prefill))
+    else:
+        balancer, prefill = balancer_of(route.worker, kv_event_sources(route)), None
     return build_app(
-        balancer, client, metrics, route.api_key, worker_key, route.normalize_whitespace
-    )
+        balancer, client, metrics, route.api_key, worker_key, route.normalize_whitespace,
+        prefill,
+    )  # fmt: skip
 
 
 def kv_event_sources(route: RouteConfig) -> list[KVEventSource | None]:
@@ -149,13 +175,16 @@ def run_route(args: argparse.Namespace) -> int:
         tokenizer = load_tokenizer(route.model)
         check_kv_event_workers(route, tokenizer, args.block_size)
     app = build_router_app(args, tokenizer)
-    log.info(
-        "routing %s over %d workers on http://%s:%d",
-        args.policy,
-        len(args.worker),
-        args.host,
-        args.port,
-    )
+    if route.pd_disaggregation:
+        log.info(
+            "routing %s over %d prefill and %d decode workers on http://%s:%d",
+            args.policy, len(route.prefill), len(route.decode), args.host, args.port,
+        )  # fmt: skip
+    else:
+        log.info(
+            "routing %s over %d workers on http://%s:%d",
+            args.policy, len(args.worker), args.host, args.port,
+        )  # fmt: skip
     uvicorn.run(
         app,
         host=args.host,

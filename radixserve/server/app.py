@@ -48,13 +48,16 @@ def build_app(
     cache_events: bool = True,
     dashboard_show_text: bool = False,
     api_key_tiers: dict[str, int] | None = None,
+    disaggregation_mode: str = "null",
 ) -> FastAPI:
     """An OpenAI-compatible app over a started engine; the caller owns the engine.
 
     `bridge_factory(metrics)` replaces the in-process bridge (the Ray ingress passes one that
     submits to engine replicas); without `cache_events` there is no /v1/cache/events route.
     With `api_key_tiers`, those keys are accepted too, and a request's cache-retention
-    tier (its `priority`) is its key's tier.
+    tier (its `priority`) is its key's tier. `disaggregation_mode` "prefill" adds POST
+    /v1/disaggregation/prefill, "decode" takes requests' K/V from the prefill worker their
+    `kv_transfer_params` name (server/disagg.py; an engine in this process only).
     """
     model_name = served_model_name or engine.model_name
     metrics = ServerMetrics(engine)
@@ -80,6 +83,7 @@ def build_app(
     v1 = APIRouter(prefix="/v1", dependencies=deps)
     _add_openai_routes(v1, serving, engine, model_name)
     _add_cache_routes(v1, engine, hub if cache_events else None)
+    _add_disaggregation(app, v1, serving, engine, metrics, disaggregation_mode, api_key)
     # The cache dashboard: /dashboard (page), /v1/cache/tree, /v1/dashboard/stats.
     add_dashboard(app, v1, engine, metrics, api_key, show_text=dashboard_show_text)
     app.include_router(v1)
@@ -113,6 +117,36 @@ def _add_openai_routes(
             "max_model_len": engine.max_model_len,
         }
         return JSONResponse({"object": "list", "data": [card]})
+
+
+def _add_disaggregation(
+    app: FastAPI, v1: APIRouter, serving: OpenAIServing, engine: ServedEngine,
+    metrics: ServerMetrics, mode: str, api_key: str | None,
+) -> None:  # fmt: skip
+    """The prefill route, or a decode worker's handoffs (server/disagg.py)."""
+    if mode == "null":
+        return
+    from radixserve.engine.engine import LLMEngine
+    from radixserve.errors import ConfigError
+    from radixserve.server.disagg import DecodeRole, PrefillRole
+
+    if not isinstance(engine, LLMEngine):
+        raise ConfigError("--disaggregation-mode needs the engine in this process")
+    if engine.kv.window is not None:
+        raise ConfigError(
+            "--disaggregation-mode: not for sliding-window models yet (their window pool's "
+            "K/V does not travel)"
+        )
+    if mode == "prefill":
+        role = PrefillRole(engine)
+
+        @v1.post("/disaggregation/prefill", include_in_schema=False)
+        async def disaggregation_prefill(request: Request) -> Response:
+            return await role.prefill(request)
+
+    else:
+        serving.decode = DecodeRole(engine, metrics.registry, api_key)
+        app.router.on_shutdown.append(serving.decode.close)
 
 
 def _add_cache_routes(v1: APIRouter, engine: ServedEngine, hub: CacheEventHub | None) -> None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from starlette.requests import Request
 
+from radixserve.engine.handoff import FirstToken
 from radixserve.engine.outputs import RequestOutput
 from radixserve.engine.params import SamplingParams
 
@@ -148,11 +149,13 @@ class EngineBridge:
         priority: int = 0,
         stream: bool = True,
         session_id: str | None = None,
+        first_token: FirstToken | None = None,
     ) -> OutputStream:
         """Add a request; raises the engine's validation errors (QueueFullError, ...) directly.
 
         `stream` says whether the caller reads every output or only the last; a bridge to a
-        remote engine may use it, this one does not need to.
+        remote engine may use it, this one does not need to. `first_token`: drawn by a
+        prefill worker, whose K/V this engine holds (server/disagg.py).
         """
         loop = asyncio.get_running_loop()
         out = RequestStream(self.engine, loop, self.observer, params.n)
@@ -165,6 +168,7 @@ class EngineBridge:
             on_output=out.on_output,
             bounded=True,
             session_id=session_id,
+            first_token=first_token,
         )
         return out
 

@@ -65,6 +65,20 @@ class ServerConfig(HttpConfig):
         'JSON file {"api key": tier}: those keys are accepted, and a request\'s eviction tier '
         "(for --eviction-policy priority) is its key's",
     )
+    disaggregation_mode: str = option(
+        "null",
+        "prefill/decode disaggregation (SGLang's flag): 'prefill' also answers "
+        "/v1/disaggregation/prefill (a request's first token and its prompt's K/V); 'decode' "
+        "continues requests whose kv_transfer_params name a prefill worker, as `radixserve "
+        "route --pd-disaggregation` sends them; 'null': neither (docs/disaggregation.md)",
+        choices=("null", "prefill", "decode"),
+    )
+    disaggregation_transfer_backend: str = option(
+        "http",
+        "how K/V moves from a prefill to a decode worker: 'http' (the decode worker fetches "
+        "it from the prefill worker over HTTP on TCP)",
+        choices=("http",),
+    )
 
 
 # Fields a worker does not take from the command line it is given: the launcher picks each

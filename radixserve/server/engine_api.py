@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from radixserve.cache import CacheEvent, TreeSnapshot
     from radixserve.engine.engine import LLMEngine
+    from radixserve.engine.handoff import FirstToken
     from radixserve.engine.params import SamplingParams
     from radixserve.engine.request import OutputCallback
     from radixserve.engine.stats import EngineStats
@@ -76,8 +77,10 @@ class ServedEngine(Protocol):
         on_output: OutputCallback | None = None,
         bounded: bool = False,
         session_id: str | None = None,
+        first_token: FirstToken | None = None,
     ) -> str:
-        """Validate and queue a request (the in-process bridge); returns its id."""
+        """Validate and queue a request (the in-process bridge); returns its id. With
+        `first_token`, drawn by a prefill worker whose K/V this engine took in."""
 
     def abort(self, request_id: str) -> None:
         """Abort a request at any stage (thread-safe)."""

@@ -106,6 +106,7 @@ def _serve(engine: Any, cfg: ServerConfig, tiers: dict[str, int] | None = None) 
         default_max_tokens=cfg.default_max_tokens,
         dashboard_show_text=cfg.dashboard_show_text,
         api_key_tiers=tiers,
+        disaggregation_mode=cfg.disaggregation_mode,
     )
     line = startup_line(
         engine,

@@ -135,6 +135,9 @@ class _SamplingRequest(Strict):
     ignore_eos: bool = False
     priority: int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
     cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
+    # vLLM's: on a decode worker, the prefill worker to take the prompt's K/V from
+    # ({"prefill_url": URL}, set by `radixserve route --pd-disaggregation`); else unused
+    kv_transfer_params: dict[str, Any] | None = None
     structured_outputs: StructuredOutputs | None = None
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None

@@ -32,6 +32,7 @@ from radixserve.server.tiers import bearer_token, session_id
 from radixserve.server.usage import failure, usage
 
 if TYPE_CHECKING:
+    from radixserve.server.disagg import DecodeRole
     from radixserve.server.engine_api import ServedEngine
 
 # When a request sets no max_tokens it gets what fits in the context, at most this many.
@@ -64,6 +65,7 @@ class OpenAIServing:
         self.default_max_tokens = default_max_tokens
         self.max_body_bytes = max_body_bytes
         self.api_key_tiers: dict[str, int] = {}  # api key -> cache-retention tier
+        self.decode: DecodeRole | None = None  # a decode worker's handoffs (server/disagg.py)
         # Grammars compile here, never on the event loop or the engine thread; two workers
         # so one slow schema does not hold up every other new one.
         self._compiler = ThreadPoolExecutor(2, thread_name_prefix="radixserve-grammar")
@@ -198,6 +200,11 @@ class OpenAIServing:
     ) -> OutputStream:
         tier = self.api_key_tiers.get(bearer_token(request) or "")
         session_key = req.user or getattr(req, "prompt_cache_key", None)
+        first = None
+        if self.decode is not None:  # prefilled on the worker kv_transfer_params names
+            first = await self.decode.handoff(
+                prompt_ids, params, req.cache_salt, req.kv_transfer_params
+            )
         return await self.bridge.submit(
             prompt_ids,
             params,
@@ -206,6 +213,7 @@ class OpenAIServing:
             priority=req.priority if tier is None else tier,
             session_id=session_id(request, session_key),
             stream=bool(req.stream),
+            **({"first_token": first} if first is not None else {}),
         )
 
     def _max_tokens(self, requested: int | None, num_prompt: int, prompt_param: str) -> int:

@@ -1,0 +1,245 @@
+"""Prefill/decode disaggregation, the server's side (docs/disaggregation.md).
+
+A prefill worker (`serve --disaggregation-mode prefill`) answers POST
+/v1/disaggregation/prefill: the prompt's token ids, the request's sampling and the first
+token the decode worker lacks K/V from; it runs the request through its own tree to its first
+token and answers the K/V of the prompt's whole blocks from there, with that token
+(engine/handoff.py's wire format). A decode worker (`--disaggregation-mode decode`) handed a
+request whose `kv_transfer_params` name a prefill worker (the PD router sets them) asks it so,
+puts the K/V into its own pool and tree, and continues the request from that token. A request
+the handoff cannot carry (n or best_of > 1, prompt log-probs, a grammar, returned logits) is
+served on the decode worker alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from prometheus_client import CollectorRegistry, Counter
+from starlette.requests import Request
+from starlette.responses import Response
+
+from radixserve.engine.handoff import FirstToken, KVHandoff, decode, encode
+from radixserve.engine.outputs import RequestOutput
+from radixserve.engine.params import SamplingParams
+from radixserve.server.errors import APIError
+from radixserve.server.protocol import read_json_body
+
+if TYPE_CHECKING:
+    from radixserve.engine.engine import LLMEngine
+
+log = logging.getLogger(__name__)
+
+MODES = ("null", "prefill", "decode")  # SGLang's --disaggregation-mode
+BACKENDS = ("http",)  # --disaggregation-transfer-backend
+PREFILL_PATH = "/v1/disaggregation/prefill"
+# SamplingParams fields a prefill worker does not take: it draws one token of one choice.
+_NOT_SENT = ("max_tokens", "n", "best_of", "structured", "return_logits", "prompt_logprobs")
+_MAX_PREFILL_BODY = 64 << 20
+
+
+def can_hand_off(params: SamplingParams) -> bool:
+    """Whether a request with `params` can be prefilled elsewhere (one choice, no prompt
+    log-probs, grammar or returned logits)."""
+    return (
+        params.num_samples == 1
+        and params.prompt_logprobs is None
+        and params.structured is None
+        and not params.return_logits
+    )
+
+
+def sampling_fields(params: SamplingParams) -> dict[str, Any]:
+    """`params` as the prefill route's JSON `sampling` (logit_bias keys as strings)."""
+    out = {f.name: getattr(params, f.name) for f in dataclasses.fields(params)}
+    for name in _NOT_SENT:
+        out.pop(name)
+    out["logit_bias"] = {str(k): v for k, v in params.logit_bias.items()}
+    out["min_tokens"] = min(params.min_tokens, 1)  # of the one token drawn there
+    return out
+
+
+def _first_token_params(sampling: Any) -> SamplingParams:
+    if not isinstance(sampling, dict) or any(k in sampling for k in _NOT_SENT):
+        raise APIError(400, "sampling: an object of SamplingParams fields", param="sampling")
+    fields = {f.name for f in dataclasses.fields(SamplingParams)}
+    unknown = set(sampling) - fields
+    if unknown:
+        raise APIError(400, f"sampling: unknown fields {sorted(unknown)}", param="sampling")
+    bias = sampling.get("logit_bias") or {}
+    try:
+        sampling = {**sampling, "logit_bias": {int(k): v for k, v in bias.items()}}
+    except (AttributeError, ValueError):
+        raise APIError(400, "sampling.logit_bias: token ids as keys", param="sampling") from None
+    return SamplingParams(**sampling, max_tokens=1)
+
+
+class TransferMetrics:
+    """What handoffs moved, on the server's Prometheus registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.handoffs = Counter(
+            "radixserve_kv_transfer_requests",
+            "Requests prefilled on another worker, by outcome",
+            ["outcome"],
+            registry=registry,
+        )
+        self.bytes = Counter(
+            "radixserve_kv_transfer_bytes", "K/V bytes received from prefill workers",
+            registry=registry,
+        )  # fmt: skip
+        self.tokens = Counter(
+            "radixserve_kv_transfer_tokens", "Prompt tokens whose K/V was received",
+            registry=registry,
+        )  # fmt: skip
+        self.seconds = Counter(
+            "radixserve_kv_transfer_seconds",
+            "Seconds from asking a prefill worker to the K/V in this pool",
+            registry=registry,
+        )
+
+
+class PrefillRole:
+    """POST /v1/disaggregation/prefill on a prefill worker."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+
+    async def prefill(self, request: Request) -> Response:
+        """Run the request to its first token; answer its K/V (application/octet-stream)."""
+        body = await read_json_body(request, _MAX_PREFILL_BODY)
+        ids, start = body.get("token_ids"), body.get("start", 0)
+        namespace = body.get("namespace")
+        if not isinstance(ids, list) or not ids:
+            raise APIError(400, "token_ids: a non-empty list of token ids", param="token_ids")
+        bs = self.engine.block_size
+        if not isinstance(start, int) or start < 0 or start % bs:
+            raise APIError(400, f"start: a multiple of the block size ({bs})", param="start")
+        if namespace is not None and not isinstance(namespace, str):
+            raise APIError(400, "namespace: a string or null", param="namespace")
+        params = _first_token_params(body.get("sampling", {}))
+        out = await self._run(ids, params, namespace, start)
+        if out.finish_reason not in ("stop", "length") or out.kv_handoff is None:
+            raise APIError(503, f"the prefill failed: {out.error or out.finish_reason}")
+        handoff: KVHandoff = out.kv_handoff
+        data = await asyncio.to_thread(encode, handoff)
+        return Response(data, media_type="application/octet-stream")
+
+    async def _run(
+        self, ids: list[int], params: SamplingParams, namespace: str | None, start: int
+    ) -> RequestOutput:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[RequestOutput] = loop.create_future()
+
+        def settle(out: RequestOutput) -> None:
+            if not done.done():
+                done.set_result(out)
+
+        def on_output(out: RequestOutput) -> None:
+            if out.finished:
+                loop.call_soon_threadsafe(settle, out)
+
+        rid = self.engine.add_request(
+            ids, params, request_id=f"prefill-{uuid.uuid4().hex}", namespace=namespace,
+            on_output=on_output, bounded=True, export_kv_from=start,
+        )  # fmt: skip
+        try:
+            return await done
+        finally:
+            if not done.done():  # the decode worker went away: free the request
+                self.engine.abort(rid)
+
+
+class DecodeRole:
+    """A decode worker's handoffs: ask the prefill worker a request names, take its K/V."""
+
+    def __init__(
+        self, engine: LLMEngine, registry: CollectorRegistry, api_key: str | None = None,
+        timeout: float = 600.0,
+    ) -> None:  # fmt: skip
+        self.engine = engine
+        self.metrics = TransferMetrics(registry)
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client: httpx.AsyncClient | None = None
+        self._headers, self._timeout = headers, httpx.Timeout(timeout, connect=5.0)
+        pool = engine.kv_pool
+        self.layout = (pool.k.shape[0], pool.k.shape[2], pool.k.shape[3], pool.k.shape[4])
+        self.dtype = pool.k.dtype
+
+    def client(self) -> httpx.AsyncClient:
+        """The HTTP client to prefill workers (made on the serving event loop)."""
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=self._timeout, trust_env=False)
+        return self._client
+
+    async def handoff(
+        self, prompt_ids: list[int], params: SamplingParams, namespace: str | None,
+        transfer: dict[str, Any] | None,
+    ) -> FirstToken | None:  # fmt: skip
+        """The first token a prefill worker drew for this request, its K/V now in this pool
+        and tree; None where the request names no prefill worker or cannot be handed off.
+        A prefill worker that fails is a 503 (the router tries another pair)."""
+        url = (transfer or {}).get("prefill_url")
+        if not url:
+            return None
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise APIError(
+                400, "kv_transfer_params.prefill_url: an http(s) URL", param="kv_transfer_params"
+            )
+        if not can_hand_off(params):
+            self.metrics.handoffs.labels("served_here").inc()
+            return None
+        t0 = time.monotonic()
+        start = self.engine.kv.cache.peek_prefix(prompt_ids, namespace)
+        start = min(start, (len(prompt_ids) - 1) // self.engine.block_size * self.engine.block_size)
+        body = {
+            "token_ids": prompt_ids, "namespace": namespace, "start": start,
+            "sampling": sampling_fields(params),
+        }  # fmt: skip
+        try:
+            r = await self.client().post(
+                url.rstrip("/") + PREFILL_PATH, json=body, headers=self._headers
+            )
+        except httpx.HTTPError as e:
+            self.metrics.handoffs.labels("prefill_failed").inc()
+            raise APIError(
+                503, f"the prefill worker {url} failed: {type(e).__name__}: {e}",
+                code="prefill_unavailable",
+            ) from None  # fmt: skip
+        if r.status_code != 200:
+            self.metrics.handoffs.labels("prefill_failed").inc()
+            if 400 <= r.status_code < 500:  # the request itself: the client's error, as is
+                raise APIError(r.status_code, _message(r))
+            raise APIError(
+                503, f"the prefill worker {url} answered HTTP {r.status_code}: {_message(r)}",
+                code="prefill_unavailable",
+            )  # fmt: skip
+        try:
+            h = await asyncio.to_thread(decode, r.content, self.layout, self.dtype)
+        except Exception as e:
+            self.metrics.handoffs.labels("prefill_failed").inc()
+            raise APIError(503, f"the prefill worker {url} sent no usable K/V: {e}") from None
+        added = await asyncio.to_thread(self.engine.import_handoff, h, namespace)
+        self.metrics.handoffs.labels("handed_off").inc()
+        self.metrics.bytes.inc(h.nbytes)
+        self.metrics.tokens.inc(added)
+        self.metrics.seconds.inc(time.monotonic() - t0)
+        return h.first
+
+    async def close(self) -> None:
+        """Close the client."""
+        if self._client is not None:
+            await self._client.aclose()
+
+
+def _message(r: httpx.Response) -> str:
+    try:
+        return str(r.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return r.text[:200]

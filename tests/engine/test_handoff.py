@@ -1,0 +1,131 @@
+"""Prefill/decode disaggregation on the engine (engine/handoff.py): a prefill engine's request
+ends after its first token with its prompt's K/V; a decode engine takes that K/V into its own
+pool and tree, through the wire format, and continues from that token. In float32 the text is
+a single engine's, token for token, and nothing leaks on either side."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixserve.engine.handoff import KVHandoff, decode, encode
+from radixserve.engine.params import SamplingParams
+from radixserve.errors import InvalidRequestError
+from tests.support import Collector, run_until_idle
+
+PROMPT = list(range(100, 130))  # 30 tokens: 7 whole blocks of 4 and 2 over
+
+
+def greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+
+def run(engine, prompt: list[int], params: SamplingParams, **kw: object):
+    col = Collector()
+    rid = engine.add_request(prompt, params, on_output=col, **kw)
+    run_until_idle(engine)
+    return col.final(rid)
+
+
+def prefill(engine, prompt: list[int], params: SamplingParams, start: int = 0) -> KVHandoff:
+    """The prefill side: the request as asked, ending after its first token, and its handoff
+    through the wire format."""
+    one = SamplingParams(**{**params.__dict__, "max_tokens": 1})
+    out = run(engine, prompt, one, export_kv_from=start)
+    assert out.kv_handoff is not None and len(out.token_ids) == 1
+    pool = engine.kv_pool
+    layout = (pool.k.shape[0], pool.k.shape[2], pool.k.shape[3], pool.k.shape[4])
+    return decode(encode(out.kv_handoff), layout, pool.k.dtype)
+
+
+def check_clean(engine) -> None:
+    engine.kv.check_invariants()
+    assert not engine.scheduler.has_work()
+    assert engine.kv.num_private_blocks == 0
+
+
+def test_a_handed_over_request_gives_a_single_engines_tokens(make_tiny_engine) -> None:
+    single, p, d = make_tiny_engine(), make_tiny_engine(), make_tiny_engine()
+    want = run(single, PROMPT, greedy(8))
+    handoff = prefill(p, PROMPT, greedy(8))
+    assert handoff.token_ids == PROMPT[:28] and handoff.num_blocks == 7
+    assert handoff.first.token_id == want.token_ids[0]
+    assert d.import_handoff(handoff) == 28
+    got = run(d, PROMPT, greedy(8), first_token=handoff.first)
+    assert got.token_ids == want.token_ids
+    # The decode engine computed the prompt's last 2 tokens only; none came from its own cache
+    # before the handoff, and it reports the prefill engine's hit (none).
+    assert got.metrics.num_computed_prompt_tokens == 2
+    assert got.num_cached_tokens == 0
+    for engine in (p, d):
+        check_clean(engine)
+
+
+def test_only_the_blocks_the_decode_engine_lacks_travel(make_tiny_engine) -> None:
+    """The decode engine held the first 16 tokens (an earlier turn): 3 blocks travel; a
+    second turn on the prefill engine reports its cache hit through the decode engine."""
+    single, p, d = make_tiny_engine(), make_tiny_engine(), make_tiny_engine()
+    run(d, PROMPT[:16] + [1, 2], greedy(2))
+    run(p, PROMPT[:20] + [3], greedy(2))
+    start = d.kv.cache.peek_prefix(PROMPT)
+    assert start == 16
+    want = run(single, PROMPT, greedy(6))
+    handoff = prefill(p, PROMPT, greedy(6), start=start)
+    assert handoff.num_blocks == 3 and handoff.start == 16
+    assert handoff.first.cached_tokens == 20
+    assert d.import_handoff(handoff) == 12
+    got = run(d, PROMPT, greedy(6), first_token=handoff.first)
+    assert got.token_ids == want.token_ids and got.num_cached_tokens == 20
+    check_clean(d)
+
+
+def test_a_handoff_past_an_evicted_prefix_adds_nothing_and_the_request_computes_it(
+    make_tiny_engine,
+) -> None:
+    single, p, d = make_tiny_engine(), make_tiny_engine(), make_tiny_engine()
+    run(d, PROMPT[:16] + [1, 2], greedy(2))
+    handoff = prefill(p, PROMPT, greedy(5), start=16)
+    d.kv.cache.reset()  # the decode engine's 16 tokens are gone before the K/V arrives
+    assert d.import_handoff(handoff) == 0
+    got = run(d, PROMPT, greedy(5), first_token=handoff.first)
+    assert got.token_ids == run(single, PROMPT, greedy(5)).token_ids
+    assert got.metrics.num_computed_prompt_tokens == 30
+    check_clean(d)
+
+
+def test_seeded_sampling_and_logprobs_carry_over(make_tiny_engine) -> None:
+    """The first token is the prefill engine's draw with its log-probs; the decode engine's
+    generator has drawn once for it too, so a seed gives a single engine's tokens."""
+    single, p, d = make_tiny_engine(), make_tiny_engine(), make_tiny_engine()
+    params = SamplingParams(max_tokens=6, temperature=1.0, seed=7, ignore_eos=True, logprobs=2)
+    want = run(single, PROMPT, params)
+    handoff = prefill(p, PROMPT, params)
+    assert handoff.first.logprobs is not None
+    d.import_handoff(handoff)
+    got = run(d, PROMPT, params, first_token=handoff.first)
+    assert got.token_ids == want.token_ids
+    assert got.logprobs is not None and want.logprobs is not None
+    assert got.logprobs[0].token_id == want.token_ids[0]
+    assert got.logprobs[0].logprob == pytest.approx(want.logprobs[0].logprob, abs=1e-4)
+
+
+def test_a_handoff_that_does_not_fit_the_pool_is_refused(make_tiny_engine) -> None:
+    p = make_tiny_engine()
+    out = run(p, PROMPT, greedy(1), export_kv_from=0)
+    data = encode(out.kv_handoff)
+    pool = p.kv_pool
+    layout = (pool.k.shape[0], pool.k.shape[2], pool.k.shape[3], pool.k.shape[4])
+    with pytest.raises(InvalidRequestError, match="same model, block size and K/V dtype"):
+        decode(data, (layout[0] + 1, *layout[1:]), pool.k.dtype)
+    with pytest.raises(InvalidRequestError, match="same model"):
+        decode(data, layout, torch.bfloat16)
+    with pytest.raises(InvalidRequestError, match="truncated"):
+        decode(data[:-1], layout, pool.k.dtype)
+    with pytest.raises(InvalidRequestError, match="not a radixserve"):
+        decode(b"GET / HTTP/1.1", layout, pool.k.dtype)
+
+
+def test_a_handoff_takes_one_choice(make_tiny_engine) -> None:
+    with pytest.raises(InvalidRequestError, match="one choice"):
+        params = SamplingParams(max_tokens=2, temperature=0.0, n=2)
+        make_tiny_engine().add_request(PROMPT, params, export_kv_from=0)

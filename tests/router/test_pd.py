@@ -1,0 +1,123 @@
+"""Prefill/decode disaggregation end to end: `serve --disaggregation-mode prefill|decode` and
+`route --pd-disaggregation` against a single server, real processes on the default model in
+float32, driven with `openai`. Multi-turn chats give a single server's greedy text; the prefill
+worker draws each request's first token only; later turns report cached tokens; a prefill
+worker that is gone is a clear 503."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.support import ServerProcess
+
+pytestmark = pytest.mark.slow
+
+ARGS = ("--dtype", "float32", "--max-model-len", "1024", "--log-level", "warning")
+
+
+def metric(url: str, name: str) -> float:
+    """A counter's value (summed over labels) from `url`'s /metrics."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    pattern = rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+]+)$"
+    return sum(float(v) for v in re.findall(pattern, text, flags=re.M))
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[dict[str, Any]]:
+    """A single server, a prefill worker, a decode worker and the PD router over them."""
+    single = ServerProcess(*ARGS)
+    prefill = ServerProcess(*ARGS, "--disaggregation-mode", "prefill")
+    decode = ServerProcess(*ARGS, "--disaggregation-mode", "decode")
+    procs = [single, prefill, decode]
+    router = None
+    try:
+        for p in procs:
+            p.wait_ready()
+        route = ("--pd-disaggregation", "--prefill", prefill.url, "--decode", decode.url)
+        router = ServerProcess(*route, "--log-level", "warning", command="route")
+        router.wait_ready()
+        yield {"single": single, "prefill": prefill, "decode": decode, "router": router}
+    finally:
+        for p in [*procs, *([router] if router else [])]:
+            p.close()
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def chat(url: str, messages: list[dict[str, str]], stream: bool = False) -> tuple[str, Any]:
+    kw: dict[str, Any] = dict(model=None, messages=messages, max_tokens=24, temperature=0)
+    if stream:
+        chunks = list(
+            client(url).chat.completions.create(
+                **kw, stream=True, stream_options={"include_usage": True}
+            )
+        )
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        return text, chunks[-1].usage
+    r = client(url).chat.completions.create(**kw)
+    return r.choices[0].message.content or "", r.usage
+
+
+def test_multi_turn_chats_through_the_pd_router_give_a_single_servers_text(fleet) -> None:
+    topics = ["volcanoes", "the history of printing"]
+    convs = {
+        t: [{"role": "system", "content": "You are a concise assistant. " * 8}] for t in topics
+    }
+    requests = 0
+    for turn in range(3):
+        for i, topic in enumerate(topics):
+            msgs = convs[topic]
+            msgs.append({"role": "user", "content": f"Turn {turn}: tell me about {topic}."})
+            want, _ = chat(fleet["single"].url, msgs)
+            got, usage = chat(fleet["router"].url, msgs, stream=(turn + i) % 2 == 1)
+            requests += 1
+            assert got == want, (turn, topic)
+            cached = usage.prompt_tokens_details.cached_tokens
+            if turn:  # the conversation so far was prefilled before (on the prefill worker)
+                assert cached > 0
+            msgs.append({"role": "assistant", "content": got})
+    prefill, decode = fleet["prefill"].url, fleet["decode"].url
+    # The prefill worker drew one token per request; the decode worker emitted every token.
+    assert metric(prefill, "radixserve_generation_tokens_total") == requests
+    assert metric(decode, "radixserve_kv_transfer_requests_total") == requests
+    assert metric(decode, "radixserve_kv_transfer_bytes_total") > 0
+
+
+def test_a_decode_worker_whose_prefill_worker_is_gone_answers_503(fleet) -> None:
+    body = {
+        "messages": [{"role": "user", "content": "Hello there."}],
+        "max_tokens": 4,
+        "kv_transfer_params": {"prefill_url": "http://127.0.0.1:9"},  # nothing listens
+    }
+    r = httpx.post(f"{fleet['decode'].url}/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 503, r.text
+    err = r.json()["error"]
+    assert err["code"] == "prefill_unavailable" and "127.0.0.1:9" in err["message"]
+    # and it keeps serving
+    body["kv_transfer_params"] = {"prefill_url": fleet["prefill"].url}
+    r = httpx.post(f"{fleet['decode'].url}/v1/chat/completions", json=body, timeout=60)
+    assert r.is_success, r.text
+
+
+def test_the_prefill_route_checks_its_input(fleet) -> None:
+    url = f"{fleet['prefill'].url}/v1/disaggregation/prefill"
+    bad = [
+        {"token_ids": [], "start": 0},
+        {"token_ids": [1, 2, 3], "start": 3},
+        {"token_ids": [1, 2, 3], "sampling": {"n": 2}},
+        {"token_ids": [1, 2, 3], "sampling": {"nope": 1}},
+    ]
+    for body in bad:
+        r = httpx.post(url, json=body, timeout=60)
+        assert r.status_code == 400, (body, r.text)
+    r = httpx.post(url, json={"token_ids": [1, 2, 3, 4, 5], "sampling": {"temperature": 0}})
+    assert r.status_code == 200 and r.headers["content-type"] == "application/octet-stream"
+    assert r.content.startswith(b"RADIXSERVE-PD-1\n")
