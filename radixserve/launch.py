@@ -15,12 +15,27 @@ from radixserve.options import add_options, option, types
 _RAY = "Ray Serve (pip install 'radixserve[ray]'; see docs/ray.md)"
 
 
+def pd_counts(text: str) -> tuple[int, int]:
+    """--pd's P:D: two whole numbers of at least 1."""
+    p, sep, d = text.partition(":")
+    if not sep or not p.strip().isdigit() or not d.strip().isdigit() or min(int(p), int(d)) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not P:D, e.g. 1:1 (each at least 1)")
+    return int(p), int(d)
+
+
 @dataclass(frozen=True)
 class LaunchConfig:
     """How many workers `serve` runs and where: one, N behind the router, or on Ray Serve."""
 
     workers: int = option(
         1, "N>1: N engine workers behind the cache-aware router", type=types.positive_int
+    )
+    pd: tuple[int, int] | None = option(
+        None,
+        "P:D: P prefill and D decode workers (--disaggregation-mode) behind the router's "
+        "--pd-disaggregation, as one command (docs/disaggregation.md)",
+        type=pd_counts,
+        metavar="P:D",
     )
     ray: bool = option(
         False,
@@ -73,7 +88,9 @@ def run_serve(args: argparse.Namespace) -> int:
 
         code: int = serve_ray(args)  # radixserve.ray is not type-checked (pyproject.toml)
         return code
-    if args.workers > 1:
+    if args.pd is not None and args.workers > 1:
+        raise ValueError("--pd P:D and --workers N are two ways to say how many workers: give one")
+    if args.workers > 1 or args.pd is not None:
         from radixserve.router.launcher import serve_workers
 
         if getattr(args, "kv_offload_dir", None) or getattr(args, "kv_persist_dir", None):

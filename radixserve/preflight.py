@@ -137,6 +137,8 @@ def _check_kv_pool(
     )
 
     workers = getattr(args, "workers", 1) or 1
+    if getattr(args, "pd", None):
+        workers = sum(args.pd)
     block_size = getattr(args, "block_size", None) or 16
     per_block = bytes_per_token(config, kv_dtype) * block_size
     num_blocks = max(1, parse_memory(args.kv_cache_memory) // per_block)

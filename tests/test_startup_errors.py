@@ -239,6 +239,13 @@ def test_route_pd_disaggregation_without_both_kinds_of_worker_is_named() -> None
     assert_one_error_line(res, "route", "--decode http://127.0.0.1:11796", "twice")
 
 
+def test_serve_pd_that_is_not_p_colon_d_or_with_workers_is_named() -> None:
+    assert_one_error_line(run_cli("serve", "--pd", "2"), "serve", "--pd", "P:D")
+    assert_one_error_line(run_cli("serve", "--pd", "1:0"), "serve", "--pd", "P:D")
+    res = run_cli("serve", "--pd", "1:1", "--workers", "2")
+    assert_one_error_line(res, "serve", "--pd", "--workers")
+
+
 def test_route_threshold_out_of_range_is_named() -> None:
     res = run_cli("route", "--worker", "http://127.0.0.1:11791", "--cache-threshold", "2")
     assert_one_error_line(res, "route", "--cache-threshold")

@@ -25,6 +25,9 @@ from radixserve.server import auth
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 2  # the first try and one retry on another worker
+# How a decode worker's 503 begins when the prefill worker it was told to use failed
+# (server/disagg.py)
+PREFILL_FAILED = "the prefill worker "
 # What a request to a worker can raise when the worker is gone. httpcore may raise
 # AttributeError ("'NoneType' object has no attribute 'getpeername'") instead of an
 # httpx error on a pooled connection whose worker was killed: seen in the kill -9 fault test,
@@ -150,14 +153,23 @@ class Proxy:
 
         async def attempt(route: Route) -> Response | Failure:
             """The decode worker `route` names, told which prefill worker to take the K/V
-            from: the policy's pick among the prefill workers this request has not tried."""
-            healthy = {w.index for w in prefill.healthy()}
-            if not healthy:
-                return Failure(503, "no healthy prefill worker is available")
-            p = prefill.pick(prompt, frozenset(tried) if healthy - tried else frozenset())
-            tried.add(p.worker.index)
-            transfer = {"kv_transfer_params": {"prefill_url": p.worker.url}}
-            return await send(route, path, json.dumps({**body, **transfer}).encode(), headers)
+            from: the policy's pick, preferring prefill workers this request has not tried;
+            while the decode worker reports that one failed, the next."""
+            result: Response | Failure = Failure(503, "no healthy prefill worker is available")
+            here: set[int] = set()  # prefill workers tried with this decode worker
+            while True:
+                healthy = {w.index for w in prefill.healthy()} - here
+                if not healthy:
+                    return result
+                exclude = tried | here if healthy - tried else here
+                p = prefill.pick(prompt, frozenset(exclude))
+                here.add(p.worker.index)
+                tried.add(p.worker.index)
+                transfer = {"kv_transfer_params": {"prefill_url": p.worker.url}}
+                raw_pd = json.dumps({**body, **transfer}).encode()
+                result = await send(route, path, raw_pd, headers)
+                if not (isinstance(result, Failure) and PREFILL_FAILED in result.message):
+                    return result
 
         return await self._with_retry(prompt, attempt)
 
@@ -340,7 +352,7 @@ def build_app(
     app.state.metrics = metrics
     _add_key_check(app, auth.ApiKeys([api_key] if api_key else []))
     _add_openai_routes(app, proxy)
-    _add_status_routes(app, balancer, metrics)
+    _add_status_routes(app, balancer, metrics, prefill)
     _add_router_routes(app, balancer)
     # The cache dashboard, one panel per worker: /dashboard, /v1/router/workers/{i}/...
     add_router_dashboard(app, proxy.balancer.workers, proxy.client, proxy.headers, api_key)
@@ -396,17 +408,22 @@ def _add_openai_routes(app: FastAPI, proxy: Proxy) -> None:
         return await proxy.get(request, "/v1/models")
 
 
-def _add_status_routes(app: FastAPI, balancer: Balancer, metrics: RouterMetrics) -> None:
-    """/health (503 when no worker is healthy), /metrics and /version."""
+def _add_status_routes(
+    app: FastAPI, balancer: Balancer, metrics: RouterMetrics, prefill: Balancer | None
+) -> None:
+    """/health (503 when no worker is healthy; with --pd-disaggregation, no decode or no
+    prefill worker), /metrics and /version."""
 
     @app.get("/health")
     async def health() -> Response:
-        healthy = balancer.healthy()
-        body = {
+        healthy = bool(balancer.healthy()) and (prefill is None or bool(prefill.healthy()))
+        body: dict[str, Any] = {
             "status": "ok" if healthy else "unavailable",
             "policy": balancer.policy,
             "workers": [w.state() for w in balancer.workers],
         }
+        if prefill is not None:  # `workers` are the decode workers
+            body["prefill_workers"] = [w.state() for w in prefill.workers]
         return JSONResponse(body, status_code=200 if healthy else 503)
 
     @app.get("/metrics")

@@ -75,10 +75,13 @@ def _die_with_parent() -> None:  # runs in the child before exec (Linux): no orp
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def start_workers(opts: WorkerOptions, n: int) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
-    """Spawn `n` workers on free loopback ports; returns the processes and their URLs."""
+def start_workers(
+    options: list[WorkerOptions],
+) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
+    """Spawn a worker of each options on free loopback ports; returns the processes and their
+    URLs."""
     procs, urls = [], []
-    for i in range(n):
+    for i, opts in enumerate(options):
         port = free_port()
         argv = worker_argv(opts, port, i)
         log.info("starting worker: %s", " ".join(argv))
@@ -139,16 +142,20 @@ class WorkerSupervisor:
 
     def __init__(
         self,
-        opts: WorkerOptions,
+        opts: WorkerOptions | list[WorkerOptions],
         procs: list[subprocess.Popen[bytes]],
         urls: list[str],
         interval: float = 0.5,
     ) -> None:
+        """`opts`: every worker's options, or each worker's (a PD fleet's prefill and decode
+        workers differ in --disaggregation-mode)."""
+        options = opts if isinstance(opts, list) else [opts] * len(urls)
         self.procs = procs
         self.argvs = [
-            worker_argv(opts, int(url.rsplit(":", 1)[1]), i) for i, url in enumerate(urls)
+            worker_argv(o, int(url.rsplit(":", 1)[1]), i)
+            for i, (o, url) in enumerate(zip(options, urls, strict=True))
         ]
-        self.env = worker_env(opts)
+        self.env = worker_env(options[0])
         self.urls = urls
         self.interval = interval
         self.restarts = [0] * len(procs)
@@ -196,24 +203,29 @@ class WorkerSupervisor:
         self.restarts[i] += 1
 
 
-def route_args(args: argparse.Namespace, urls: list[str]) -> argparse.Namespace:
-    """The router's arguments: route defaults, overridden by same-named serve arguments."""
+def route_args(args: argparse.Namespace, urls: list[str], prefill: int = 0) -> argparse.Namespace:
+    """The router's arguments: route defaults, overridden by same-named serve arguments; the
+    first `prefill` of `urls` are a PD fleet's prefill workers, the rest its decode ones."""
     from radixserve.router.main import add_route_args
 
     parser = argparse.ArgumentParser(add_help=False)
     add_route_args(parser)
     out = parser.parse_args([])
     for name in vars(out):
-        if name != "worker" and hasattr(args, name):
+        if name not in ("worker", "prefill", "decode") and hasattr(args, name):
             setattr(out, name, getattr(args, name))
-    out.worker = urls
+    if prefill:
+        out.pd_disaggregation, out.prefill, out.decode = True, urls[:prefill], urls[prefill:]
+    else:
+        out.worker = urls
     if not isinstance(out.log_level, str):
         out.log_level = "info"
     return out
 
 
 def serve_workers(args: argparse.Namespace) -> int:
-    """Run `args.workers` workers plus the router on args.host:args.port; stop them together."""
+    """Run `args.workers` workers (or `args.pd`'s prefill and decode workers) plus the router
+    on args.host:args.port; stop them together."""
     from radixserve.router.main import run_route
 
     logging.basicConfig(
@@ -229,7 +241,13 @@ def serve_workers(args: argparse.Namespace) -> int:
     supervisor: WorkerSupervisor | None = None
     try:
         opts = WorkerOptions.from_namespace(args)
-        procs, urls = start_workers(opts, int(args.workers))
+        n_prefill, n_decode = getattr(args, "pd", None) or (0, 0)
+        if n_prefill:
+            options = [opts.replace(disaggregation_mode="prefill")] * n_prefill
+            options += [opts.replace(disaggregation_mode="decode")] * n_decode
+        else:
+            options = [opts] * int(args.workers)
+        procs, urls = start_workers(options)
         key = opts.api_key
         wait_healthy(
             procs,
@@ -238,12 +256,12 @@ def serve_workers(args: argparse.Namespace) -> int:
             headers={"authorization": f"Bearer {key}"} if key else None,
         )
         log.info("%d workers ready: %s", len(urls), ", ".join(urls))
-        supervisor = WorkerSupervisor(opts, procs, urls).start()
+        supervisor = WorkerSupervisor(options, procs, urls).start()
         # uvicorn handles SIGTERM/SIGINT while it serves and re-raises the signal once it has
         # shut down; no-op handlers make that re-raise harmless, so we get to stop the workers.
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: None)
-        return run_route(route_args(args, urls))
+        return run_route(route_args(args, urls, n_prefill))
     except KeyboardInterrupt:
         return 130
     except RuntimeError as e:

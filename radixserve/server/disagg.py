@@ -224,7 +224,10 @@ class DecodeRole:
             h = await asyncio.to_thread(decode, r.content, self.layout, self.dtype)
         except Exception as e:
             self.metrics.handoffs.labels("prefill_failed").inc()
-            raise APIError(503, f"the prefill worker {url} sent no usable K/V: {e}") from None
+            raise APIError(
+                503, f"the prefill worker {url} sent no usable K/V: {e}",
+                code="prefill_unavailable",
+            ) from None  # fmt: skip
         added = await asyncio.to_thread(self.engine.import_handoff, h, namespace)
         self.metrics.handoffs.labels("handed_off").inc()
         self.metrics.bytes.inc(h.nbytes)

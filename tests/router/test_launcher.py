@@ -162,3 +162,22 @@ def test_supervisor_backs_off_a_worker_that_keeps_dying() -> None:
     finally:
         sup.stop()
         stop_workers(procs, grace=1)
+
+
+def test_a_pd_fleets_router_gets_its_prefill_and_decode_workers() -> None:
+    urls = ["http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"]
+    out = route_args(serve_args("--pd", "1:2", "--port", "9000"), urls, prefill=1)
+    assert out.pd_disaggregation and out.prefill == urls[:1] and out.decode == urls[1:]
+    assert out.worker == [] and out.port == 9000
+    assert route_args(serve_args("--workers", "3"), urls).worker == urls
+
+
+def test_a_pd_fleets_workers_are_told_their_mode() -> None:
+    o = opts("--pd", "1:1")
+    sup = WorkerSupervisor(
+        [o.replace(disaggregation_mode=m) for m in ("prefill", "decode")],
+        [],
+        ["http://127.0.0.1:1", "http://127.0.0.1:2"],
+    )
+    modes = [argv[argv.index("--disaggregation-mode") + 1] for argv in sup.argvs]
+    assert modes == ["prefill", "decode"]

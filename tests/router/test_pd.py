@@ -30,22 +30,20 @@ def metric(url: str, name: str) -> float:
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[dict[str, Any]]:
-    """A single server, a prefill worker, a decode worker and the PD router over them."""
+    """A single server, and `serve --pd 1:1` (a prefill worker, a decode worker and the PD
+    router over them, as one command)."""
     single = ServerProcess(*ARGS)
-    prefill = ServerProcess(*ARGS, "--disaggregation-mode", "prefill")
-    decode = ServerProcess(*ARGS, "--disaggregation-mode", "decode")
-    procs = [single, prefill, decode]
-    router = None
+    pd = ServerProcess("--pd", "1:1", *ARGS)
     try:
-        for p in procs:
-            p.wait_ready()
-        route = ("--pd-disaggregation", "--prefill", prefill.url, "--decode", decode.url)
-        router = ServerProcess(*route, "--log-level", "warning", command="route")
-        router.wait_ready()
-        yield {"single": single, "prefill": prefill, "decode": decode, "router": router}
+        single.wait_ready()
+        pd.wait_ready()
+        health = httpx.get(f"{pd.url}/health", timeout=10).json()
+        (decode,), (prefill,) = health["workers"], health["prefill_workers"]
+        yield {"single": single.url, "router": pd.url, "prefill": prefill["url"],
+               "decode": decode["url"]}  # fmt: skip
     finally:
-        for p in [*procs, *([router] if router else [])]:
-            p.close()
+        single.close()
+        pd.close()
 
 
 def client(url: str) -> openai.OpenAI:
@@ -76,15 +74,15 @@ def test_multi_turn_chats_through_the_pd_router_give_a_single_servers_text(fleet
         for i, topic in enumerate(topics):
             msgs = convs[topic]
             msgs.append({"role": "user", "content": f"Turn {turn}: tell me about {topic}."})
-            want, _ = chat(fleet["single"].url, msgs)
-            got, usage = chat(fleet["router"].url, msgs, stream=(turn + i) % 2 == 1)
+            want, _ = chat(fleet["single"], msgs)
+            got, usage = chat(fleet["router"], msgs, stream=(turn + i) % 2 == 1)
             requests += 1
             assert got == want, (turn, topic)
             cached = usage.prompt_tokens_details.cached_tokens
             if turn:  # the conversation so far was prefilled before (on the prefill worker)
                 assert cached > 0
             msgs.append({"role": "assistant", "content": got})
-    prefill, decode = fleet["prefill"].url, fleet["decode"].url
+    prefill, decode = fleet["prefill"], fleet["decode"]
     # The prefill worker drew one token per request; the decode worker emitted every token.
     assert metric(prefill, "radixserve_generation_tokens_total") == requests
     assert metric(decode, "radixserve_kv_transfer_requests_total") == requests
@@ -97,18 +95,18 @@ def test_a_decode_worker_whose_prefill_worker_is_gone_answers_503(fleet) -> None
         "max_tokens": 4,
         "kv_transfer_params": {"prefill_url": "http://127.0.0.1:9"},  # nothing listens
     }
-    r = httpx.post(f"{fleet['decode'].url}/v1/chat/completions", json=body, timeout=60)
+    r = httpx.post(f"{fleet['decode']}/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == 503, r.text
     err = r.json()["error"]
     assert err["code"] == "prefill_unavailable" and "127.0.0.1:9" in err["message"]
     # and it keeps serving
-    body["kv_transfer_params"] = {"prefill_url": fleet["prefill"].url}
-    r = httpx.post(f"{fleet['decode'].url}/v1/chat/completions", json=body, timeout=60)
+    body["kv_transfer_params"] = {"prefill_url": fleet["prefill"]}
+    r = httpx.post(f"{fleet['decode']}/v1/chat/completions", json=body, timeout=60)
     assert r.is_success, r.text
 
 
 def test_the_prefill_route_checks_its_input(fleet) -> None:
-    url = f"{fleet['prefill'].url}/v1/disaggregation/prefill"
+    url = f"{fleet['prefill']}/v1/disaggregation/prefill"
     bad = [
         {"token_ids": [], "start": 0},
         {"token_ids": [1, 2, 3], "start": 3},
