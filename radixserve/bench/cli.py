@@ -17,12 +17,14 @@ from radixserve.bench.corpus import TokenCounter
 from radixserve.bench.hash_trace import FORMATS, detect_format, read_hash_trace
 from radixserve.bench.headline import headline_table, sweep_plan
 from radixserve.bench.load import BenchPlan, LoadConfig, RunPlan, RunResult
+from radixserve.bench.pd_burst import burst_stats, format_bursts
 from radixserve.bench.report import Summary, format_summary, same_answers, summarize
 from radixserve.bench.spike import format_phases, phase_stats, to_json
 from radixserve.bench.tools import agent_stats, format_agent
 from radixserve.bench.trace_replay import Scaling, TracePlan, TraceWorkload
 from radixserve.bench.workloads import (
     AgentLoop,
+    PrefillBurst,
     Spike,
     build_sessions,
     make_workload,
@@ -172,6 +174,7 @@ def _run_one(args: argparse.Namespace, plan: BenchPlan | TracePlan) -> int:
     _trace_report(plan, [summary])
     spike = _spike_report(plan, res.records, cache_stats)
     agent = _agent_report(plan, res.records)
+    _burst_report(plan, [res.records], ["server"])
     if args.trace_out:
         _write_trace(args.trace_out, res.trace)
     if args.output_dir:
@@ -254,6 +257,15 @@ def _spike_report(
     out = to_json(stats, moved("refetch_blocks"), moved("evicted_blocks"))
     out["eviction_policy"] = policy
     return out
+
+
+def _burst_report(plan: RunPlan, records: list[list[Any]], labels: list[str]) -> None:
+    """Print the pd_burst workload's streams-and-documents table (nothing for others)."""
+    if not isinstance(plan.workload, PrefillBurst):
+        return
+    stats = [burst_stats(r, label) for r, label in zip(records, labels, strict=True)]
+    print("\npd_burst: the streams' decode while documents are prefilled")
+    print(format_bursts(stats))
 
 
 def _agent_report(plan: RunPlan, records: list[Any], label: str = "") -> dict[str, Any] | None:
@@ -344,6 +356,7 @@ def _run_compare(args: argparse.Namespace, plan: RunPlan, progress: bool) -> int
     print(f"identical answers {res.labels[0]} vs {res.labels[1]}: {same} of {paired} requests")
     for label, records in zip(res.labels, res.records, strict=True):
         _agent_report(plan, records, label)
+    _burst_report(plan, list(res.records), list(res.labels))
     if sweeps is not None:
         for label, sw in zip(res.labels, sweeps, strict=True):
             steps = ", ".join(f"{p.rate:g}: {p.ttft_p90 * 1000:.0f} ms" for p in sw.points)

@@ -250,6 +250,57 @@ class Spike(Workload):
         return 2 * self.steady + 2 * self.docs
 
 
+@dataclass
+class PrefillBurst(Workload):
+    """Decode streams under prefill bursts (prefill/decode disaggregation's case): `streams`
+    chats whose turns answer at length (`stream_tokens`), behind one shared system prompt,
+    while `bursts` one-off long documents (`doc_tokens`, a short answer each) arrive among
+    them. Session ids say which: stream-* and burst-*. Run it at concurrency streams + 1 so
+    that one document is in flight beside the streams; bench/pd_burst.py reports the
+    streams' time per output token, the documents' TTFT and the streams' cached share."""
+
+    name: ClassVar[str] = "pd_burst"
+    summary: ClassVar[str] = "chats decoding at length while long new documents arrive"
+    streams: int = 4
+    turns: int = 3
+    system_tokens: int = 256
+    user_tokens: int = 48
+    stream_tokens: int = 96
+    bursts: int = 6
+    doc_tokens: int = 2048
+    burst_tokens: int = 4
+
+    def sessions(self, corpus: Corpus) -> list[Session]:
+        system = docs_assistant_system(corpus, self.system_tokens)
+        streams = [
+            Session(
+                f"stream-{c}",
+                [
+                    "Explain this passage at length:\n" + corpus.passage(self.user_tokens)
+                    for _ in range(self.turns)
+                ],
+                self.stream_tokens,
+                system,
+            )  # fmt: skip
+            for c in range(self.streams)
+        ]
+        docs = [
+            Session(
+                f"burst-{j}",
+                ["Summarize this document:\n" + corpus.passage(self.doc_tokens)],
+                self.burst_tokens,
+            )
+            for j in range(self.bursts)
+        ]
+        out: list[Session] = []  # streams first, then a document after each stream's turn
+        for j in range(max(len(streams), len(docs))):
+            out += streams[j : j + 1] + docs[j : j + 1]
+        return out
+
+    def num_requests(self) -> int:
+        return self.streams * self.turns + self.bursts
+
+
 WORKLOADS: dict[str, type[Workload]] = {
     w.name: w
     for w in (
@@ -259,6 +310,7 @@ WORKLOADS: dict[str, type[Workload]] = {
         AgentLoop,
         UniquePrompts,
         Spike,
+        PrefillBurst,
         Edit,
         RagExtract,
         Regenerate,

@@ -23,6 +23,7 @@ SMALL = {
     "agent": {"agents": "2", "steps": "3", "system_tokens": "128", "tool_tokens": "48"},
     "unique": {"requests": "8", "prompt_tokens": "128"},
     "spike": {"steady": "4", "docs": "2", "doc_tokens": "128", "hot_tokens": "64"},
+    "pd_burst": {"streams": "2", "turns": "2", "bursts": "2", "doc_tokens": "128"},
     "edit": {"requests": "3", "passage_tokens": "120", "max_tokens": "150"},
     "rag_extract": {"requests": "3", "passages": "3", "passage_tokens": "96"},
     "regenerate": {"conversations": "2", "regenerations": "3", "system_tokens": "64"},
