@@ -101,10 +101,10 @@ def import_handoff(
     return len(ids) - have
 
 
-def encode(handoff: KVHandoff) -> bytes:
-    """`handoff` as bytes: MAGIC, the header's length (u64, little-endian), the header (JSON),
-    then K's bytes and V's, each [layers, blocks, block_size, kv heads, head dim] in the
-    header's dtype, C order."""
+def encode_parts(handoff: KVHandoff) -> list[memoryview]:
+    """`handoff` in the wire format, as views that copy nothing: MAGIC, the header's length
+    (u64, little-endian) and the header (JSON), then K's bytes and V's, each [layers, blocks,
+    block_size, kv heads, head dim] in the header's dtype, C order."""
     first = handoff.first
     lp = first.logprobs
     header = {
@@ -117,21 +117,28 @@ def encode(handoff: KVHandoff) -> bytes:
         "cached_tokens": first.cached_tokens,
     }
     raw = json.dumps(header, separators=(",", ":")).encode()
-    k = handoff.k.contiguous().view(torch.uint8).numpy().tobytes()
-    v = handoff.v.contiguous().view(torch.uint8).numpy().tobytes()
-    return MAGIC + _LEN.pack(len(raw)) + raw + k + v
+    kv = [t.contiguous().view(torch.uint8).reshape(-1).numpy() for t in (handoff.k, handoff.v)]
+    return [memoryview(MAGIC + _LEN.pack(len(raw)) + raw), *(a.data for a in kv)]
 
 
-def decode(data: bytes, layout: tuple[int, int, int, int], dtype: torch.dtype) -> KVHandoff:
+def encode(handoff: KVHandoff) -> bytes:
+    """`handoff` in the wire format, as one bytes object (`encode_parts`, joined)."""
+    return b"".join(encode_parts(handoff))
+
+
+def decode(
+    data: bytes | bytearray | memoryview, layout: tuple[int, int, int, int], dtype: torch.dtype
+) -> KVHandoff:
     """The handoff in `data` (as `encode` writes it); InvalidRequestError unless it is whole
     and its K/V have this pool's `layout` (layers, block_size, kv heads, head dim) and
-    `dtype`: the two workers must serve the same model with the same K/V dtype."""
+    `dtype`: the two workers must serve the same model with the same K/V dtype. K and V are
+    views of `data` where it is writable (a bytearray), else copies."""
     head = len(MAGIC) + _LEN.size
     if len(data) < head or data[: len(MAGIC)] != MAGIC:
         raise InvalidRequestError("not a radixserve K/V handoff")
     (n,) = _LEN.unpack(data[len(MAGIC) : head])
     try:
-        h = json.loads(data[head : head + n])
+        h = json.loads(bytes(data[head : head + n]))
         shape = [int(x) for x in h["shape"]]
         kv_dtype = _DTYPES[h["dtype"]]
         ids = [int(t) for t in h["token_ids"]]
@@ -156,8 +163,10 @@ def decode(data: bytes, layout: tuple[int, int, int, int], dtype: torch.dtype) -
     if len(data) != head + n + 2 * size:
         raise InvalidRequestError("a K/V handoff is truncated")
     body = memoryview(data)[head + n :]
+    if body.readonly:
+        body = memoryview(bytearray(body))
     k, v = (
-        torch.frombuffer(bytearray(part), dtype=torch.uint8).view(dtype).view(shape)
+        torch.frombuffer(part, dtype=torch.uint8).view(dtype).view(shape)
         if size
         else torch.empty(shape, dtype=dtype)
         for part in (body[:size], body[size:])

@@ -49,6 +49,7 @@ def build_app(
     dashboard_show_text: bool = False,
     api_key_tiers: dict[str, int] | None = None,
     disaggregation_mode: str = "null",
+    disaggregation_transfer_backend: str = "auto",
 ) -> FastAPI:
     """An OpenAI-compatible app over a started engine; the caller owns the engine.
 
@@ -57,7 +58,8 @@ def build_app(
     With `api_key_tiers`, those keys are accepted too, and a request's cache-retention
     tier (its `priority`) is its key's tier. `disaggregation_mode` "prefill" adds POST
     /v1/disaggregation/prefill, "decode" takes requests' K/V from the prefill worker their
-    `kv_transfer_params` name (server/disagg.py; an engine in this process only).
+    `kv_transfer_params` name (server/disagg.py; an engine in this process only), through
+    `disaggregation_transfer_backend`.
     """
     model_name = served_model_name or engine.model_name
     metrics = ServerMetrics(engine)
@@ -83,7 +85,10 @@ def build_app(
     v1 = APIRouter(prefix="/v1", dependencies=deps)
     _add_openai_routes(v1, serving, engine, model_name)
     _add_cache_routes(v1, engine, hub if cache_events else None)
-    _add_disaggregation(app, v1, serving, engine, metrics, disaggregation_mode, api_key)
+    _add_disaggregation(
+        app, v1, serving, engine, metrics, disaggregation_mode, api_key,
+        disaggregation_transfer_backend,
+    )  # fmt: skip
     # The cache dashboard: /dashboard (page), /v1/cache/tree, /v1/dashboard/stats.
     add_dashboard(app, v1, engine, metrics, api_key, show_text=dashboard_show_text)
     app.include_router(v1)
@@ -121,7 +126,7 @@ def _add_openai_routes(
 
 def _add_disaggregation(
     app: FastAPI, v1: APIRouter, serving: OpenAIServing, engine: ServedEngine,
-    metrics: ServerMetrics, mode: str, api_key: str | None,
+    metrics: ServerMetrics, mode: str, api_key: str | None, backend: str = "auto",
 ) -> None:  # fmt: skip
     """The prefill route, or a decode worker's handoffs (server/disagg.py)."""
     if mode == "null":
@@ -145,7 +150,7 @@ def _add_disaggregation(
             return await role.prefill(request)
 
     else:
-        serving.decode = DecodeRole(engine, metrics.registry, api_key)
+        serving.decode = DecodeRole(engine, metrics.registry, api_key, backend=backend)
         app.router.on_shutdown.append(serving.decode.close)
 
 

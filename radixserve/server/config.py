@@ -74,10 +74,11 @@ class ServerConfig(HttpConfig):
         choices=("null", "prefill", "decode"),
     )
     disaggregation_transfer_backend: str = option(
-        "http",
-        "how K/V moves from a prefill to a decode worker: 'http' (the decode worker fetches "
-        "it from the prefill worker over HTTP on TCP)",
-        choices=("http",),
+        "auto",
+        "how a decode worker takes K/V from a prefill worker: 'http' (in the answer, over "
+        "TCP), 'shm' (a file in /dev/shm the prefill worker writes: both on one host), "
+        "'auto' (shm where the prefill worker's URL is this host's loopback, else http)",
+        choices=("auto", "http", "shm"),
     )
 
 

@@ -15,17 +15,22 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import ipaddress
 import logging
+import os
+import tempfile
 import time
 import uuid
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import httpx
 from prometheus_client import CollectorRegistry, Counter
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
-from radixserve.engine.handoff import FirstToken, KVHandoff, decode, encode
+from radixserve.engine.handoff import FirstToken, KVHandoff, decode, encode_parts
 from radixserve.engine.outputs import RequestOutput
 from radixserve.engine.params import SamplingParams
 from radixserve.server.errors import APIError
@@ -37,8 +42,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MODES = ("null", "prefill", "decode")  # SGLang's --disaggregation-mode
-BACKENDS = ("http",)  # --disaggregation-transfer-backend
+BACKENDS = ("auto", "http", "shm")  # --disaggregation-transfer-backend
 PREFILL_PATH = "/v1/disaggregation/prefill"
+# The shm transport: handoffs as files here, named so; one its reader never took is removed
+# after SHM_TTL_S seconds.
+SHM_DIR = Path("/dev/shm")
+SHM_PREFIX = "radixserve-pd-"
+SHM_TTL_S = 60.0
 # SamplingParams fields a prefill worker does not take: it draws one token of one choice.
 _NOT_SENT = ("max_tokens", "n", "best_of", "structured", "return_logits", "prompt_logprobs")
 _MAX_PREFILL_BODY = 64 << 20
@@ -123,12 +133,19 @@ class PrefillRole:
             raise APIError(400, f"start: a multiple of the block size ({bs})", param="start")
         if namespace is not None and not isinstance(namespace, str):
             raise APIError(400, "namespace: a string or null", param="namespace")
+        transfer = body.get("transfer", "http")
+        if transfer not in ("http", "shm"):
+            raise APIError(400, "transfer: 'http' or 'shm'", param="transfer")
         params = _first_token_params(body.get("sampling", {}))
         out = await self._run(ids, params, namespace, start)
         if out.finish_reason not in ("stop", "length") or out.kv_handoff is None:
             raise APIError(503, f"the prefill failed: {out.error or out.finish_reason}")
-        handoff: KVHandoff = out.kv_handoff
-        data = await asyncio.to_thread(encode, handoff)
+        parts = encode_parts(out.kv_handoff)
+        if transfer == "shm" and SHM_DIR.is_dir():
+            path = await asyncio.to_thread(_write_shm, parts)
+            asyncio.get_running_loop().call_later(SHM_TTL_S, _remove, path)
+            return JSONResponse({"shm": str(path), "nbytes": sum(p.nbytes for p in parts)})
+        data = await asyncio.to_thread(b"".join, parts)
         return Response(data, media_type="application/octet-stream")
 
     async def _run(
@@ -161,9 +178,11 @@ class DecodeRole:
 
     def __init__(
         self, engine: LLMEngine, registry: CollectorRegistry, api_key: str | None = None,
-        timeout: float = 600.0,
+        timeout: float = 600.0, backend: str = "auto",
     ) -> None:  # fmt: skip
-        self.engine = engine
+        if backend not in BACKENDS:
+            raise ValueError(f"transfer backend {backend!r}: one of {', '.join(BACKENDS)}")
+        self.engine, self.backend = engine, backend
         self.metrics = TransferMetrics(registry)
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self._client: httpx.AsyncClient | None = None
@@ -200,7 +219,7 @@ class DecodeRole:
         start = min(start, (len(prompt_ids) - 1) // self.engine.block_size * self.engine.block_size)
         body = {
             "token_ids": prompt_ids, "namespace": namespace, "start": start,
-            "sampling": sampling_fields(params),
+            "sampling": sampling_fields(params), "transfer": self._transfer(url),
         }  # fmt: skip
         try:
             r = await self.client().post(
@@ -221,7 +240,7 @@ class DecodeRole:
                 code="prefill_unavailable",
             )  # fmt: skip
         try:
-            h = await asyncio.to_thread(decode, r.content, self.layout, self.dtype)
+            h = await asyncio.to_thread(self._read, r)
         except Exception as e:
             self.metrics.handoffs.labels("prefill_failed").inc()
             raise APIError(
@@ -235,10 +254,51 @@ class DecodeRole:
         self.metrics.seconds.inc(time.monotonic() - t0)
         return h.first
 
+    def _transfer(self, url: str) -> str:
+        """The transport to ask `url` for: shm for "shm", and for "auto" where the prefill
+        worker is on this host's loopback; else http."""
+        if self.backend != "auto":
+            return self.backend
+        host = urlsplit(url).hostname or ""
+        try:
+            local = host == "localhost" or ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            local = False
+        return "shm" if local and SHM_DIR.is_dir() else "http"
+
+    def _read(self, r: httpx.Response) -> KVHandoff:
+        """The handoff in a prefill worker's answer: its body, or the shm file it names (read,
+        then removed)."""
+        if not r.headers.get("content-type", "").startswith("application/json"):
+            return decode(r.content, self.layout, self.dtype)
+        path = Path(str(r.json().get("shm", "")))
+        if path.parent != SHM_DIR or not path.name.startswith(SHM_PREFIX):
+            raise ValueError(f"{path} is not a handoff file under {SHM_DIR}")
+        try:
+            with open(path, "rb") as f:
+                data = bytearray(os.fstat(f.fileno()).st_size)
+                f.readinto(data)
+        finally:
+            _remove(path)
+        return decode(data, self.layout, self.dtype)
+
     async def close(self) -> None:
         """Close the client."""
         if self._client is not None:
             await self._client.aclose()
+
+
+def _write_shm(parts: list[memoryview]) -> Path:
+    """`parts` into a new file under SHM_DIR (readable by this user only); its path."""
+    fd, name = tempfile.mkstemp(prefix=SHM_PREFIX, dir=SHM_DIR)
+    with os.fdopen(fd, "wb") as f:
+        for part in parts:
+            f.write(part)
+    return Path(name)
+
+
+def _remove(path: Path) -> None:
+    path.unlink(missing_ok=True)
 
 
 def _message(r: httpx.Response) -> str:

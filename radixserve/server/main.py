@@ -107,6 +107,7 @@ def _serve(engine: Any, cfg: ServerConfig, tiers: dict[str, int] | None = None) 
         dashboard_show_text=cfg.dashboard_show_text,
         api_key_tiers=tiers,
         disaggregation_mode=cfg.disaggregation_mode,
+        disaggregation_transfer_backend=cfg.disaggregation_transfer_backend,
     )
     line = startup_line(
         engine,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -87,6 +88,10 @@ def test_multi_turn_chats_through_the_pd_router_give_a_single_servers_text(fleet
     assert metric(prefill, "radixserve_generation_tokens_total") == requests
     assert metric(decode, "radixserve_kv_transfer_requests_total") == requests
     assert metric(decode, "radixserve_kv_transfer_bytes_total") > 0
+    # On one host the K/V went through /dev/shm (--disaggregation-transfer-backend auto); the
+    # decode worker removed each file it read.
+    shm = Path("/dev/shm")
+    assert not shm.is_dir() or not list(shm.glob("radixserve-pd-*"))
 
 
 def test_a_decode_worker_whose_prefill_worker_is_gone_answers_503(fleet) -> None:
