@@ -5,6 +5,7 @@ or answers a clear 503, and no request, block or pin is left behind on either wo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -143,6 +144,28 @@ def test_a_broken_transfer_is_a_503_and_leaves_nothing_behind(fleet: Fleet, mode
         fake.shutdown()
 
 
+@contextlib.contextmanager
+def pd_router(prefill: list[str], decode: str, ready: bool = True) -> Iterator[ServerProcess]:
+    """`route --pd-disaggregation` over `prefill` and `decode` (healthy first if `ready`)."""
+    urls = [a for url in prefill for a in ("--prefill", url)]
+    router = ServerProcess(
+        "--pd-disaggregation", *urls, "--decode", decode, "--log-level", "warning",
+        command="route",
+    )  # fmt: skip
+    try:
+        if ready:
+            router.wait_ready()
+        yield router
+    finally:
+        router.close()
+
+
+def all_answered(router: ServerProcess, first: int, n: int = 4) -> None:
+    for i in range(first, first + n):
+        r = ask(router.url, i, 4)
+        assert r.status_code == 200, r.text
+
+
 def test_a_prefill_worker_that_is_gone_is_passed_over_and_none_left_is_a_503(
     fleet: Fleet,
 ) -> None:
@@ -150,24 +173,13 @@ def test_a_prefill_worker_that_is_gone_is_passed_over_and_none_left_is_a_503(
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
     d = fleet.decode(1)["url"]
-    route = ("--pd-disaggregation", "--prefill", dead, "--prefill", fleet.prefill, "--decode", d)
-    router = ServerProcess(*route, "--log-level", "warning", command="route")
-    try:
-        router.wait_ready()
-        for i in range(4):
-            r = ask(router.url, 10 + i, 4)
-            assert r.status_code == 200, r.text
-    finally:
-        router.close()
-    only_dead = ("--pd-disaggregation", "--prefill", dead, "--decode", d)
-    router = ServerProcess(*only_dead, "--log-level", "warning", command="route")
-    try:
+    with pd_router([dead, fleet.prefill], d) as router:
+        all_answered(router, 10)
+    with pd_router([dead], d, ready=False) as router:
         wait_for(lambda: router.is_ready(lambda r: r.status_code == 503), 30, "a 503 /health")
         r = ask(router.url, 20, 4)
         assert r.status_code == 503, r.text
         assert "prefill worker" in r.json()["error"]["message"]
-    finally:
-        router.close()
     assert settled(d)
 
 
@@ -179,14 +191,9 @@ def test_a_prefill_worker_that_breaks_while_healthy_is_passed_over_on_the_same_d
     fake = fake_prefill("cut")
     broken = f"http://127.0.0.1:{fake.server_address[1]}"
     d = fleet.decode(1)["url"]
-    route = ("--pd-disaggregation", "--prefill", broken, "--prefill", fleet.prefill)
-    router = ServerProcess(*route, "--decode", d, "--log-level", "warning", command="route")
     try:
-        router.wait_ready()
-        for i in range(4):
-            r = ask(router.url, 30 + i, 4)
-            assert r.status_code == 200, r.text
+        with pd_router([broken, fleet.prefill], d) as router:
+            all_answered(router, 30)
     finally:
-        router.close()
         fake.shutdown()
     assert settled(d) and settled(fleet.prefill)
