@@ -197,3 +197,30 @@ def test_a_prefill_worker_that_breaks_while_healthy_is_passed_over_on_the_same_d
     finally:
         fake.shutdown()
     assert settled(d) and settled(fleet.prefill)
+
+
+def test_clients_that_leave_mid_stream_leave_nothing_behind(fleet: Fleet) -> None:
+    """8 streams at once through the router; half the clients hang up after a few chunks.
+    Every request the others read ends in full, and then no request runs or waits and no
+    block is pinned on any worker."""
+
+    def stream(i: int, leave: bool) -> int:
+        body = {
+            "prompt": f"Stream {i}: a long story about rivers, deltas and the sea.",
+            "max_tokens": 120, "temperature": 0, "ignore_eos": True, "stream": True,
+        }  # fmt: skip
+        chunks = 0
+        with httpx.stream("POST", f"{fleet.url}/v1/completions", json=body, timeout=300) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    chunks += 1
+                    if leave and chunks == 3:
+                        return chunks
+        return chunks
+
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda i: stream(i, i % 2 == 1), range(8)))
+    assert all(n >= 100 for n in got[0::2]) and all(n == 3 for n in got[1::2])
+    urls = [fleet.prefill, fleet.decode(0)["url"], fleet.decode(1)["url"]]
+    wait_for(lambda: all(settled(u) for u in urls), timeout=60, what="every worker idle")
