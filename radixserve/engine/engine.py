@@ -572,11 +572,10 @@ class LLMEngine:
         if self._speculator is not None:
             self._speculator.finish(req)
         if req.export_kv_from is not None and reason in ("stop", "length"):
-            ids, k, v = export_blocks(
-                self.kv_pool, req.block_table, req.prompt_token_ids, req.num_computed,
-                self.block_size, req.export_kv_from,
+            req.kv_export = export_blocks(
+                self.kv_pool, self.kv.pool.window, req.block_table, req.prompt_token_ids,
+                req.num_computed, req.export_kv_from,
             )  # fmt: skip
-            req.kv_export = (ids, k, v)
         self.scheduler.finish(req, cache_computed=reason != "error")
         req.metrics.finish_time = time.monotonic()
         self._requests.pop(req.request_id, None)

@@ -88,10 +88,10 @@ def _handoff(req: Request) -> KVHandoff | None:
     """What a finished prefill worker's request hands a decode worker, if it is one."""
     if req.kv_export is None or req.export_kv_from is None or not req.output_token_ids:
         return None
-    ids, k, v = req.kv_export
+    ids, k, v, window = req.kv_export
     logprobs = req.logprobs[0] if req.logprobs else None
     first = FirstToken(req.output_token_ids[0], logprobs, req.metrics.num_cached_tokens)
-    return KVHandoff(ids, min(req.export_kv_from, len(ids)), k, v, first)
+    return KVHandoff(ids, min(req.export_kv_from, len(ids)), k, v, first, window)
 
 
 def _stable_text_len(req: Request) -> int:

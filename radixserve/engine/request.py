@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from radixserve.engine.handoff import FirstToken
+from radixserve.engine.handoff import Export, FirstToken
 from radixserve.engine.outputs import RequestMetrics, RequestOutput
 from radixserve.engine.params import SamplingParams
 from radixserve.engine.structured import GrammarMatcher
@@ -87,7 +87,7 @@ class Request:
     # token when the request ends (a prefill worker's), and what that export gave; or the
     # first token, drawn by a prefill worker, to emit instead of drawing one.
     export_kv_from: int | None = None
-    kv_export: tuple[list[int], torch.Tensor, torch.Tensor] | None = None
+    kv_export: Export | None = None
     first_token: FirstToken | None = None
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.monotonic()))
 

@@ -137,13 +137,9 @@ def _add_disaggregation(
 
     if not isinstance(engine, LLMEngine):
         raise ConfigError("--disaggregation-mode needs the engine in this process")
-    if engine.kv.window is not None:
-        raise ConfigError(
-            "--disaggregation-mode: not for sliding-window models yet (their window pool's "
-            "K/V does not travel)"
-        )
     if mode == "prefill":
         role = PrefillRole(engine)
+        app.router.on_shutdown.append(role.close)
 
         @v1.post("/disaggregation/prefill", include_in_schema=False)
         async def disaggregation_prefill(request: Request) -> Response:

@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry, Counter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from radixserve.engine.handoff import FirstToken, KVHandoff, decode, encode_parts
+from radixserve.engine.handoff import FirstToken, KVHandoff, decode, encode_parts, pool_layout
 from radixserve.engine.outputs import RequestOutput
 from radixserve.engine.params import SamplingParams
 from radixserve.server.errors import APIError
@@ -116,10 +116,14 @@ class TransferMetrics:
 
 
 class PrefillRole:
-    """POST /v1/disaggregation/prefill on a prefill worker."""
+    """POST /v1/disaggregation/prefill on a prefill worker. Its shm files are named with its
+    pid: it removes those no decode worker took when it stops, and at its start those of
+    prefill workers no longer running."""
 
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
+        self._written: set[Path] = set()
+        _sweep_shm()
 
     async def prefill(self, request: Request) -> Response:
         """Run the request to its first token; answer its K/V (application/octet-stream)."""
@@ -143,10 +147,21 @@ class PrefillRole:
         parts = encode_parts(out.kv_handoff)
         if transfer == "shm" and SHM_DIR.is_dir():
             path = await asyncio.to_thread(_write_shm, parts)
-            asyncio.get_running_loop().call_later(SHM_TTL_S, _remove, path)
+            self._written.add(path)
+            asyncio.get_running_loop().call_later(SHM_TTL_S, self._forget, path)
             return JSONResponse({"shm": str(path), "nbytes": sum(p.nbytes for p in parts)})
         data = await asyncio.to_thread(b"".join, parts)
         return Response(data, media_type="application/octet-stream")
+
+    def _forget(self, path: Path) -> None:
+        """Remove `path` if its decode worker never took it."""
+        self._written.discard(path)
+        _remove(path)
+
+    async def close(self) -> None:
+        """Remove the shm files no decode worker took."""
+        for path in list(self._written):
+            self._forget(path)
 
     async def _run(
         self, ids: list[int], params: SamplingParams, namespace: str | None, start: int
@@ -188,7 +203,7 @@ class DecodeRole:
         self._client: httpx.AsyncClient | None = None
         self._headers, self._timeout = headers, httpx.Timeout(timeout, connect=5.0)
         pool = engine.kv_pool
-        self.layout = (pool.k.shape[0], pool.k.shape[2], pool.k.shape[3], pool.k.shape[4])
+        self.layout = pool_layout(pool)
         self.dtype = pool.k.dtype
 
     def client(self) -> httpx.AsyncClient:
@@ -289,8 +304,9 @@ class DecodeRole:
 
 
 def _write_shm(parts: list[memoryview]) -> Path:
-    """`parts` into a new file under SHM_DIR (readable by this user only); its path."""
-    fd, name = tempfile.mkstemp(prefix=SHM_PREFIX, dir=SHM_DIR)
+    """`parts` into a new file under SHM_DIR, named with this process's pid (readable by
+    this user only); its path."""
+    fd, name = tempfile.mkstemp(prefix=f"{SHM_PREFIX}{os.getpid()}-", dir=SHM_DIR)
     with os.fdopen(fd, "wb") as f:
         for part in parts:
             f.write(part)
@@ -299,6 +315,23 @@ def _write_shm(parts: list[memoryview]) -> Path:
 
 def _remove(path: Path) -> None:
     path.unlink(missing_ok=True)
+
+
+def _sweep_shm() -> None:
+    """Remove the shm files of prefill workers that are no longer running (killed before
+    they could)."""
+    if not SHM_DIR.is_dir():
+        return
+    for path in SHM_DIR.glob(f"{SHM_PREFIX}*"):
+        pid = path.name.removeprefix(SHM_PREFIX).partition("-")[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            _remove(path)
+        except PermissionError:  # another user's running process
+            pass
 
 
 def _message(r: httpx.Response) -> str:

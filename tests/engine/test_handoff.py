@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixserve.engine.handoff import KVHandoff, decode, encode
+from radixserve.engine.handoff import KVHandoff, decode, encode, pool_layout
 from radixserve.engine.params import SamplingParams
 from radixserve.errors import InvalidRequestError
 from tests.support import Collector, run_until_idle
@@ -33,9 +33,7 @@ def prefill(engine, prompt: list[int], params: SamplingParams, start: int = 0) -
     one = SamplingParams(**{**params.__dict__, "max_tokens": 1})
     out = run(engine, prompt, one, export_kv_from=start)
     assert out.kv_handoff is not None and len(out.token_ids) == 1
-    pool = engine.kv_pool
-    layout = (pool.k.shape[0], pool.k.shape[2], pool.k.shape[3], pool.k.shape[4])
-    return decode(encode(out.kv_handoff), layout, pool.k.dtype)
+    return decode(encode(out.kv_handoff), pool_layout(engine.kv_pool), engine.kv_pool.k.dtype)
 
 
 def check_clean(engine) -> None:
@@ -114,7 +112,7 @@ def test_a_handoff_that_does_not_fit_the_pool_is_refused(make_tiny_engine) -> No
     out = run(p, PROMPT, greedy(1), export_kv_from=0)
     data = encode(out.kv_handoff)
     pool = p.kv_pool
-    layout = (pool.k.shape[0], pool.k.shape[2], pool.k.shape[3], pool.k.shape[4])
+    layout = pool_layout(pool)
     with pytest.raises(InvalidRequestError, match="same model, block size and K/V dtype"):
         decode(data, (layout[0] + 1, *layout[1:]), pool.k.dtype)
     with pytest.raises(InvalidRequestError, match="same model"):
@@ -129,3 +127,50 @@ def test_a_handoff_takes_one_choice(make_tiny_engine) -> None:
     with pytest.raises(InvalidRequestError, match="one choice"):
         params = SamplingParams(max_tokens=2, temperature=0.0, n=2)
         make_tiny_engine().add_request(PROMPT, params, export_kv_from=0)
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "mistral"])  # local + global layers; every layer
+def test_sliding_window_models_hand_over_their_last_windows_k_v(
+    arch: str, tiny_pair_factory, default_tokenizer
+) -> None:
+    """With a window pool, the windowed layers' K/V travel for the prompt's last window only,
+    into slots of the decode engine's new blocks (the others give theirs back); the text is
+    a single engine's and the decode engine computes only the prompt's partial block."""
+    from dataclasses import replace
+
+    from radixserve.engine.config import EngineConfig
+    from radixserve.engine.engine import LLMEngine
+    from radixserve.values import ceil_div
+    from tests.support.models import TINY_WINDOW
+
+    _, model = tiny_pair_factory(
+        arch=arch, vocab_size=len(default_tokenizer.hf), hidden_size=64, intermediate_size=128,
+        max_position_embeddings=512,
+    )  # fmt: skip
+    base = EngineConfig(block_size=4, num_blocks=96, max_num_batched_tokens=16)
+    config = replace(base, window_slots=ceil_div(TINY_WINDOW + 16, 4) + 2)
+
+    def engine() -> LLMEngine:
+        return LLMEngine.from_parts(config, model, default_tokenizer, "tiny")
+
+    single, p, d = engine(), engine(), engine()
+    assert d.kv.pool.window is not None
+    prompt = [100 + (7 * i) % 3000 for i in range(61)]  # 15 whole blocks, 1 over; window 8
+    want = run(single, prompt, greedy(10))
+    handoff = prefill(p, prompt, greedy(10))
+    assert handoff.window is not None and handoff.num_blocks == 15
+    assert handoff.window.blocks == [13, 14]  # the blocks the last window lies in
+    assert d.import_handoff(handoff) == 60
+    window = d.kv.pool.window
+    d.kv.check_invariants()
+    assert window.num_pinned == 0  # the imported slots are cached, not held
+    got = run(d, prompt, greedy(10), first_token=handoff.first)
+    assert got.token_ids == want.token_ids
+    assert got.metrics.num_computed_prompt_tokens == 1
+    check_clean(d)
+    # A decode engine without a window pool cannot take it.
+    plain = LLMEngine.from_parts(
+        replace(base, disable_hybrid_swa_memory=True), model, default_tokenizer, "tiny"
+    )
+    with pytest.raises(InvalidRequestError, match="same model"):
+        decode(encode(handoff), pool_layout(plain.kv_pool), plain.kv_pool.k.dtype)

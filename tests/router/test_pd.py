@@ -47,6 +47,12 @@ def fleet() -> Iterator[dict[str, Any]]:
         pd.close()
 
 
+def shm_files() -> set[Path]:
+    """The shm handoff files there are now."""
+    shm = Path("/dev/shm")
+    return set(shm.glob("radixserve-pd-*")) if shm.is_dir() else set()
+
+
 def client(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
 
@@ -71,6 +77,7 @@ def test_multi_turn_chats_through_the_pd_router_give_a_single_servers_text(fleet
         t: [{"role": "system", "content": "You are a concise assistant. " * 8}] for t in topics
     }
     requests = 0
+    before = shm_files()
     for turn in range(3):
         for i, topic in enumerate(topics):
             msgs = convs[topic]
@@ -90,8 +97,7 @@ def test_multi_turn_chats_through_the_pd_router_give_a_single_servers_text(fleet
     assert metric(decode, "radixserve_kv_transfer_bytes_total") > 0
     # On one host the K/V went through /dev/shm (--disaggregation-transfer-backend auto); the
     # decode worker removed each file it read.
-    shm = Path("/dev/shm")
-    assert not shm.is_dir() or not list(shm.glob("radixserve-pd-*"))
+    assert shm_files() <= before
 
 
 def test_a_decode_worker_whose_prefill_worker_is_gone_answers_503(fleet) -> None:
@@ -124,3 +130,29 @@ def test_the_prefill_route_checks_its_input(fleet) -> None:
     r = httpx.post(url, json={"token_ids": [1, 2, 3, 4, 5], "sampling": {"temperature": 0}})
     assert r.status_code == 200 and r.headers["content-type"] == "application/octet-stream"
     assert r.content.startswith(b"RADIXSERVE-PD-1\n")
+
+
+def test_a_sliding_window_model_through_serve_pd_gives_a_single_servers_text(
+    gemma_gguf: Path,
+) -> None:
+    """Gemma 3 270M (Q4_K_M, local + global attention layers, a window pool on the CPU) in
+    float32: three turns of a growing prompt through `serve --pd 1:1` give a single server's
+    text, and later turns are cached."""
+    args = ("--model", str(gemma_gguf), *ARGS)
+    single, pd = ServerProcess(*args), ServerProcess("--pd", "1:1", *args)
+    try:
+        single.wait_ready()
+        pd.wait_ready()
+        text = "You are a helpful assistant. " * 40
+        for turn in range(3):
+            text += f"\nQuestion {turn}: tell me about the moon and its phases.\nAnswer:"
+            body = {"prompt": text, "max_tokens": 24, "temperature": 0}
+            want = httpx.post(f"{single.url}/v1/completions", json=body, timeout=300).json()
+            got = httpx.post(f"{pd.url}/v1/completions", json=body, timeout=300).json()
+            assert got["choices"][0]["text"] == want["choices"][0]["text"], turn
+            if turn:
+                assert got["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+            text += got["choices"][0]["text"]
+    finally:
+        single.close()
+        pd.close()

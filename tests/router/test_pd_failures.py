@@ -13,6 +13,7 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -224,3 +225,18 @@ def test_clients_that_leave_mid_stream_leave_nothing_behind(fleet: Fleet) -> Non
     assert all(n >= 100 for n in got[0::2]) and all(n == 3 for n in got[1::2])
     urls = [fleet.prefill, fleet.decode(0)["url"], fleet.decode(1)["url"]]
     wait_for(lambda: all(settled(u) for u in urls), timeout=60, what="every worker idle")
+
+
+def test_a_stopping_prefill_worker_removes_the_files_no_decode_worker_took(fleet: Fleet) -> None:
+    """Asked for a handoff through /dev/shm by a decode worker that then never read it (as
+    one killed in between): the file stays until the prefill worker stops. (Last: it stops
+    the fleet.)"""
+    if not Path("/dev/shm").is_dir():
+        pytest.skip("no /dev/shm here")
+    body = {"token_ids": list(range(100, 140)), "sampling": {"temperature": 0}, "transfer": "shm"}
+    r = httpx.post(f"{fleet.prefill}/v1/disaggregation/prefill", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    path = Path(r.json()["shm"])
+    assert path.exists() and path.parent == Path("/dev/shm")
+    assert fleet.server.terminate() == 0  # the launcher stops its workers
+    wait_for(lambda: not path.exists(), timeout=30, what="the handoff file removed")

@@ -3,6 +3,8 @@ what it accepts as a shm handoff."""
 
 from __future__ import annotations
 
+import os
+
 import httpx
 import pytest
 import torch
@@ -15,6 +17,7 @@ from radixserve.server.disagg import DecodeRole, can_hand_off, sampling_fields
 
 class _Pool:
     k = torch.zeros(2, 3, 4, 5, 6)
+    window_slots = None
 
 
 class _Engine:
@@ -64,3 +67,14 @@ def test_what_a_prefill_worker_is_sent_of_the_sampling() -> None:
     assert not can_hand_off(SamplingParams(n=2)) and not can_hand_off(
         SamplingParams(prompt_logprobs=1)
     )
+
+
+def test_shm_files_of_prefill_workers_no_longer_running_are_swept(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(disagg, "SHM_DIR", tmp_path)
+    dead = tmp_path / "radixserve-pd-999999999-abc"  # no such pid
+    mine = tmp_path / f"radixserve-pd-{os.getpid()}-abc"
+    other = tmp_path / "something-else"
+    for p in (dead, mine, other):
+        p.write_bytes(b"x")
+    disagg._sweep_shm()
+    assert not dead.exists() and mine.exists() and other.exists()
