@@ -122,6 +122,8 @@ def import_handoff(
     came keep the slots they were allocated with. Call on the engine's loop thread, between
     steps."""
     bs, ids = cache.block_size, handoff.token_ids
+    if not cache.enabled:  # caches nothing: the request computes its prompt
+        return 0
     have = cache.peek_prefix(ids, namespace)
     if have < handoff.start or have >= len(ids):
         return 0

@@ -126,7 +126,9 @@ class PrefillRole:
         _sweep_shm()
 
     async def prefill(self, request: Request) -> Response:
-        """Run the request to its first token; answer its K/V (application/octet-stream)."""
+        """Run the request to its first token; answer its handoff (engine/handoff.py's wire
+        format: as application/octet-stream, or with "transfer": "shm" in a file under
+        SHM_DIR whose path the JSON answer names)."""
         body = await read_json_body(request, _MAX_PREFILL_BODY)
         ids, start = body.get("token_ids"), body.get("start", 0)
         namespace = body.get("namespace")

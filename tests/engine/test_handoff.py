@@ -174,3 +174,19 @@ def test_sliding_window_models_hand_over_their_last_windows_k_v(
     )
     with pytest.raises(InvalidRequestError, match="same model"):
         decode(encode(handoff), pool_layout(plain.kv_pool), plain.kv_pool.k.dtype)
+
+
+def test_a_decode_engine_with_the_cache_off_takes_nothing_and_computes_the_prompt(
+    make_tiny_engine,
+) -> None:
+    single, p, d = (
+        make_tiny_engine(),
+        make_tiny_engine(),
+        make_tiny_engine(enable_prefix_cache=False),
+    )
+    handoff = prefill(p, PROMPT, greedy(4))
+    assert d.import_handoff(handoff) == 0
+    got = run(d, PROMPT, greedy(4), first_token=handoff.first)
+    assert got.token_ids == run(single, PROMPT, greedy(4)).token_ids
+    assert got.metrics.num_computed_prompt_tokens == 30
+    check_clean(d)
