@@ -256,8 +256,8 @@ class PrefillBurst(Workload):
     chats whose turns answer at length (`stream_tokens`), behind one shared system prompt,
     while `bursts` one-off long documents (`doc_tokens`, a short answer each) arrive among
     them. Session ids say which: stream-* and burst-*. Run it at concurrency streams + 1 so
-    that one document is in flight beside the streams; bench/pd_burst.py reports the
-    streams' time per output token, the documents' TTFT and the streams' cached share."""
+    that documents arrive while the streams decode; bench/pd_burst.py reports the streams'
+    time per output token, the documents' TTFT and the streams' cached share."""
 
     name: ClassVar[str] = "pd_burst"
     summary: ClassVar[str] = "chats decoding at length while long new documents arrive"
