@@ -204,9 +204,10 @@ class LLMEngine:
         everything it is given. See docs/INTERFACES.md.
 
         Prefill/decode disaggregation (docs/disaggregation.md): with `export_kv_from` (a
-        multiple of the block size) the final output carries the prompt's whole blocks' K/V
-        from that token on (`RequestOutput.kv_handoff`); with `first_token` the request
-        emits that token first instead of drawing one (a prefill worker drew it)."""
+        multiple of the block size) the final output carries the K/V of the whole blocks the
+        request computed, from that token on (`RequestOutput.kv_handoff`: a prefill worker's
+        prompt, or what a decode worker adds to it); with `first_token` the request emits
+        that token first instead of drawing one (a prefill worker drew it)."""
         if self._crashed is not None or self._stop:
             raise EngineDeadError("the engine has stopped")
         ids = list(prompt_token_ids)
@@ -573,7 +574,7 @@ class LLMEngine:
             self._speculator.finish(req)
         if req.export_kv_from is not None and reason in ("stop", "length"):
             req.kv_export = export_blocks(
-                self.kv_pool, self.kv.pool.window, req.block_table, req.prompt_token_ids,
+                self.kv_pool, self.kv.pool.window, req.block_table, req.token_ids,
                 req.num_computed, req.export_kv_from,
             )  # fmt: skip
         self.scheduler.finish(req, cache_computed=reason != "error")

@@ -89,15 +89,15 @@ def pool_layout(pool: KVPool) -> tuple[int, int, int, int, int]:
 
 
 def export_blocks(
-    pool: KVPool, slots: WindowSlots | None, block_table: list[int], prompt: list[int],
+    pool: KVPool, slots: WindowSlots | None, block_table: list[int], tokens: list[int],
     computed: int, start: int,
 ) -> Export:  # fmt: skip
-    """The prompt's whole blocks computed so far (token ids) and copies of their K/V from
-    token `start` (a multiple of the block size) on, out of a request's `block_table`; with
-    a window pool (`slots`), the windowed layers' K/V of those blocks in the last window of
-    the prompt's whole blocks that hold their slots."""
+    """The whole blocks of `tokens` computed so far (their token ids: a prefill worker's
+    request computed its prompt) and copies of their K/V from token `start` (a multiple of
+    the block size) on, out of a request's `block_table`; with a window pool (`slots`), the
+    windowed layers' K/V of those blocks in their last window that hold their slots."""
     bs = pool.block_size
-    n_full = min(len(prompt), computed) // bs
+    n_full = min(len(tokens), computed) // bs
     first = min(start // bs, n_full)
     blocks = block_table[first:n_full]
     k, v = gather_blocks(pool, blocks)
@@ -109,7 +109,7 @@ def export_blocks(
         window = WindowKV(
             carried, pool.k_window.index_select(1, idx), pool.v_window.index_select(1, idx)
         )
-    return prompt[: n_full * bs], k, v, window
+    return tokens[: n_full * bs], k, v, window
 
 
 def import_handoff(

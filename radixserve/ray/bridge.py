@@ -184,6 +184,7 @@ class RemoteEngine(ServedEngine):
         bounded: bool = False,
         session_id: str | None = None,
         first_token: FirstToken | None = None,
+        export_kv_from: int | None = None,
     ) -> str:
         """Not here: `RemoteBridge.submit` sends requests to the replicas."""
         raise _not_on_ingress("add_request")
@@ -225,10 +226,13 @@ class RemoteBridge(EngineBridge):
         stream: bool = True,
         session_id: str | None = None,
         first_token: FirstToken | None = None,
+        export_kv_from: int | None = None,
+        on_finished: Callable[[RequestOutput], None] | None = None,
     ) -> RemoteStream:
         """Send the request; a streamed one is accepted (or refused) by a replica on return.
-        (No `first_token`: prefill/decode disaggregation runs on `radixserve serve`.)"""
-        if first_token is not None:
+        (No `first_token`, `export_kv_from` or `on_finished`: prefill/decode disaggregation
+        runs on `radixserve serve`.)"""
+        if first_token is not None or export_kv_from is not None or on_finished is not None:
             raise _not_on_ingress("a K/V handoff")
         call = EngineCall(
             list(prompt_token_ids), params, request_id, namespace, priority, session_id

@@ -145,6 +145,10 @@ def _add_disaggregation(
         async def disaggregation_prefill(request: Request) -> Response:
             return await role.prefill(request)
 
+        @v1.post("/disaggregation/write_back", include_in_schema=False)
+        async def disaggregation_write_back(request: Request) -> Response:
+            return await role.write_back(request)
+
     else:
         serving.decode = DecodeRole(engine, metrics.registry, api_key, backend=backend)
         app.router.on_shutdown.append(serving.decode.close)

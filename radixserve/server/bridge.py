@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Protocol
 
 from starlette.requests import Request
@@ -150,25 +150,37 @@ class EngineBridge:
         stream: bool = True,
         session_id: str | None = None,
         first_token: FirstToken | None = None,
+        export_kv_from: int | None = None,
+        on_finished: Callable[[RequestOutput], None] | None = None,
     ) -> OutputStream:
         """Add a request; raises the engine's validation errors (QueueFullError, ...) directly.
 
         `stream` says whether the caller reads every output or only the last; a bridge to a
-        remote engine may use it, this one does not need to. `first_token`: drawn by a
-        prefill worker, whose K/V this engine holds (server/disagg.py).
+        remote engine may use it, this one does not need to. Prefill/decode disaggregation
+        (server/disagg.py): `first_token` was drawn by a prefill worker, whose K/V this engine
+        holds; with `export_kv_from` the finished output carries the K/V computed here from
+        that token on, and `on_finished(output)` runs on the event loop once it is there.
         """
         loop = asyncio.get_running_loop()
         out = RequestStream(self.engine, loop, self.observer, params.n)
+
+        def on_output(output: RequestOutput) -> None:
+            out.on_output(output)
+            if output.finished and on_finished is not None:
+                with contextlib.suppress(RuntimeError):  # the loop is closed
+                    loop.call_soon_threadsafe(on_finished, output)
+
         out.request_id = self.engine.add_request(
             prompt_token_ids,
             params,
             request_id=request_id,
             namespace=namespace,
             priority=priority,
-            on_output=out.on_output,
+            on_output=out.on_output if on_finished is None else on_output,
             bounded=True,
             session_id=session_id,
             first_token=first_token,
+            export_kv_from=export_kv_from,
         )
         return out
 

@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry, Counter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from radixserve.engine.handoff import FirstToken, KVHandoff, decode, encode_parts, pool_layout
+from radixserve.engine.handoff import KVHandoff, decode, encode_parts, pool_layout
 from radixserve.engine.outputs import RequestOutput
 from radixserve.engine.params import SamplingParams
 from radixserve.server.errors import APIError
@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 MODES = ("null", "prefill", "decode")  # SGLang's --disaggregation-mode
 BACKENDS = ("auto", "http", "shm")  # --disaggregation-transfer-backend
 PREFILL_PATH = "/v1/disaggregation/prefill"
+WRITE_BACK_PATH = "/v1/disaggregation/write_back"
 # The shm transport: handoffs as files here, named so; one its reader never took is removed
 # after SHM_TTL_S seconds.
 SHM_DIR = Path("/dev/shm")
@@ -113,6 +114,16 @@ class TransferMetrics:
             "Seconds from asking a prefill worker to the K/V in this pool",
             registry=registry,
         )
+        self.write_backs = Counter(
+            "radixserve_kv_write_back_requests",
+            "Finished requests whose K/V past the prompt went back to the prefill worker",
+            ["outcome"],
+            registry=registry,
+        )
+        self.written_back = Counter(
+            "radixserve_kv_write_back_tokens", "Tokens whose K/V went back to prefill workers",
+            registry=registry,
+        )  # fmt: skip
 
 
 class PrefillRole:
@@ -154,6 +165,16 @@ class PrefillRole:
             return JSONResponse({"shm": str(path), "nbytes": sum(p.nbytes for p in parts)})
         data = await asyncio.to_thread(b"".join, parts)
         return Response(data, media_type="application/octet-stream")
+
+    async def write_back(self, request: Request) -> Response:
+        """Take a decode worker's K/V of what it computed past a prompt this worker prefilled
+        (the wire format, in the body) into this pool and tree."""
+        data = await request.body()
+        namespace = request.query_params.get("namespace")
+        pool = self.engine.kv_pool
+        handoff = await asyncio.to_thread(decode, data, pool_layout(pool), pool.k.dtype)
+        added = await asyncio.to_thread(self.engine.import_handoff, handoff, namespace)
+        return JSONResponse({"tokens": added})
 
     def _forget(self, path: Path) -> None:
         """Remove `path` if its decode worker never took it."""
@@ -200,6 +221,7 @@ class DecodeRole:
         if backend not in BACKENDS:
             raise ValueError(f"transfer backend {backend!r}: one of {', '.join(BACKENDS)}")
         self.engine, self.backend = engine, backend
+        self._sending: set[asyncio.Task[None]] = set()  # write-backs under way
         self.metrics = TransferMetrics(registry)
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self._client: httpx.AsyncClient | None = None
@@ -217,20 +239,23 @@ class DecodeRole:
     async def handoff(
         self, prompt_ids: list[int], params: SamplingParams, namespace: str | None,
         transfer: dict[str, Any] | None,
-    ) -> FirstToken | None:  # fmt: skip
-        """The first token a prefill worker drew for this request, its K/V now in this pool
-        and tree; None where the request names no prefill worker or cannot be handed off.
-        A prefill worker that fails is a 503 (the router tries another pair)."""
+    ) -> dict[str, Any]:  # fmt: skip
+        """EngineBridge.submit's arguments for a request prefilled on the worker `transfer`
+        names, its K/V now in this pool and tree: the first token that worker drew, and the
+        write-back of what this worker computes after the prompt's whole blocks, which that
+        worker then holds too (its next turn prefills only what is new). {} where the request
+        names no prefill worker or cannot be handed off. A prefill worker that fails is a 503
+        (the router tries another pair)."""
         url = (transfer or {}).get("prefill_url")
         if not url:
-            return None
+            return {}
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise APIError(
                 400, "kv_transfer_params.prefill_url: an http(s) URL", param="kv_transfer_params"
             )
         if not can_hand_off(params):
             self.metrics.handoffs.labels("served_here").inc()
-            return None
+            return {}
         t0 = time.monotonic()
         start = self.engine.kv.cache.peek_prefix(prompt_ids, namespace)
         start = min(start, (len(prompt_ids) - 1) // self.engine.block_size * self.engine.block_size)
@@ -269,7 +294,37 @@ class DecodeRole:
         self.metrics.bytes.inc(h.nbytes)
         self.metrics.tokens.inc(added)
         self.metrics.seconds.inc(time.monotonic() - t0)
-        return h.first
+        back_from = len(prompt_ids) // self.engine.block_size * self.engine.block_size
+        return {
+            "first_token": h.first, "export_kv_from": back_from,
+            "on_finished": lambda out: self._write_back(url, namespace, out),
+        }  # fmt: skip
+
+    def _write_back(self, url: str, namespace: str | None, out: RequestOutput) -> None:
+        """Send a finished request's K/V past its prompt's whole blocks (its last partial
+        block, its answer) to the prefill worker at `url`, in the background; a failure
+        costs that worker a prefill later, nothing else."""
+        handoff: KVHandoff | None = out.kv_handoff
+        if out.finish_reason not in ("stop", "length") or handoff is None or not handoff.num_blocks:
+            return
+
+        async def send() -> None:
+            data = await asyncio.to_thread(lambda: b"".join(encode_parts(handoff)))
+            try:
+                r = await self.client().post(
+                    url.rstrip("/") + WRITE_BACK_PATH, content=data, headers=self._headers,
+                    params={} if namespace is None else {"namespace": namespace},
+                )  # fmt: skip
+                ok = r.status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            self.metrics.write_backs.labels("ok" if ok else "failed").inc()
+            if ok:
+                self.metrics.written_back.inc(handoff.num_blocks * self.engine.block_size)
+
+        task = asyncio.get_running_loop().create_task(send())
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
 
     def _transfer(self, url: str) -> str:
         """The transport to ask `url` for: shm for "shm", and for "auto" where the prefill

@@ -78,9 +78,11 @@ class ServedEngine(Protocol):
         bounded: bool = False,
         session_id: str | None = None,
         first_token: FirstToken | None = None,
+        export_kv_from: int | None = None,
     ) -> str:
         """Validate and queue a request (the in-process bridge); returns its id. With
-        `first_token`, drawn by a prefill worker whose K/V this engine took in."""
+        `first_token`, drawn by a prefill worker whose K/V this engine took in; with
+        `export_kv_from`, its finished output carries its K/V from that token on."""
 
     def abort(self, request_id: str) -> None:
         """Abort a request at any stage (thread-safe)."""

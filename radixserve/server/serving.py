@@ -200,9 +200,9 @@ class OpenAIServing:
     ) -> OutputStream:
         tier = self.api_key_tiers.get(bearer_token(request) or "")
         session_key = req.user or getattr(req, "prompt_cache_key", None)
-        first = None
+        handed: dict[str, Any] = {}  # bridge.submit's handoff arguments, if prefilled elsewhere
         if self.decode is not None:  # prefilled on the worker kv_transfer_params names
-            first = await self.decode.handoff(
+            handed = await self.decode.handoff(
                 prompt_ids, params, req.cache_salt, req.kv_transfer_params
             )
         return await self.bridge.submit(
@@ -213,7 +213,7 @@ class OpenAIServing:
             priority=req.priority if tier is None else tier,
             session_id=session_id(request, session_key),
             stream=bool(req.stream),
-            **({"first_token": first} if first is not None else {}),
+            **handed,
         )
 
     def _max_tokens(self, requested: int | None, num_prompt: int, prompt_param: str) -> int:

@@ -190,3 +190,25 @@ def test_a_decode_engine_with_the_cache_off_takes_nothing_and_computes_the_promp
     assert got.token_ids == run(single, PROMPT, greedy(4)).token_ids
     assert got.metrics.num_computed_prompt_tokens == 30
     check_clean(d)
+
+
+def test_the_decode_engines_answer_goes_back_to_the_prefill_engine(make_tiny_engine) -> None:
+    """With export_kv_from at the prompt's whole blocks, the decode engine's finished output
+    carries the K/V it computed past them (the prompt's partial block, the answer); the
+    prefill engine takes it in, so a next turn there hits through the answer."""
+    single, p, d = make_tiny_engine(), make_tiny_engine(), make_tiny_engine()
+    handoff = prefill(p, PROMPT, greedy(9))
+    d.import_handoff(handoff)
+    got = run(d, PROMPT, greedy(9), first_token=handoff.first, export_kv_from=28)
+    back = got.kv_handoff
+    assert back is not None and back.start == 28
+    history = PROMPT + got.token_ids  # 39 tokens, 38 computed: 9 whole blocks
+    assert back.token_ids == history[:36] and back.num_blocks == 2
+    layout = pool_layout(p.kv_pool)
+    assert p.import_handoff(decode(encode(back), layout, p.kv_pool.k.dtype)) == 8
+    assert p.kv.cache.peek_prefix(history) == 36
+    nxt = history + [5, 6, 7]
+    again = run(p, nxt, greedy(3))
+    assert again.num_cached_tokens == 36
+    assert again.token_ids == run(single, nxt, greedy(3)).token_ids
+    check_clean(p)

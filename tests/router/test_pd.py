@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support import ServerProcess
+from tests.support import ServerProcess, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -78,6 +78,8 @@ def test_multi_turn_chats_through_the_pd_router_give_a_single_servers_text(fleet
     }
     requests = 0
     before = shm_files()
+    prefill, decode = fleet["prefill"], fleet["decode"]
+    last_prompt = dict.fromkeys(topics, 0)
     for turn in range(3):
         for i, topic in enumerate(topics):
             msgs = convs[topic]
@@ -86,11 +88,17 @@ def test_multi_turn_chats_through_the_pd_router_give_a_single_servers_text(fleet
             got, usage = chat(fleet["router"], msgs, stream=(turn + i) % 2 == 1)
             requests += 1
             assert got == want, (turn, topic)
-            cached = usage.prompt_tokens_details.cached_tokens
-            if turn:  # the conversation so far was prefilled before (on the prefill worker)
-                assert cached > 0
+            # The conversation so far was prefilled on the prefill worker, and its answers
+            # came back to it from the decode worker: the hit reaches past the last prompt.
+            if turn:
+                assert usage.prompt_tokens_details.cached_tokens > last_prompt[topic]
+            last_prompt[topic] = usage.prompt_tokens
             msgs.append({"role": "assistant", "content": got})
-    prefill, decode = fleet["prefill"], fleet["decode"]
+            wait_for(  # in the background, after the answer: before the next turn here
+                lambda n=requests: metric(decode, "radixserve_kv_write_back_requests_total") == n,
+                timeout=30, what="the decode worker's write-back",
+            )  # fmt: skip
+    assert metric(decode, "radixserve_kv_write_back_tokens_total") > 0
     # The prefill worker drew one token per request; the decode worker emitted every token.
     assert metric(prefill, "radixserve_generation_tokens_total") == requests
     assert metric(decode, "radixserve_kv_transfer_requests_total") == requests
