@@ -42,6 +42,16 @@ def check_clean(engine) -> None:
     assert engine.kv.num_private_blocks == 0
 
 
+def takes_nothing_and_computes_the_prompt(single, d, handoff: KVHandoff, n: int) -> None:
+    """`d` adds none of `handoff`'s K/V, computes the whole prompt, and gives `single`'s
+    tokens."""
+    assert d.import_handoff(handoff) == 0
+    got = run(d, PROMPT, greedy(n), first_token=handoff.first)
+    assert got.token_ids == run(single, PROMPT, greedy(n)).token_ids
+    assert got.metrics.num_computed_prompt_tokens == len(PROMPT)
+    check_clean(d)
+
+
 def test_a_handed_over_request_gives_a_single_engines_tokens(make_tiny_engine) -> None:
     single, p, d = make_tiny_engine(), make_tiny_engine(), make_tiny_engine()
     want = run(single, PROMPT, greedy(8))
@@ -84,11 +94,7 @@ def test_a_handoff_past_an_evicted_prefix_adds_nothing_and_the_request_computes_
     run(d, PROMPT[:16] + [1, 2], greedy(2))
     handoff = prefill(p, PROMPT, greedy(5), start=16)
     d.kv.cache.reset()  # the decode engine's 16 tokens are gone before the K/V arrives
-    assert d.import_handoff(handoff) == 0
-    got = run(d, PROMPT, greedy(5), first_token=handoff.first)
-    assert got.token_ids == run(single, PROMPT, greedy(5)).token_ids
-    assert got.metrics.num_computed_prompt_tokens == 30
-    check_clean(d)
+    takes_nothing_and_computes_the_prompt(single, d, handoff, 5)
 
 
 def test_seeded_sampling_and_logprobs_carry_over(make_tiny_engine) -> None:
@@ -185,11 +191,7 @@ def test_a_decode_engine_with_the_cache_off_takes_nothing_and_computes_the_promp
         make_tiny_engine(enable_prefix_cache=False),
     )
     handoff = prefill(p, PROMPT, greedy(4))
-    assert d.import_handoff(handoff) == 0
-    got = run(d, PROMPT, greedy(4), first_token=handoff.first)
-    assert got.token_ids == run(single, PROMPT, greedy(4)).token_ids
-    assert got.metrics.num_computed_prompt_tokens == 30
-    check_clean(d)
+    takes_nothing_and_computes_the_prompt(single, d, handoff, 4)
 
 
 def test_the_decode_engines_answer_goes_back_to_the_prefill_engine(make_tiny_engine) -> None:
