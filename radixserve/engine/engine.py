@@ -9,6 +9,7 @@ import uuid
 import weakref
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
+from dataclasses import dataclass, field
 
 import torch
 
@@ -106,8 +107,8 @@ class LLMEngine:
         self._wake = threading.Condition(self._lock)
         self._inbox: list[Request] = []
         self._aborts: list[str] = []
-        self._resets: list[Future[int]] = []  # reset_prefix_cache calls waiting for the loop
-        self._handoffs: list[tuple[KVHandoff, Hashable, Future[int]]] = []  # import_handoff's
+        # Calls waiting for the loop thread (`_on_loop`: reset_prefix_cache, import_handoff)
+        self._calls: list[_LoopCall] = []
         self._requests: dict[str, Request] = {}
         self._groups: dict[str, list[Request]] = {}  # a request's choices, by its id
         self._thread: threading.Thread | None = None
@@ -276,15 +277,24 @@ class LLMEngine:
         loop thread between steps; returns the pool blocks freed. Cache listeners hear of
         it (`PrefixCache.reset`). Raises EngineDeadError if the loop is not running, and
         TimeoutError if the loop took longer than `timeout` to get to it."""
-        if self._thread is None:  # not started (tests that drive `step` themselves)
-            return self._reset_cache()
-        done: Future[int] = Future()
+        return self._on_loop(self._reset_cache, "the reset", timeout)
+
+    def _on_loop(
+        self, fn: Callable[[], int], what: str, timeout: float | None, contained: bool = False
+    ) -> int:
+        """`fn()` on the loop thread between steps (here if the loop was never started:
+        tests that drive `step` themselves). Its exception reaches the caller; unless
+        `contained`, it also ends the loop as a crash. Raises EngineDeadError if the loop is
+        not running or stops first (naming `what`), TimeoutError past `timeout`."""
+        if self._thread is None:
+            return fn()
+        call = _LoopCall(fn, what, contained)
         with self._lock:
             if self._stop or self._crashed is not None:
                 raise EngineDeadError("the engine has stopped")
-            self._resets.append(done)
+            self._calls.append(call)
             self._wake.notify_all()
-        return done.result(timeout)
+        return call.done.result(timeout)
 
     def _reset_cache(self) -> int:
         """Drop every unpinned cached prefix, and the outputs kept for drafting with them."""
@@ -313,19 +323,14 @@ class LLMEngine:
         """Put a prefill worker's K/V into this engine's pool and tree, on the loop thread
         between steps (handoff.import_handoff); returns the tokens added. Raises
         EngineDeadError if the loop is not running, TimeoutError past `timeout`."""
-        if self._thread is None:  # not started (tests that drive `step` themselves)
-            return import_handoff(self.kv.cache, self.kv_pool, handoff, namespace)
-        done: Future[int] = Future()
-        with self._lock:
-            if self._stop or self._crashed is not None:
-                raise EngineDeadError("the engine has stopped")
-            self._handoffs.append((handoff, namespace, done))
-            self._wake.notify_all()
-        return done.result(timeout)
+        return self._on_loop(
+            lambda: import_handoff(self.kv.cache, self.kv_pool, handoff, namespace),
+            "the handoff", timeout, contained=True,
+        )  # fmt: skip
 
     def _idle(self) -> bool:
         """Nothing for the loop to do (call with the lock held)."""
-        queued = (self._inbox, self._aborts, self._resets, self._handoffs)
+        queued = (self._inbox, self._aborts, self._calls)
         busy = any(queued) or self.scheduler.has_work()
         return not (self._stop or busy)
 
@@ -354,12 +359,9 @@ class LLMEngine:
             for req in list(self._requests.values()):
                 self._finish(req, "abort" if self._crashed is None else "error")
             with self._lock:
-                resets, self._resets = self._resets, []
-                handoffs, self._handoffs = self._handoffs, []
-            for done in resets:
-                done.set_exception(EngineDeadError("the engine stopped before the reset"))
-            for *_, taken in handoffs:
-                taken.set_exception(EngineDeadError("the engine stopped before the handoff"))
+                calls, self._calls = self._calls, []
+            for call in calls:
+                call.done.set_exception(EngineDeadError(f"the engine stopped before {call.what}"))
 
     def step(self) -> None:
         """One step: take in new requests, aborts and resets, schedule, run the model over
@@ -408,15 +410,9 @@ class LLMEngine:
         with self._lock:
             inbox, self._inbox = self._inbox, []
             aborts, self._aborts = self._aborts, []
-            resets, self._resets = self._resets, []
-            handoffs, self._handoffs = self._handoffs, []
-        for done in resets:
-            done.set_result(self._reset_cache())
-        for handoff, namespace, taken in handoffs:
-            try:
-                taken.set_result(import_handoff(self.kv.cache, self.kv_pool, handoff, namespace))
-            except Exception as e:  # the caller's to report; the loop goes on
-                taken.set_exception(e)
+            calls, self._calls = self._calls, []
+        for call in calls:
+            call.run()
         for req in inbox:
             self._track(req)
             if req.index == 0:
@@ -603,6 +599,24 @@ class LLMEngine:
         """Whether `reset_prefix_cache` can be called here: always on an engine (the server
         asks before it offers POST /reset_prefix_cache)."""
         return True
+
+
+@dataclass
+class _LoopCall:
+    """A call waiting for the loop thread (LLMEngine._on_loop)."""
+
+    fn: Callable[[], int]
+    what: str
+    contained: bool  # its exception goes to the caller only, and the loop goes on
+    done: Future[int] = field(default_factory=Future)
+
+    def run(self) -> None:
+        try:
+            self.done.set_result(self.fn())
+        except Exception as e:
+            self.done.set_exception(e)
+            if not self.contained:
+                raise
 
 
 def _ranks_choices(req: Request) -> bool:

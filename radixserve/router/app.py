@@ -25,9 +25,9 @@ from radixserve.server import auth
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 2  # the first try and one retry on another worker
-# How a decode worker's 503 begins when the prefill worker it was told to use failed
-# (server/disagg.py)
-PREFILL_FAILED = "the prefill worker "
+# A decode worker's error code when the prefill worker it was told to use failed: server/
+# disagg.py's PREFILL_UNAVAILABLE (not imported: that module brings torch into the router)
+PREFILL_UNAVAILABLE = "prefill_unavailable"
 # What a request to a worker can raise when the worker is gone. httpcore may raise
 # AttributeError ("'NoneType' object has no attribute 'getpeername'") instead of an
 # httpx error on a pooled connection whose worker was killed: seen in the kill -9 fault test,
@@ -43,6 +43,7 @@ class Failure:
     message: str
     retry: bool = True
     retry_after: str | None = None  # the worker's Retry-After (e.g. its queue was full)
+    code: str | None = None  # the worker's own error code, if it answered one
 
     def response(self) -> Response:
         """What the client gets when no attempt succeeded."""
@@ -52,17 +53,19 @@ class Failure:
         return resp
 
 
-def _upstream_message(content: bytes) -> str:
-    """The message of a worker's error body (OpenAI-style or not), shortened."""
+def _upstream_error(content: bytes) -> tuple[str, str | None]:
+    """The message of a worker's error body (OpenAI-style or not), shortened, and its
+    OpenAI-style error code if it has one."""
     try:
         obj = json.loads(content)
         err = obj.get("error") if isinstance(obj, dict) else None
         msg = err.get("message") if isinstance(err, dict) else (err or obj.get("detail"))
+        code = err.get("code") if isinstance(err, dict) else None
         if msg:
-            return str(msg)[:500]
+            return str(msg)[:500], code if isinstance(code, str) else None
     except (ValueError, AttributeError):
         pass
-    return content[:200].decode("utf-8", "replace")
+    return content[:200].decode("utf-8", "replace"), None
 
 
 class ProxyStream(StreamingResponse):
@@ -168,7 +171,7 @@ class Proxy:
                 transfer = {"kv_transfer_params": {"prefill_url": p.worker.url}}
                 raw_pd = json.dumps({**body, **transfer}).encode()
                 result = await send(route, path, raw_pd, headers)
-                if not (isinstance(result, Failure) and PREFILL_FAILED in result.message):
+                if not (isinstance(result, Failure) and result.code == PREFILL_UNAVAILABLE):
                     return result
 
         return await self._with_retry(prompt, attempt)
@@ -224,10 +227,12 @@ class Proxy:
         w = route.worker
         self.metrics.requests.labels(w.name, "error").inc()
         self.metrics.upstream_errors.labels(w.name, f"http_{status}").inc()
+        message, code = _upstream_error(content)
         return Failure(
             status if status in (502, 503, 504) else 502,
-            f"worker {w.url} answered HTTP {status}: {_upstream_message(content)}",
+            f"worker {w.url} answered HTTP {status}: {message}",
             retry_after=r.headers.get("retry-after"),
+            code=code,
         )
 
     async def _once(

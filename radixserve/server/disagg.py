@@ -30,9 +30,10 @@ from prometheus_client import CollectorRegistry, Counter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from radixserve.engine.handoff import KVHandoff, decode, encode_parts, pool_layout
+from radixserve.engine.handoff import KVHandoff, decode, encode, encode_parts, pool_layout
 from radixserve.engine.outputs import RequestOutput
 from radixserve.engine.params import SamplingParams
+from radixserve.server.bridge import RequestStream
 from radixserve.server.errors import APIError
 from radixserve.server.protocol import read_json_body
 
@@ -45,6 +46,9 @@ MODES = ("null", "prefill", "decode")  # SGLang's --disaggregation-mode
 BACKENDS = ("auto", "http", "shm")  # --disaggregation-transfer-backend
 PREFILL_PATH = "/v1/disaggregation/prefill"
 WRITE_BACK_PATH = "/v1/disaggregation/write_back"
+# A decode worker's error code when the prefill worker it was told to use failed (the router
+# then asks the next one)
+PREFILL_UNAVAILABLE = "prefill_unavailable"
 # The shm transport: handoffs as files here, named so; one its reader never took is removed
 # after SHM_TTL_S seconds.
 SHM_DIR = Path("/dev/shm")
@@ -189,26 +193,17 @@ class PrefillRole:
     async def _run(
         self, ids: list[int], params: SamplingParams, namespace: str | None, start: int
     ) -> RequestOutput:
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[RequestOutput] = loop.create_future()
-
-        def settle(out: RequestOutput) -> None:
-            if not done.done():
-                done.set_result(out)
-
-        def on_output(out: RequestOutput) -> None:
-            if out.finished:
-                loop.call_soon_threadsafe(settle, out)
-
-        rid = self.engine.add_request(
+        """The request's final output, through the bridge's RequestStream (not observed: no
+        client reads these tokens); aborted if the decode worker goes away first."""
+        stream = RequestStream(self.engine, asyncio.get_running_loop(), None)
+        stream.request_id = self.engine.add_request(
             ids, params, request_id=f"prefill-{uuid.uuid4().hex}", namespace=namespace,
-            on_output=on_output, bounded=True, export_kv_from=start,
+            on_output=stream.on_output, bounded=True, export_kv_from=start,
         )  # fmt: skip
         try:
-            return await done
+            return await stream.result()
         finally:
-            if not done.done():  # the decode worker went away: free the request
-                self.engine.abort(rid)
+            stream.close()
 
 
 class DecodeRole:
@@ -271,7 +266,7 @@ class DecodeRole:
             self.metrics.handoffs.labels("prefill_failed").inc()
             raise APIError(
                 503, f"the prefill worker {url} failed: {type(e).__name__}: {e}",
-                code="prefill_unavailable",
+                code=PREFILL_UNAVAILABLE,
             ) from None  # fmt: skip
         if r.status_code != 200:
             self.metrics.handoffs.labels("prefill_failed").inc()
@@ -279,7 +274,7 @@ class DecodeRole:
                 raise APIError(r.status_code, _message(r))
             raise APIError(
                 503, f"the prefill worker {url} answered HTTP {r.status_code}: {_message(r)}",
-                code="prefill_unavailable",
+                code=PREFILL_UNAVAILABLE,
             )  # fmt: skip
         try:
             h = await asyncio.to_thread(self._read, r)
@@ -287,7 +282,7 @@ class DecodeRole:
             self.metrics.handoffs.labels("prefill_failed").inc()
             raise APIError(
                 503, f"the prefill worker {url} sent no usable K/V: {e}",
-                code="prefill_unavailable",
+                code=PREFILL_UNAVAILABLE,
             ) from None  # fmt: skip
         added = await asyncio.to_thread(self.engine.import_handoff, h, namespace)
         self.metrics.handoffs.labels("handed_off").inc()
@@ -309,7 +304,7 @@ class DecodeRole:
             return
 
         async def send() -> None:
-            data = await asyncio.to_thread(lambda: b"".join(encode_parts(handoff)))
+            data = await asyncio.to_thread(encode, handoff)
             try:
                 r = await self.client().post(
                     url.rstrip("/") + WRITE_BACK_PATH, content=data, headers=self._headers,
