@@ -152,7 +152,8 @@ def test_int8_avx2_runs_q6k_on_its_panels_and_fp32_reads_the_blocks() -> None:
 @pytest.mark.slow
 def test_the_avx2_build_gives_the_vnni_builds_bits(tmp_path: Path) -> None:
     """The panels' rows on vpmaddubsw (an AVX2-only build, as AMD Zen 3 runs) equal those on
-    vpdpbusd bit for bit, Q4_K's and Q6_K's (in a subprocess: one build per process)."""
+    vpdpbusd bit for bit, Q4_K's and Q6_K's, for calls of decode rows (1, 2: whole panels a
+    pass; 8: half panels) and of a prefill chunk (in a subprocess: one build per process)."""
     assert kernels.load()
     if PrefillPath.INT8_VNNI not in available_paths():
         pytest.skip("this CPU has no AVX-512 VNNI to compare with")
@@ -167,10 +168,13 @@ def test_the_avx2_build_gives_the_vnni_builds_bits(tmp_path: Path) -> None:
         "assert kernels.load() and '-mavx512f' not in kernels.compile_flags()\n"
         "d = torch.load(sys.argv[1])\n"
         "x, (q4, s4, m4), (q6, s6) = d['x'], d['q4'], d['q6']\n"
-        "a, b = torch.empty(13, 32), torch.empty(13, 80)\n"
-        "kernels.op('q4_gemm_vnni')(x, q4, s4, m4, a)\n"
-        "kernels.op('q6k_gemm_vnni')(x, q6, s6, b)\n"
-        "torch.save((a, b), sys.argv[2])\n"
+        "outs = []\n"
+        "for n in (1, 2, 8, 13):\n"
+        "    a, b = torch.empty(n, 32), torch.empty(n, 80)\n"
+        "    kernels.op('q4_gemm_vnni')(x[:n], q4, s4, m4, a)\n"
+        "    kernels.op('q6k_gemm_vnni')(x[:n], q6, s6, b)\n"
+        "    outs.append((a, b))\n"
+        "torch.save(outs, sys.argv[2])\n"
     )
     env = dict(os.environ, RADIXSERVE_CPU_ISA="avx2")
     done = subprocess.run(
@@ -178,5 +182,5 @@ def test_the_avx2_build_gives_the_vnni_builds_bits(tmp_path: Path) -> None:
         env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    a, b = torch.load(tmp_path / "out.pt")
-    assert torch.equal(a, run(x, q4)) and torch.equal(b, run_q6k(x, q6))
+    for (a, b), n in zip(torch.load(tmp_path / "out.pt"), (1, 2, 8, 13), strict=True):
+        assert torch.equal(a, run(x[:n], q4)) and torch.equal(b, run_q6k(x[:n], q6)), n

@@ -11,7 +11,7 @@
 // added in 16 bits (|sum| <= 8 x 2 x 15 x 127 = 30,480, no overflow) and widened once per
 // group, where gguf_q8.cpp's row dot widens and converts each sub-block of a row. Read as Q4_K
 // blocks, a row of a 1B model's matrices took about 90 instructions per 256 weights on Zen 3;
-// here 16 columns take about 46 per 256 weights each.
+// on the panels, about half that.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 
@@ -25,8 +25,9 @@ namespace radixserve {
 namespace {
 
 #ifdef RS_AVX2
-// Rows of x a pass over a panel. A prefill chunk of 512 rows over 16384 x 2048 on Zen 3: 4 rows
-// 137 ms, 3 rows 145, 2 rows 147 (the float32 kernels on the Q4_K blocks: 198).
+// Rows of x a pass over a panel. A prefill chunk of 512 rows over 16384 x 2048 on Zen 3, whole
+// panels a pass: 4 rows 137 ms, 3 rows 145, 2 rows 147 (the float32 kernels on the Q4_K blocks:
+// 198). In half panels on the Zen 5 (an AVX2 build): 4 rows 66-71 ms, 5 rows 66, 6 rows 63.
 constexpr int kPanelRowsAvx2 = 4;
 
 // x [M, K] float32 (row stride ldx) -> xq [M, K] int8 codes, sx [M, K/32] their scales and
@@ -71,14 +72,12 @@ void quantize_rows_avx2(const float* x, int64_t ldx, int64_t M, int64_t K, int8_
   });
 }
 
-// Group g's 16 factors of panel p as two vectors of 8 columns: float32 [P * G, 16] as
-// q4_vnni_pack writes them, or a Q4_K's as stored (simd.h's k_factor: d * sc, rounded the same).
+// Group g's factors of panel p for columns 8t..8t+7: float32 [P * G, 16] as q4_vnni_pack writes
+// them, or a Q4_K's as stored (simd.h's k_factor: d * sc, rounded the same).
 struct FloatFactors {
   const float* f;
-  void get(int64_t p, int64_t g, int64_t G, __m256* out) const {
-    const float* at = f + (p * G + g) * 16;
-    out[0] = _mm256_loadu_ps(at);
-    out[1] = _mm256_loadu_ps(at + 8);
+  __m256 get(int64_t p, int64_t g, int64_t G, int t) const {
+    return _mm256_loadu_ps(f + (p * G + g) * 16 + 8 * t);
   }
   void ahead(int64_t p, int64_t g, int64_t G) const {
     stream_ahead(f + (p * G + g) * 16, 1, kStreamAhead / 4);
@@ -86,14 +85,14 @@ struct FloatFactors {
 };
 struct KFactors {
   const uint8_t* f;
-  void get(int64_t p, int64_t g, int64_t G, __m256* out) const {
+  __m256 get(int64_t p, int64_t g, int64_t G, int t) const {
     const uint8_t* at = f + (p * (G / 8) + g / 8) * kKFactorBytes;
-    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 64 + (g % 8) * 16));
-    const auto* d = reinterpret_cast<const float*>(at);
-    out[0] = _mm256_mul_ps(_mm256_loadu_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)));
-    out[1] = _mm256_mul_ps(_mm256_loadu_ps(d + 8),
-                           _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q, 8))));
-    asm("" : "+x"(out[0]), "+x"(out[1]));  // rounded here, as k_factor's
+    const __m128i q =
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(at + 64 + (g % 8) * 16 + 8 * t));
+    __m256 out = _mm256_mul_ps(_mm256_loadu_ps(reinterpret_cast<const float*>(at) + 8 * t),
+                               _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)));
+    asm("" : "+x"(out));  // rounded here, as k_factor's
+    return out;
   }
   void ahead(int64_t p, int64_t g, int64_t G) const {
     if (g % 8 == 0)
@@ -101,61 +100,65 @@ struct KFactors {
   }
 };
 
-// out[r * ldo + c] for r < R, c < 16: R rows of (xq, sx, xs) against panel p (words w, its
-// groups' factors `scale` and `minv`).
-template <int R, typename Factors>
+// out[r * ldo + c] for r < R, c in 8 t0..8 (t0 + H) - 1: R rows of (xq, sx, xs) against H halves
+// of panel p from half t0 (words w, its groups' factors `scale` and `minv`). Half a panel a pass
+// (H = 1) lets R rows' 16-bit sums and float accumulators fit in AVX2's 16 vector registers
+// with the codes they meet: the whole panel at 4 rows needed about 26, and GCC spilled a third
+// of the loop's vector operations to the stack (Zen 5, an AVX2 build: 512 rows over 16384 x
+// 2048 66 ms in halves against 100, 8 decode rows 1.25 against 1.45). A call of one or two rows
+// takes the whole panel in one pass (H = 2), so it computes while it streams the weights in.
+template <int R, int H, typename Factors>
 void panel_rows_avx2(const int8_t* xq, const float* sx, const float* xs, int64_t K,
-                     const uint32_t* w, int64_t p, const Factors& scale, const Factors& minv,
-                     bool stream, float* out, int64_t ldo) {
+                     const uint32_t* w, int64_t p, int t0, const Factors& scale,
+                     const Factors& minv, bool stream, float* out, int64_t ldo) {
   const int64_t G = K / 32;
-  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  __m256 acc[R][2];
-  RS_UNROLL for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  __m256 acc[R][H];
+  RS_UNROLL for (int r = 0; r < R; ++r) RS_UNROLL for (int h = 0; h < H; ++h)
+      acc[r][h] = _mm256_setzero_ps();
   for (int64_t g = 0; g < G; ++g) {
-    const uint32_t* wg = w + g * 64;
-    if (stream) {  // decode rows: one pass over the panels, which lie one after another
+    const uint32_t* wg = w + g * 64 + 8 * t0;
+    if (stream) {  // decode rows' first pass over the panels, which lie one after another
       stream_ahead(wg, 4);
       scale.ahead(p, g, G);
       minv.ahead(p, g, G);
     }
-    __m256i sum[R][2];
-    RS_UNROLL for (int r = 0; r < R; ++r) sum[r][0] = sum[r][1] = _mm256_setzero_si256();
+    __m256i sum[R][H];
+    RS_UNROLL for (int r = 0; r < R; ++r) RS_UNROLL for (int h = 0; h < H; ++h)
+        sum[r][h] = _mm256_setzero_si256();
     RS_UNROLL for (int j = 0; j < 4; ++j) {
-      const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 16 * j));
-      const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 16 * j + 8));
-      const __m256i lo0 = _mm256_and_si256(v0, low);
-      const __m256i hi0 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), low);
-      const __m256i lo1 = _mm256_and_si256(v1, low);
-      const __m256i hi1 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), low);
+      __m256i lo[H], hi[H];
+      RS_UNROLL for (int h = 0; h < H; ++h) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 16 * j + 8 * h));
+        lo[h] = _mm256_and_si256(v, low);
+        hi[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+      }
       RS_UNROLL for (int r = 0; r < R; ++r) {
         int32_t wl, wh;
         std::memcpy(&wl, xq + r * K + g * 32 + 4 * j, 4);
         std::memcpy(&wh, xq + r * K + g * 32 + 16 + 4 * j, 4);
         const __m256i xl = _mm256_set1_epi32(wl), xh = _mm256_set1_epi32(wh);
-        const __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(lo0, xl),
-                                            _mm256_maddubs_epi16(hi0, xh));
-        const __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(lo1, xl),
-                                            _mm256_maddubs_epi16(hi1, xh));
-        sum[r][0] = _mm256_add_epi16(sum[r][0], p0);
-        sum[r][1] = _mm256_add_epi16(sum[r][1], p1);
+        RS_UNROLL for (int h = 0; h < H; ++h) {
+          const __m256i pr = _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], xl),
+                                              _mm256_maddubs_epi16(hi[h], xh));
+          sum[r][h] = _mm256_add_epi16(sum[r][h], pr);
+          asm("" : "+x"(sum[r][h]));  // summed here: GCC would hold all the products at once
+        }
       }
     }
-    __m256 s[2], m[2];
-    scale.get(p, g, G, s);
-    minv.get(p, g, G, m);
-    RS_UNROLL for (int r = 0; r < R; ++r) {
-      const __m256 dx = _mm256_set1_ps(sx[r * G + g]), sumx = _mm256_set1_ps(xs[r * G + g]);
-      for (int t = 0; t < 2; ++t) {
-        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum[r][t], ones));
-        acc[r][t] = _mm256_fmadd_ps(dot, _mm256_mul_ps(s[t], dx), acc[r][t]);
-        acc[r][t] = _mm256_fmadd_ps(m[t], sumx, acc[r][t]);
+    RS_UNROLL for (int h = 0; h < H; ++h) {
+      const __m256 s = scale.get(p, g, G, t0 + h), m = minv.get(p, g, G, t0 + h);
+      RS_UNROLL for (int r = 0; r < R; ++r) {
+        const __m256 dx = _mm256_set1_ps(sx[r * G + g]), sumx = _mm256_set1_ps(xs[r * G + g]);
+        const __m256 dot =
+            _mm256_cvtepi32_ps(_mm256_madd_epi16(sum[r][h], _mm256_set1_epi16(1)));
+        acc[r][h] = _mm256_fmadd_ps(dot, _mm256_mul_ps(s, dx), acc[r][h]);
+        acc[r][h] = _mm256_fmadd_ps(m, sumx, acc[r][h]);
       }
     }
   }
-  RS_UNROLL for (int r = 0; r < R; ++r) {
-    _mm256_storeu_ps(out + r * ldo, acc[r][0]);
-    _mm256_storeu_ps(out + r * ldo + 8, acc[r][1]);
-  }
+  RS_UNROLL for (int r = 0; r < R; ++r) RS_UNROLL for (int h = 0; h < H; ++h)
+      _mm256_storeu_ps(out + r * ldo + 8 * (t0 + h), acc[r][h]);
 }
 
 // out [M, N] = x W^T on int4-vnni panels (words [P * G, 256], factors of either kind).
@@ -175,8 +178,17 @@ void panels_gemm_avx2(const at::Tensor& x, const uint32_t* words, const Factors&
       for (int64_t m = 0; m < M;) {
         const int64_t rows = std::min<int64_t>(kPanelRowsAvx2, M - m);
         with_rows<kPanelRowsAvx2>(static_cast<int>(rows), [&](auto R) {
-          panel_rows_avx2<R>(xq.data() + m * K, sx.data() + m * G, xs.data() + m * G, K, w, p,
-                             scale, minv, decode, op + m * ldo + p * 16, ldo);
+          const int8_t* xr = xq.data() + m * K;
+          float* o = op + m * ldo + p * 16;
+          if constexpr (R <= 2)
+            if (M <= 2) {  // decode rows, all in this pass
+              panel_rows_avx2<R, 2>(xr, sx.data() + m * G, xs.data() + m * G, K, w, p, 0,
+                                    scale, minv, true, o, ldo);
+              return;
+            }
+          for (int t = 0; t < 2; ++t)
+            panel_rows_avx2<R, 1>(xr, sx.data() + m * G, xs.data() + m * G, K, w, p, t, scale,
+                                  minv, decode && m == 0 && t == 0, o, ldo);
         });
         m += rows;
       }

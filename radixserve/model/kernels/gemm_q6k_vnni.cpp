@@ -276,50 +276,53 @@ void q6k_gemm_vnni_impl(const at::Tensor& x, const at::Tensor& words, const at::
 #endif  // RS_AVX512_VNNI
 
 #ifdef RS_AVX2
-// out[r * ldo + c], c < 16, for R rows of xq (sx their scales, bias as q6k_tile's) against one
-// panel, on AVX2 without VNNI (int8-avx2) through vpmaddubsw: per column and row, two words'
-// pair sums added in 16 bits (|sum| <= 2 x 2 x 63 x 127 = 32,004) and widened by vpmaddwd; each
-// half group's dot then scaled as q6k_tile scales it, in its order, so a row gets the bits it
-// gets on AVX-512 VNNI.
-template <int R, typename Panel>
+// out[r * ldo + c], c in 8 t0..8 (t0 + H) - 1, for R rows of xq (sx their scales, bias as
+// q6k_tile's) against H halves of one panel from half t0, on AVX2 without VNNI (int8-avx2)
+// through vpmaddubsw: per column and row, two words' pair sums added in 16 bits (|sum| <= 2 x 2
+// x 63 x 127 = 32,004) and widened by vpmaddwd; each half group's dot then scaled as q6k_tile
+// scales it, in its order, so a row gets the bits it gets on AVX-512 VNNI. Half a panel a pass
+// (H = 1) fits AVX2's 16 vector registers, as gemm_panels_avx2.cpp's panel_rows_avx2: the whole
+// panel at 4 rows spilled about a quarter of the loop's vector operations to the stack.
+template <int R, int H, typename Panel>
 void q6k_rows_avx2(const int8_t* xq, const float* sx, const int32_t* bias, int64_t K,
-                   const Panel& panel, bool stream, float* out, int64_t ldo) {
+                   const Panel& panel, int t0, bool stream, float* out, int64_t ldo) {
   const int64_t G = K / 32;
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[R][2];
-  RS_UNROLL for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  __m256 acc[R][H];
+  RS_UNROLL for (int r = 0; r < R; ++r) RS_UNROLL for (int h = 0; h < H; ++h)
+      acc[r][h] = _mm256_setzero_ps();
   for (int64_t g = 0; g < G; ++g) {
     if (stream) panel.ahead(g, R > 1 ? kStreamAheadRows : kStreamAhead);
-    RS_UNROLL for (int h = 0; h < 2; ++h) {
-      RS_UNROLL for (int t = 0; t < 2; ++t) {
+    RS_UNROLL for (int half = 0; half < 2; ++half) {  // of the group: q6k_tile's scale each
+      RS_UNROLL for (int h = 0; h < H; ++h) {
+        const int t = t0 + h;
         __m256i dot[R];
         RS_UNROLL for (int r = 0; r < R; ++r) dot[r] = _mm256_setzero_si256();
-        RS_UNROLL for (int j = 4 * h; j < 4 * h + 4; j += 2) {
+        RS_UNROLL for (int j = 4 * half; j < 4 * half + 4; j += 2) {
           const __m256i w0 = panel.codes8(g, j, t), w1 = panel.codes8(g, j + 1, t);
           RS_UNROLL for (int r = 0; r < R; ++r) {
             int32_t a, b;
             std::memcpy(&a, xq + r * K + g * 32 + 4 * j, 4);
             std::memcpy(&b, xq + r * K + g * 32 + 4 * j + 4, 4);
-            const __m256i pairs = _mm256_add_epi16(
-                _mm256_maddubs_epi16(w0, _mm256_set1_epi32(a)),
-                _mm256_maddubs_epi16(w1, _mm256_set1_epi32(b)));
+            const __m256i pairs =
+                _mm256_add_epi16(_mm256_maddubs_epi16(w0, _mm256_set1_epi32(a)),
+                                 _mm256_maddubs_epi16(w1, _mm256_set1_epi32(b)));
             dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(pairs, ones));
+            asm("" : "+x"(dot[r]));  // summed here: GCC would hold all the products at once
           }
         }
-        const __m256 s = panel.scale8(g, h, t);
+        const __m256 s = panel.scale8(g, half, t);
         RS_UNROLL for (int r = 0; r < R; ++r) {
           const __m256i d =
-              _mm256_add_epi32(dot[r], _mm256_set1_epi32(bias[r * 2 * G + 2 * g + h]));
-          acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d),
-                                      _mm256_mul_ps(s, _mm256_set1_ps(sx[r * G + g])), acc[r][t]);
+              _mm256_add_epi32(dot[r], _mm256_set1_epi32(bias[r * 2 * G + 2 * g + half]));
+          acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d),
+                                      _mm256_mul_ps(s, _mm256_set1_ps(sx[r * G + g])), acc[r][h]);
         }
       }
     }
   }
-  RS_UNROLL for (int r = 0; r < R; ++r) {
-    _mm256_storeu_ps(out + r * ldo, acc[r][0]);
-    _mm256_storeu_ps(out + r * ldo + 8, acc[r][1]);
-  }
+  RS_UNROLL for (int r = 0; r < R; ++r) RS_UNROLL for (int h = 0; h < H; ++h)
+      _mm256_storeu_ps(out + r * ldo + 8 * (t0 + h), acc[r][h]);
 }
 
 // q6k_gemm_vnni's AVX2 form: passes of 4 rows over each panel (gemm_panels_avx2.cpp's).
@@ -345,12 +348,20 @@ void q6k_gemm_avx2_impl(const at::Tensor& x, const at::Tensor& words, const at::
       const Q6kPanel panel{wp + p * G * kQ6kGroupBytes, fp + p * S * kQ6kFactorBytes};
       auto run = [&](const auto& tile) {
         for (int64_t m = 0; m < M; m += kPanelRowsAvx2)
-          with_rows<kPanelRowsAvx2>(static_cast<int>(std::min<int64_t>(kPanelRowsAvx2, M - m)),
-                                    [&](auto R) {
-                                      q6k_rows_avx2<R>(xq.data() + m * K, sx.data() + m * G,
-                                                       bias.data() + m * 2 * G, K, tile, decode,
-                                                       op + m * ldo + p * 16, ldo);
-                                    });
+          with_rows<kPanelRowsAvx2>(
+              static_cast<int>(std::min<int64_t>(kPanelRowsAvx2, M - m)), [&](auto R) {
+                const int8_t* xr = xq.data() + m * K;
+                const int32_t* br = bias.data() + m * 2 * G;
+                float* o = op + m * ldo + p * 16;
+                if constexpr (R <= 2)
+                  if (M <= 2) {  // decode rows, all in this pass (gemm_panels_avx2.cpp's)
+                    q6k_rows_avx2<R, 2>(xr, sx.data() + m * G, br, K, tile, 0, true, o, ldo);
+                    return;
+                  }
+                for (int t = 0; t < 2; ++t)
+                  q6k_rows_avx2<R, 1>(xr, sx.data() + m * G, br, K, tile, t,
+                                      decode && m == 0 && t == 0, o, ldo);
+              });
       };
       if (unpack) {
         Q6kBytes::unpack(panel, G, bytes.data());
