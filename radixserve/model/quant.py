@@ -654,10 +654,13 @@ class QuantLinear:
 
     def _bind_matrix(self, suffix: str) -> Callable[[torch.Tensor, torch.Tensor], None]:
         w, path = self.weight, self.prefill_path
-        if w.kind == "gguf" and (path is PrefillPath.INT8_VNNI or (path.bf16 and path.int8_decode)):
-            # Blocks as stored, on AVX-512 VNNI (the bf16 paths' tiles read int4 / int8 codes
-            # only): K-quant parts on int8 activations, as their decode rows; the rest the
-            # float32 kernels.
+        int8_parts = path in (PrefillPath.INT8_VNNI, PrefillPath.INT8_AVX2) or (
+            path.bf16 and path.int8_decode
+        )
+        if w.kind == "gguf" and int8_parts:
+            # Blocks as stored (the bf16 paths' tiles read int4 / int8 codes only): K-quant
+            # parts on int8 activations, on AVX-512 VNNI as their decode rows, on int8-avx2 (Q4_K
+            # and Q6_K) on panels packed for the call; the rest the float32 kernels.
             gguf_gemm, blocks, layout = kernels.op("gguf_gemm"), w.qs, w.layout
             return lambda x, out: gguf_gemm(x, blocks, layout, out, True)
         if w.kind == "gguf":  # long chunks of blocks as stored: the float32 kernels

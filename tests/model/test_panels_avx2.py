@@ -19,7 +19,7 @@ from radixserve.model import kernels
 from radixserve.model.gguf_quant import gguf_weight
 from radixserve.model.kernels.matrix import PrefillPath, available_paths
 from radixserve.model.quant import QuantizedWeight, QuantLinear, repacked_rows
-from tests.model.test_gguf_kernels import dequantized, random_blocks
+from tests.model.test_gguf_kernels import dequantized, random_blocks, weight_of
 from tests.model.test_gguf_q8 import gemm_q8, q8_activations
 
 pytest.importorskip("gguf")
@@ -131,6 +131,27 @@ def test_q6k_panels_give_each_row_its_bits_alone() -> None:
     together = run_q6k(x, w)
     for r in range(11):
         assert torch.equal(run_q6k(x[r : r + 1], w)[0], together[r])
+
+
+def test_a_mixed_matrix_s_chunks_run_its_k_quant_parts_on_panels_packed_for_the_call() -> None:
+    """A Q4_K_M's mixed qkv (Q4_K rows, then Q6_K) stays as stored on int8-avx2; its prefill
+    chunks (gguf_gemm's int8 flag) take int8 activations: on an AVX2-only CPU, each part on
+    panels packed for the call, which give the load-time panels' bits; on AVX-512 VNNI,
+    kquant_gemm_vnni. Either way each part is its int8 product with the blocks."""
+    needs_int8_avx2()
+    q4_blocks, q4 = q4k_panels(64, 768, seed=7)
+    q6_blocks, q6 = q6k_panels(seed=7)
+    assert q4.kind == "int4-vnni" and q6.kind == "q6k-vnni"
+    mixed = weight_of([("Q4_K", q4_blocks), ("Q6_K", q6_blocks)], 768)
+    lin = QuantLinear(mixed)
+    lin.use_prefill_path(PrefillPath.INT8_AVX2)
+    assert lin.weight.kind == "gguf"
+    x = torch.randn(24, 768)
+    got = lin(x, fp32_rows=0)
+    want = torch.cat([gemm_q8(x, q4_blocks, "Q4_K"), gemm_q8(x, q6_blocks, "Q6_K")], dim=1)
+    assert (got - want).abs().max().item() <= 2e-5 * want.abs().max().item()
+    if PrefillPath.INT8_VNNI not in available_paths():  # the panels packed for the call
+        assert torch.equal(got, torch.cat([run(x, q4), run_q6k(x, q6)], dim=1))
 
 
 def test_int8_avx2_runs_q6k_on_its_panels_and_fp32_reads_the_blocks() -> None:

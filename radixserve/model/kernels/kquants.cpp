@@ -637,7 +637,8 @@ void gguf_gemm(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& 
     const at::Tensor dst = parts == 1 ? out : at::empty({M, rows}, out.options());
     with_block(lp[2 * p + 1], [&](auto b) {
       using B = decltype(b);
-      if (!(int8_vnni && kquant_gemm_vnni(x, lp[2 * p + 1], bp, rows, dst)))
+      if (!(int8_vnni && (kquant_gemm_vnni(x, lp[2 * p + 1], bp, rows, dst) ||
+                          kquant_gemm_avx2(x, lp[2 * p + 1], bp, rows, dst))))
         gemm_part<B>(x, bp, rows, dst);
       bp += rows * (K / B::kWeights * B::kBytes);
     });

@@ -207,10 +207,11 @@ def describe(path: PrefillPath) -> str:
         return "prefill path fp32: prefill and decode run the model dtype's matmuls"
     if path is PrefillPath.INT8_AVX2:
         return (
-            "prefill: int8-avx2 (Q4_K as int4-vnni panels: every row on int8 activations; "
-            f"other GGUF K-quant blocks as stored: chunks of {path.min_rows}+ rows on float32 "
-            "kernels, decode rows and shorter chunks on int8 activations, the LM head's blocks "
-            "too; other codes and attention float32)"
+            "prefill: int8-avx2 (Q4_K and Q6_K matrices as panels: every row on int8 "
+            "activations; other GGUF K-quant blocks as stored (a mixed qkv, Q5_K): decode rows "
+            f"and shorter chunks on int8 activations, chunks of {path.min_rows}+ rows on panels "
+            "packed for the call (Q4_K and Q6_K parts) or the float32 kernels; other codes and "
+            "attention float32)"
         )
     attention = {0: "float32", 1: "bf16 (vdpbf16ps)", 2: "bf16 on AMX tiles"}[path.attention_unit]
     how = (

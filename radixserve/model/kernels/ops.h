@@ -22,7 +22,8 @@ void q8_gemm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
 
 // out = x W^T for GGUF blocks: x [M, K] float32, blocks uint8 (every part's rows in turn),
 // layout [parts, 2] int64 of (rows, GGML type) (see kquants.cpp). With `int8_vnni`, K-quant
-// parts take int8 activations where the CPU has AVX-512 VNNI (kquant_gemm_vnni).
+// parts take int8 activations: where the CPU has AVX-512 VNNI (kquant_gemm_vnni), else on AVX2
+// (Q4_K and Q6_K: kquant_gemm_avx2).
 void gguf_gemm(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& layout,
                const at::Tensor& out, bool int8_vnni = false);
 
@@ -30,6 +31,12 @@ void gguf_gemm(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& 
 // type), x quantized to int8 per group of 32 (gemm_vnni.cpp); false, having done nothing, for
 // another kind, without AVX-512 VNNI or where N is not a multiple of 16.
 bool kquant_gemm_vnni(const at::Tensor& x, int64_t kind, const uint8_t* blocks, int64_t N,
+                      const at::Tensor& out);
+
+// The same on AVX2 without VNNI (int8-avx2), for Q4_K or Q6_K blocks: the N rows packed into
+// int4-vnni / q6k-vnni panels for this call, then every row on them (gemm_q6k_vnni.cpp); false,
+// having done nothing, for another kind, without AVX2, or where N is not a multiple of 16.
+bool kquant_gemm_avx2(const at::Tensor& x, int64_t kind, const uint8_t* blocks, int64_t N,
                       const at::Tensor& out);
 
 // The same with x quantized to int8 per group of 32, each row's arithmetic its own; the
