@@ -109,9 +109,9 @@ def test_stored_blocks_run_decode_rows_in_int8_and_long_chunks_as_the_path_says(
     """A QuantLinear of Q4_K and Q6_K parts (a Q4_K_M qkv) as stored, on the int8 paths and on
     the bfloat16 ones (whose tiles read int4 / int8 codes only, so such blocks stay as
     stored): its first `fp32_rows` (decode rows) take int8 activations, a chunk of the path's
-    `min_rows` or more after them int8 activations too where the CPU has AVX-512 VNNI
-    (int8-vnni, the bfloat16 paths), the float32 kernels on int8-avx2, and each decode row's
-    result is the one it gets alone."""
+    `min_rows` or more after them int8 activations too (int8-vnni and the bfloat16 paths on
+    AVX-512 VNNI; int8-avx2 on panels packed for the call), and each decode row's result is
+    the one it gets alone."""
     needs_int8_avx2()
     if path.value not in kernels.op("matrix_units")():
         pytest.skip(f"this CPU or build does not run {path.value}")
@@ -125,9 +125,7 @@ def test_stored_blocks_run_decode_rows_in_int8_and_long_chunks_as_the_path_says(
     long_rows = GGUF_VNNI_MIN_ROWS if path is PrefillPath.INT8_VNNI else path.min_rows
     x = torch.randn(2 + long_rows + 2, 256)  # 2 decode rows, then a long chunk
     out = lin(x, fp32_rows=2)
-    chunk = x[2:] @ dense.T
-    if path is PrefillPath.INT8_VNNI or path.int8_decode and path.bf16:  # AVX-512 VNNI
-        chunk = (q8_activations(x[2:]) @ dense.double().T).float()
+    chunk = (q8_activations(x[2:]) @ dense.double().T).float()
     # Against the largest output, as below: an elementwise 1e-4 failed about one run in ten.
     assert (out[2:] - chunk).abs().max().item() <= 2e-5 * chunk.abs().max().item() + 1e-6
     int8 = q8_activations(x[:2]) @ dense.double().T
