@@ -105,8 +105,7 @@ struct KFactors {
 // (H = 1) lets R rows' 16-bit sums and float accumulators fit in AVX2's 16 vector registers
 // with the codes they meet: the whole panel at 4 rows needed about 26, and GCC spilled a third
 // of the loop's vector operations to the stack (Zen 5, an AVX2 build: 512 rows over 16384 x
-// 2048 66 ms in halves against 100, 8 decode rows 1.25 against 1.45). A call of one or two rows
-// takes the whole panel in one pass (H = 2), so it computes while it streams the weights in.
+// 2048 66 ms in halves against 100, 8 decode rows 1.25 against 1.45); `panel_passes` chooses.
 template <int R, int H, typename Factors>
 void panel_rows_avx2(const int8_t* xq, const float* sx, const float* xs, int64_t K,
                      const uint32_t* w, int64_t p, int t0, const Factors& scale,
@@ -161,6 +160,19 @@ void panel_rows_avx2(const int8_t* xq, const float* sx, const float* xs, int64_t
       _mm256_storeu_ps(out + r * ldo + 8 * (t0 + h), acc[r][h]);
 }
 
+// The passes of R rows (x's rows from m on, of M in the call) over one panel, as
+// `pass(H, t0, stream)`: a call of one or two rows (decode) takes the whole panel in one pass
+// (H = 2), so it computes while it streams the weights in; otherwise half a panel a pass (H = 1,
+// t0 = 0 then 1), so that R rows' sums fit AVX2's 16 vector registers, the first pass of
+// `decode` rows streaming the weights. Q4_K's panels here, Q6_K's in gemm_q6k_vnni.cpp.
+template <int R, typename Pass>
+void panel_passes(int64_t M, int64_t m, bool decode, Pass&& pass) {
+  if constexpr (R <= 2)
+    if (M <= 2) return pass(std::integral_constant<int, 2>{}, 0, true);
+  for (int t = 0; t < 2; ++t)
+    pass(std::integral_constant<int, 1>{}, t, decode && m == 0 && t == 0);
+}
+
 // out [M, N] = x W^T on int4-vnni panels (words [P * G, 256], factors of either kind).
 template <typename Factors>
 void panels_gemm_avx2(const at::Tensor& x, const uint32_t* words, const Factors& scale,
@@ -178,17 +190,11 @@ void panels_gemm_avx2(const at::Tensor& x, const uint32_t* words, const Factors&
       for (int64_t m = 0; m < M;) {
         const int64_t rows = std::min<int64_t>(kPanelRowsAvx2, M - m);
         with_rows<kPanelRowsAvx2>(static_cast<int>(rows), [&](auto R) {
-          const int8_t* xr = xq.data() + m * K;
-          float* o = op + m * ldo + p * 16;
-          if constexpr (R <= 2)
-            if (M <= 2) {  // decode rows, all in this pass
-              panel_rows_avx2<R, 2>(xr, sx.data() + m * G, xs.data() + m * G, K, w, p, 0,
-                                    scale, minv, true, o, ldo);
-              return;
-            }
-          for (int t = 0; t < 2; ++t)
-            panel_rows_avx2<R, 1>(xr, sx.data() + m * G, xs.data() + m * G, K, w, p, t, scale,
-                                  minv, decode && m == 0 && t == 0, o, ldo);
+          panel_passes<decltype(R)::value>(M, m, decode, [&](auto H, int t0, bool stream) {
+            panel_rows_avx2<decltype(R)::value, decltype(H)::value>(
+                xq.data() + m * K, sx.data() + m * G, xs.data() + m * G, K, w, p, t0, scale,
+                minv, stream, op + m * ldo + p * 16, ldo);
+          });
         });
         m += rows;
       }

@@ -283,8 +283,8 @@ void q6k_gemm_vnni_impl(const at::Tensor& x, const at::Tensor& words, const at::
 // through vpmaddubsw: per column and row, two words' pair sums added in 16 bits (|sum| <= 2 x 2
 // x 63 x 127 = 32,004) and widened by vpmaddwd; each half group's dot then scaled as q6k_tile
 // scales it, in its order, so a row gets the bits it gets on AVX-512 VNNI. Half a panel a pass
-// (H = 1) fits AVX2's 16 vector registers, as gemm_panels_avx2.cpp's panel_rows_avx2: the whole
-// panel at 4 rows spilled about a quarter of the loop's vector operations to the stack.
+// (H = 1) fits AVX2's 16 vector registers (gemm_panels_avx2.cpp's panel_passes chooses): the
+// whole panel at 4 rows spilled about a quarter of the loop's vector operations to the stack.
 template <int R, int H, typename Panel>
 void q6k_rows_avx2(const int8_t* xq, const float* sx, const int32_t* bias, int64_t K,
                    const Panel& panel, int t0, bool stream, float* out, int64_t ldo) {
@@ -352,17 +352,11 @@ void q6k_gemm_avx2_impl(const at::Tensor& x, const at::Tensor& words, const at::
         for (int64_t m = 0; m < M; m += kPanelRowsAvx2)
           with_rows<kPanelRowsAvx2>(
               static_cast<int>(std::min<int64_t>(kPanelRowsAvx2, M - m)), [&](auto R) {
-                const int8_t* xr = xq.data() + m * K;
-                const int32_t* br = bias.data() + m * 2 * G;
-                float* o = op + m * ldo + p * 16;
-                if constexpr (R <= 2)
-                  if (M <= 2) {  // decode rows, all in this pass (gemm_panels_avx2.cpp's)
-                    q6k_rows_avx2<R, 2>(xr, sx.data() + m * G, br, K, tile, 0, true, o, ldo);
-                    return;
-                  }
-                for (int t = 0; t < 2; ++t)
-                  q6k_rows_avx2<R, 1>(xr, sx.data() + m * G, br, K, tile, t,
-                                      decode && m == 0 && t == 0, o, ldo);
+                panel_passes<decltype(R)::value>(M, m, decode, [&](auto H, int t0, bool stream) {
+                  q6k_rows_avx2<decltype(R)::value, decltype(H)::value>(
+                      xq.data() + m * K, sx.data() + m * G, bias.data() + m * 2 * G, K, tile, t0,
+                      stream, op + m * ldo + p * 16, ldo);
+                });
               });
       };
       if (unpack) {

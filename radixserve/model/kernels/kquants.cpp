@@ -619,7 +619,7 @@ void for_each_part(const int64_t* lp, int64_t parts, int64_t K, const uint8_t* b
 }  // namespace
 
 void gguf_gemm(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& layout,
-               const at::Tensor& out, bool int8_vnni) {
+               const at::Tensor& out, bool int8_activations) {
   check(x.scalar_type() == at::kFloat && x.is_contiguous() && x.dim() == 2, "x: float32 [M, K]");
   const int64_t M = x.size(0), K = x.size(1);
   const int64_t N = check_layout(blocks, layout, K);
@@ -637,8 +637,8 @@ void gguf_gemm(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& 
     const at::Tensor dst = parts == 1 ? out : at::empty({M, rows}, out.options());
     with_block(lp[2 * p + 1], [&](auto b) {
       using B = decltype(b);
-      if (!(int8_vnni && (kquant_gemm_vnni(x, lp[2 * p + 1], bp, rows, dst) ||
-                          kquant_gemm_avx2(x, lp[2 * p + 1], bp, rows, dst))))
+      if (!(int8_activations && (kquant_gemm_vnni(x, lp[2 * p + 1], bp, rows, dst) ||
+                                 kquant_gemm_avx2(x, lp[2 * p + 1], bp, rows, dst))))
         gemm_part<B>(x, bp, rows, dst);
       bp += rows * (K / B::kWeights * B::kBytes);
     });
@@ -767,8 +767,8 @@ int64_t quant_kind_code(const std::string& name) {
 
 TORCH_LIBRARY_FRAGMENT(radixserve, m) {
   m.def(
-      "gguf_gemm(Tensor x, Tensor blocks, Tensor layout, Tensor(a!) out, bool int8_vnni=False) "
-      "-> ()");
+      "gguf_gemm(Tensor x, Tensor blocks, Tensor layout, Tensor(a!) out, "
+      "bool int8_activations=False) -> ()");
   m.def("gguf_dequant(Tensor blocks, Tensor layout, Tensor(a!) out) -> ()");
   m.def(
       "gguf_repack(Tensor blocks, Tensor layout, Tensor(a!) codes, Tensor(b!) scale, "

@@ -21,11 +21,11 @@ void q8_gemm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale,
              const at::Tensor& out);
 
 // out = x W^T for GGUF blocks: x [M, K] float32, blocks uint8 (every part's rows in turn),
-// layout [parts, 2] int64 of (rows, GGML type) (see kquants.cpp). With `int8_vnni`, K-quant
+// layout [parts, 2] int64 of (rows, GGML type) (see kquants.cpp). With `int8_activations`, K-quant
 // parts take int8 activations: where the CPU has AVX-512 VNNI (kquant_gemm_vnni), else on AVX2
 // (Q4_K and Q6_K: kquant_gemm_avx2).
 void gguf_gemm(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& layout,
-               const at::Tensor& out, bool int8_vnni = false);
+               const at::Tensor& out, bool int8_activations = false);
 
 // out [M, N] (contiguous) = x W^T for N rows of Q4_K, Q5_K or Q6_K blocks (`kind`, a GGML
 // type), x quantized to int8 per group of 32 (gemm_vnni.cpp); false, having done nothing, for
