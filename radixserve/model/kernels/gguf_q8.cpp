@@ -124,18 +124,33 @@ inline __m128i q4k_scales_mins(const uint8_t* blk) {
   return _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
 }
 
-// Q4_K, a block at a time: the 8 sub-blocks' scales d sc_j and mins dmin m_j made into vectors
-// once, times each row's 8 activation scales in one multiply; codes are unsigned nibbles (no
-// sign handling), and the mins' term sum_j dmin m_j dx_j sum(q_j) is one FMA per block.
-template <int MR>
-inline void row_dot_q4k(const Q8Rows& a, const uint8_t* row, float* out, int64_t ldo) {
+// Q4_K's or Q5_K's code bytes for sub-blocks 2p and 2p + 1 of the block at blk (qs: its
+// nibbles; qh: Q5_K's high-bit bytes, bit j of byte e the fifth bit of sub-block j's weight e):
+// unsigned 4- or 5-bit codes, one a byte, in the weights' order.
+template <bool kHigh>
+inline void qk_codes(const uint8_t* qs, __m256i qh, int p, __m256i& lo, __m256i& hi) {
+  const __m256i v = load32(qs + 32 * p);
+  lo = byte_field(v, 0, 0x0F);
+  hi = byte_field(v, 4, 0x0F);
+  if constexpr (kHigh) {
+    lo = _mm256_or_si256(lo, _mm256_slli_epi16(byte_field(qh, 2 * p, 0x01), 4));
+    hi = _mm256_or_si256(hi, _mm256_slli_epi16(byte_field(qh, 2 * p + 1, 0x01), 4));
+  }
+}
+
+// Q4_K (kHigh false) or Q5_K (kHigh true), a block at a time: the 8 sub-blocks' scales d sc_j
+// and mins dmin m_j made into vectors once, times each row's 8 activation scales in one
+// multiply; codes are unsigned (no sign handling), and the mins' term sum_j dmin m_j dx_j
+// sum(q_j) is one FMA per block.
+template <bool kHigh, int MR>
+inline void row_dot_qk(const Q8Rows& a, const uint8_t* row, float* out, int64_t ldo) {
+  constexpr int64_t kBytes = QKBlock<kHigh>::kBytes, kCodes = kHigh ? 48 : 16;
   const int64_t K = a.K, G = K / 32;
   // Two sums a row (even and odd sub-blocks): one chain of FMAs waited on their latency.
   __m256 acc[MR][2];
   RS_UNROLL for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  const __m256i low = _mm256_set1_epi8(0x0F);
   for (int64_t b = 0; b < K / 256; ++b) {
-    const uint8_t* blk = row + b * 144;
+    const uint8_t* blk = row + b * kBytes;
     stream_ahead(blk, 3);  // as row_dot_q6k's
     const __m128i packed = q4k_scales_mins(blk);
     __m256 vsc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(packed)),
@@ -151,10 +166,10 @@ inline void row_dot_q4k(const Q8Rows& a, const uint8_t* row, float* out, int64_t
       asm("" : "+x"(vs[r]), "+x"(vm));
       acc[r][0] = _mm256_fnmadd_ps(vm, _mm256_loadu_ps(a.sums + r * G + 8 * b), acc[r][0]);
     }
+    const __m256i qh = kHigh ? load32(blk + 16) : _mm256_setzero_si256();
     for (int p = 0; p < 4; ++p) {
-      const __m256i v = load32(blk + 16 + 32 * p);
-      const __m256i lo = _mm256_and_si256(v, low);
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+      __m256i lo, hi;
+      qk_codes<kHigh>(blk + kCodes, qh, p, lo, hi);
       RS_UNROLL for (int r = 0; r < MR; ++r) {
         const int8_t* q = a.q + r * K + 256 * b + 64 * p;
         acc[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8_s8(lo, q)), lane(vs[r], 2 * p),
@@ -173,7 +188,7 @@ inline void row_dot_q4k(const Q8Rows& a, const uint8_t* row, float* out, int64_t
 template <int MR>
 inline void row_dot_q6k(const Q8Rows& a, const uint8_t* row, float* out, int64_t ldo) {
   const int64_t K = a.K, G = K / 32;
-  __m256 acc[MR][2];  // by the block's half (as row_dot_q4k's two sums); the -32 in the first
+  __m256 acc[MR][2];  // by the block's half (as row_dot_qk's two sums); the -32 in the first
   RS_UNROLL for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   const __m256 m32 = _mm256_set1_ps(-32.f);
   // Lanes (2j, 2j, 2j, 2j, 2j + 1, ...) of a block's 8 half-group scales, j = sub-block % 4.
@@ -324,23 +339,28 @@ inline void row_dot_q6k_vnni(const Q8Rows& a, const float* dxv, const VnniLanes&
     out[r * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
 }
 
-// row_dot_q4k on AVX-512 VNNI, 64 weights a vpdpbusd: vector v is the 32 code bytes at 16 + 32v,
-// low nibbles (group 2v) then high ones (group 2v + 1), so lane l is of group 2v + l / 8 and
-// meets the scales d sc x dx laid out as Q6_K's groups are (VnniLanes::by_group, the first four
-// of vnni_row_scales' vectors); the mins' term is one FMA a block in the low 8 lanes.
-template <int MR>
-inline void row_dot_q4k_vnni(const Q8Rows& a, const float* dxv, const VnniLanes& lanes,
-                             const uint8_t* row, float* out, int64_t ldo) {
+// row_dot_qk on AVX-512 VNNI, 64 weights a vpdpbusd: vector v is the 32 code bytes at 16 + 32v
+// (Q5_K: 48 + 32v), low nibbles (group 2v) then high ones (group 2v + 1), so lane l is of group
+// 2v + l / 8 and meets the scales d sc x dx laid out as Q6_K's groups are (VnniLanes::by_group,
+// the first four of vnni_row_scales' vectors); the mins' term is one FMA a block in the low 8
+// lanes. Q5_K's fifth bits, bit j of its 32 high-bit bytes for group j, come from one broadcast
+// vector shifted by 2v (2v + 1 in the high half).
+template <bool kHigh, int MR>
+inline void row_dot_qk_vnni(const Q8Rows& a, const float* dxv, const VnniLanes& lanes,
+                            const uint8_t* row, float* out, int64_t ldo) {
+  constexpr int64_t kBytes = QKBlock<kHigh>::kBytes, kCodes = kHigh ? 48 : 16;
   const int64_t K = a.K, G = K / 32, blocks = K / 256;
   __m512 acc[MR][2];  // even and odd vectors (two chains of FMAs); the mins in the first
   RS_UNROLL for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
   const __m512i nibble = _mm512_set1_epi8(0x0F);
   // 16-bit shift counts: 0 in the low 256 bits (low nibbles), 4 in the high.
   const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+  const __m512i one = _mm512_set1_epi8(0x01), high_shift = _mm512_inserti64x4(
+      _mm512_setzero_si512(), _mm256_set1_epi16(1), 1);  // + 2v: group 2v, then 2v + 1
   const int64_t row_stride = blocks * kScaleVectors * 16;
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* blk = row + b * 144;
-    stream_ahead(blk, 3);  // as row_dot_q4k's
+    const uint8_t* blk = row + b * kBytes;
+    stream_ahead(blk, 3);  // as row_dot_qk's
     const __m128i packed = q4k_scales_mins(blk);
     __m512 sc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(packed)),
                               _mm512_set1_ps(f16_at(blk)));  // d sc_j in lanes 0-7
@@ -357,12 +377,20 @@ inline void row_dot_q4k_vnni(const Q8Rows& a, const float* dxv, const VnniLanes&
                                    _mm512_zextps256_ps512(_mm256_loadu_ps(a.sums + r * G + 8 * b)),
                                    acc[r][0]);
     }
+    const __m512i qh = kHigh ? _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                                    reinterpret_cast<const __m256i*>(blk + 16)))
+                              : _mm512_setzero_si512();
     RS_UNROLL for (int v = 0; v < 4; ++v) {
-      const __m512i codes = _mm512_and_si512(
+      __m512i codes = _mm512_and_si512(
           _mm512_srlv_epi16(_mm512_broadcast_i64x4(_mm256_loadu_si256(
-                                reinterpret_cast<const __m256i*>(blk + 16 + 32 * v))),
+                                reinterpret_cast<const __m256i*>(blk + kCodes + 32 * v))),
                             shift),
           nibble);
+      if constexpr (kHigh) {
+        const __m512i bits = _mm512_srlv_epi16(
+            qh, _mm512_add_epi16(high_shift, _mm512_set1_epi16(static_cast<int16_t>(2 * v))));
+        codes = _mm512_or_si512(codes, _mm512_slli_epi16(_mm512_and_si512(bits, one), 4));
+      }
       RS_UNROLL for (int r = 0; r < MR; ++r) {
         __m512 s = _mm512_mul_ps(scv[v], _mm512_loadu_ps(xv + r * row_stride + 16 * v));
         asm("" : "+v"(s));
@@ -382,7 +410,7 @@ inline void row_dot_q4k_vnni(const Q8Rows& a, const float* dxv, const VnniLanes&
 // into L1; 16384 x 2048, 12 matrices in turn, AMX Xeon). row_dot_q6k_vnni asks for its lines as
 // it goes instead (simd.h's stream_ahead): on Zen 4, one row over a 2048 x 8192 Q6_K matrix
 // 0.40-0.46 ms against 0.45-0.58 a row at a time, 4096 x 14336 1.57-1.70 against 2.46-2.59. So
-// do row_dot_q6k and row_dot_q4k (AVX2): on Zen 3, one row over 8 matrices of 2048 x 8192 Q6_K
+// do row_dot_q6k and row_dot_qk (AVX2): on Zen 3, one row over 8 matrices of 2048 x 8192 Q6_K
 // 0.50-0.65 ms each against 0.88 (15.6 GB/s); 4 of 16384 x 2048 Q4_K 0.80-0.83 against 0.93.
 constexpr int64_t kAheadBytes = 64 << 10;
 // Input rows a Q6_K row dot takes at once: 8 in 512-bit registers, 2 in 256-bit ones. With
@@ -413,8 +441,8 @@ void gemv_part_q8(const Q8Rows& a, int64_t M, const uint8_t* blocks, int64_t N, 
 #else
   constexpr int64_t scale_stride = 0;
 #endif
-  constexpr bool rows_ahead =  // Q4_K's and Q6_K's row dots stream their blocks
-      !std::is_same_v<B, Q6KBlock> && !std::is_same_v<B, QKBlock<false>>;
+  constexpr bool kQK = std::is_same_v<B, QKBlock<false>> || std::is_same_v<B, QKBlock<true>>;
+  constexpr bool rows_ahead = !std::is_same_v<B, Q6KBlock> && !kQK;  // those stream their blocks
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       const uint8_t* row = blocks + n * row_bytes;
@@ -425,19 +453,18 @@ void gemv_part_q8(const Q8Rows& a, int64_t M, const uint8_t* blocks, int64_t N, 
       }
       // Input rows a few at a time, each sub-block's codes made once for them (kQ4kRows,
       // kQ6kRows for the K-quants).
-      constexpr int kRows = std::is_same_v<B, QKBlock<false>> ? kQ4kRows
-                            : std::is_same_v<B, Q6KBlock>    ? kQ6kRows
-                                                             : 4;
+      constexpr int kRows = kQK ? kQ4kRows : std::is_same_v<B, Q6KBlock> ? kQ6kRows : 4;
       for (int64_t m = 0; m < M; m += kRows) {
         const Q8Rows at{a.q + m * K, a.d + m * G, a.sums + m * G, a.sums16 + m * 2 * G, K,
                         a.dxv ? a.dxv + m * scale_stride : nullptr};
         float* o = out + m * ldo + n;
         with_rows<kRows>(static_cast<int>(std::min<int64_t>(kRows, M - m)), [&](auto R) {
-          if constexpr (std::is_same_v<B, QKBlock<false>>) {
+          if constexpr (kQK) {
+            constexpr bool kHigh = std::is_same_v<B, QKBlock<true>>;
 #ifdef RS_AVX512_VNNI
-            if (vnni) return row_dot_q4k_vnni<R>(at, at.dxv, lanes, row, o, ldo);
+            if (vnni) return row_dot_qk_vnni<kHigh, R>(at, at.dxv, lanes, row, o, ldo);
 #endif
-            row_dot_q4k<R>(at, row, o, ldo);
+            row_dot_qk<kHigh, R>(at, row, o, ldo);
           }
           else if constexpr (std::is_same_v<B, Q6KBlock>) {
 #ifdef RS_AVX512_VNNI
