@@ -46,7 +46,8 @@ class QuantizedWeight:
           [parts, 2]: consecutive runs of rows as (rows, GGML type number); `cols` = in.
           `scale` is empty.
     int4-vnni: int4's codes, scales and mins in int8-vnni's panels of 16 rows (`to_panels`):
-          qs [P * G, 256] uint8, scale / minv [P * G, 16] (P = out / 16, G = in / 32);
+          qs [P * G, 256] uint8, scale / minv [P * G, 16] (P = out / 16, G = in / 32),
+          float16 where that holds them exactly (a GGUF's Q4_0 / Q4_1), else float32;
           `cols` = in. From Q4_K blocks (`repacked_rows` with `panels`), scale / minv are
           uint8 [P * in / 256, 192]: per panel and super-block of 8 groups the 16 rows'
           float32 d (-dmin) and [8][16] uint8 sub-block scales (mins), 4.75 bits a weight
@@ -76,12 +77,15 @@ class QuantizedWeight:
             return self.qs.numel() * 4 // (3 * self.cols), self.cols
         return self.scale.shape[0], self.scale.shape[1] * GROUP
 
-    def to_panels(self, in_place: bool = False) -> QuantizedWeight:
+    def to_panels(self, in_place: bool = False, empty: Empty | None = None) -> QuantizedWeight:
         """This int4 weight as int4-vnni: each panel of 16 rows holds, for every group, the
         16 rows' code bytes 4j..4j+3 side by side (j = 0..3) and the group's 16 scales and
         mins, the order gemm_vnni.cpp reads (q4_vnni_pack): the same values in as many bytes,
         meant to replace the int4 tensors (QuantLinear.use_weight keeps only one). With
-        `in_place`, written over this weight's own tensors (which then hold the panels)."""
+        `in_place`, written over this weight's own tensors (which then hold the panels). With
+        `empty` (e.g. a hugepages.WeightArena's), in new tensors from it, the factors in
+        float16 where that holds them exactly (a GGUF's Q4_0 / Q4_1 d and m): 5 bits a weight
+        where float32 factors take 6."""
         assert self.kind == "int4" and self.minv is not None
         (n, k), groups = self.shape, self.scale.shape[1]
         shape = (n // 16 * groups, 16)
@@ -93,10 +97,15 @@ class QuantizedWeight:
             )
             src = (self.qs.clone(), self.scale.clone(), self.minv.clone())
         else:
-            words = torch.empty(n // 16 * groups, 256, dtype=torch.uint8)
+            words = (empty or _torch_empty)((n // 16 * groups, 256), torch.uint8)
             scale, minv = torch.empty(shape), torch.empty(shape)
             src = (self.qs, self.scale, self.minv)
         kernels.op("q4_vnni_pack")(*src, words, scale, minv)
+        if empty is not None:
+            halves = scale.half(), minv.half()
+            if torch.equal(halves[0].float(), scale) and torch.equal(halves[1].float(), minv):
+                scale, minv = halves
+            scale, minv = (empty(shape, f.dtype).copy_(f) for f in (scale, minv))
         return QuantizedWeight("int4-vnni", words, scale, minv, cols=k)
 
     def from_panels(self, index: torch.Tensor | None = None) -> QuantizedWeight:
@@ -146,7 +155,7 @@ class QuantizedWeight:
         """int4-vnni factors as float32 [P * G, 16] (Q4_K's as stored: d * sc, as the
         kernels compute them)."""
         if f.dtype != torch.uint8:
-            return f
+            return f.float()
         k = f.view(-1, 192)
         d = k[:, :64].contiguous().view(torch.float32)  # [P * S, 16]
         sub = k[:, 64:].reshape(-1, 8, 16).float()
@@ -311,13 +320,19 @@ def repacked_rows(
     into the codes part by part, blocks kept as stored are copied in one after another, and
     other codes concatenated and copied in. On a `path` that holds them as panels, Q4_K blocks
     go straight into int4-vnni panels with their factors as stored (`q4k_panels`) and Q6_K
-    blocks into q6k-vnni ones (`q6k_panels`), where the shapes allow (`_k_panels`)."""
+    blocks into q6k-vnni ones (`q6k_panels`), where the shapes allow (`_k_panels`), and
+    other blocks that repack into int4 into int4-vnni panels (`int4_panels`,
+    `QuantizedWeight.to_panels`)."""
     if path is not None:
         held = {_GGML_Q4_K: path.q4k_panels, _GGML_Q6_K: path.q6k_panels}
         for ggml_type, on in held.items():
             if on and _panels_fit(parts, ggml_type):
                 return _k_panels(parts, empty, ggml_type)
     target = _repack_target(parts, k_quants)
+    rows, cols = sum(p.shape[0] for p in parts), parts[0].cols
+    if target == "int4" and path is not None and path.int4_panels and rows % 16 == 0:
+        # int4 as this path holds it, into `empty` from codes made here
+        return repacked_rows(parts, k_quants).to_panels(empty=empty)
     if target is None:
         if all(p.kind == "gguf" and p.layout is not None for p in parts):
             return _blocks_in(parts, empty)
@@ -325,7 +340,6 @@ def repacked_rows(
         if empty is _torch_empty:
             return w
         return w.with_tensors([empty(tuple(t.shape), t.dtype).copy_(t) for t in w.tensors()])
-    rows, cols = sum(p.shape[0] for p in parts), parts[0].cols
     # In the order of `tensors()`: codes, scales, mins.
     codes = (
         empty((rows, cols // 2), torch.uint8)

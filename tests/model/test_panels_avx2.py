@@ -173,8 +173,9 @@ def test_int8_avx2_runs_q6k_on_its_panels_and_fp32_reads_the_blocks() -> None:
 @pytest.mark.slow
 def test_the_avx2_build_gives_the_vnni_builds_bits(tmp_path: Path) -> None:
     """The panels' rows on vpmaddubsw (an AVX2-only build, as AMD Zen 3 runs) equal those on
-    vpdpbusd bit for bit, Q4_K's and Q6_K's, for calls of decode rows (1, 2: whole panels a
-    pass; 8: half panels) and of a prefill chunk (in a subprocess: one build per process)."""
+    vpdpbusd bit for bit, Q4_K's, Q6_K's and Q4_0's (float16 factors), for calls of decode
+    rows (1, 2: whole panels a pass; 8: half panels) and of a prefill chunk (in a
+    subprocess: one build per process)."""
     assert kernels.load()
     if PrefillPath.INT8_VNNI not in available_paths():
         pytest.skip("this CPU has no AVX-512 VNNI to compare with")
@@ -182,7 +183,14 @@ def test_the_avx2_build_gives_the_vnni_builds_bits(tmp_path: Path) -> None:
     x = torch.randn(13, 768)
     _, q4 = q4k_panels(32, 768, seed=3)
     _, q6 = q6k_panels(seed=3)
-    torch.save({"x": x, "q4": q4.tensors(), "q6": q6.tensors()}, tmp_path / "in.pt")
+    q40_blocks = torch.from_numpy(random_blocks("Q4_0", 32, 768, seed=4))
+    q40 = repacked_rows(
+        [gguf_weight(q40_blocks, torch.tensor([[32, 2]]), 768)], path=PrefillPath.INT8_VNNI
+    )
+    assert q40.scale.dtype == torch.float16
+    torch.save(
+        {"x": x, "q4": q4.tensors(), "q6": q6.tensors(), "q40": q40.tensors()}, tmp_path / "in.pt"
+    )
     code = (
         "import sys, torch\n"
         "from radixserve.model import kernels\n"
@@ -191,10 +199,11 @@ def test_the_avx2_build_gives_the_vnni_builds_bits(tmp_path: Path) -> None:
         "x, (q4, s4, m4), (q6, s6) = d['x'], d['q4'], d['q6']\n"
         "outs = []\n"
         "for n in (1, 2, 8, 13):\n"
-        "    a, b = torch.empty(n, 32), torch.empty(n, 80)\n"
+        "    a, b, c = torch.empty(n, 32), torch.empty(n, 80), torch.empty(n, 32)\n"
         "    kernels.op('q4_gemm_vnni')(x[:n], q4, s4, m4, a)\n"
         "    kernels.op('q6k_gemm_vnni')(x[:n], q6, s6, b)\n"
-        "    outs.append((a, b))\n"
+        "    kernels.op('q4_gemm_vnni')(x[:n], *d['q40'], c)\n"
+        "    outs.append((a, b, c))\n"
         "torch.save(outs, sys.argv[2])\n"
     )
     env = dict(os.environ, RADIXSERVE_CPU_ISA="avx2")
@@ -203,5 +212,6 @@ def test_the_avx2_build_gives_the_vnni_builds_bits(tmp_path: Path) -> None:
         env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    for (a, b), n in zip(torch.load(tmp_path / "out.pt"), (1, 2, 8, 13), strict=True):
+    for (a, b, c), n in zip(torch.load(tmp_path / "out.pt"), (1, 2, 8, 13), strict=True):
         assert torch.equal(a, run(x[:n], q4)) and torch.equal(b, run_q6k(x[:n], q6)), n
+        assert torch.equal(c, run(x[:n], q40)), n

@@ -239,6 +239,61 @@ def test_q4k_blocks_straight_into_panels_give_the_repacked_panels_bits() -> None
                 assert torch.equal(got, ref)
 
 
+@pytest.mark.parametrize("kind", [("Q4_0", 2), ("Q4_1", 3)], ids=lambda k: k[0])
+def test_q4_0_and_q4_1_blocks_into_panels_keep_float16_factors_and_their_bits(kind) -> None:
+    """Q4_0 / Q4_1 blocks repacked on int8-vnni go straight into int4-vnni panels whose
+    factors are float16, which holds the blocks' d and m exactly: 5 bits a weight where
+    float32 factors take 6, read back as the same codes and factors, and the float32-factor
+    panels' bits on every kernel that reads panels (q4_gemm_vnni's decode rows and chunks,
+    q4v_gemm_bf16's matrix-unit chunks)."""
+    needs(PrefillPath.INT8_VNNI)
+    pytest.importorskip("gguf")
+    from radixserve.model.gguf_quant import gguf_weight
+    from radixserve.model.quant import repacked_rows
+    from tests.model.test_gguf_kernels import random_blocks
+
+    name, ggml = kind
+    parts = [
+        gguf_weight(
+            torch.from_numpy(random_blocks(name, n, 512, seed=n)), torch.tensor([[n, ggml]]), 512
+        )
+        for n in (48, 32)
+    ]
+    packed = repacked_rows(parts, path=PrefillPath.INT8_VNNI)
+    via_codes = repacked_rows(parts).to_panels()  # float32 factors
+    assert packed.kind == "int4-vnni" and packed.shape == (80, 512)
+    assert packed.scale.dtype == packed.minv.dtype == torch.float16
+    assert via_codes.scale.dtype == torch.float32
+    nbytes = sum(t.numel() * t.element_size() for t in packed.tensors())
+    assert nbytes * 8 == 80 * 512 * 5
+    assert torch.equal(packed.qs, via_codes.qs)
+    codes, want = packed.from_panels(), via_codes.from_panels()
+    assert all(torch.equal(a, b) for a, b in zip(codes.tensors(), want.tensors(), strict=True))
+    torch.manual_seed(9)
+    for rows in (1, 5, 40):
+        x = torch.randn(rows, 512)
+        got, ref = torch.empty(rows, 80), torch.empty(rows, 80)
+        ops.q4_gemm_vnni(x, packed.qs, packed.scale, packed.minv, got)
+        ops.q4_gemm_vnni(x, via_codes.qs, via_codes.scale, via_codes.minv, ref)
+        assert torch.equal(got, ref)
+        for unit in UNITS:
+            if unit.value in ops.matrix_units():
+                ops.q4v_gemm_bf16(x, packed.qs, packed.scale, packed.minv, got, unit.unit)
+                ops.q4v_gemm_bf16(x, via_codes.qs, via_codes.scale, via_codes.minv, ref, unit.unit)
+                assert torch.equal(got, ref)
+
+
+def test_int4_factors_that_float16_would_round_stay_float32() -> None:
+    """Factors float16 cannot hold exactly (int4 quantized here from dense weights) stay
+    float32 in panels made for the arena, as in panels made in place."""
+    needs(PrefillPath.INT8_VNNI)
+    torch.manual_seed(5)
+    w = quantize(torch.randn(32, 256) * 0.1, "int4")
+    p = w.to_panels(empty=lambda shape, dtype: torch.empty(shape, dtype=dtype))
+    assert p.scale.dtype == p.minv.dtype == torch.float32
+    assert all(torch.equal(a, b) for a, b in zip(p.tensors(), w.to_panels().tensors(), strict=True))
+
+
 def _q6k_parts():
     pytest.importorskip("gguf")
     from radixserve.model.gguf_quant import gguf_weight

@@ -83,6 +83,16 @@ struct FloatFactors {
     stream_ahead(f + (p * G + g) * 16, 1, kStreamAhead / 4);
   }
 };
+struct HalfFactors {  // float16 [P * G, 16]: the same values in half the bytes
+  const uint16_t* f;
+  __m256 get(int64_t p, int64_t g, int64_t G, int t) const {
+    return _mm256_cvtph_ps(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(f + (p * G + g) * 16 + 8 * t)));
+  }
+  void ahead(int64_t p, int64_t g, int64_t G) const {
+    if (g % 2 == 0) stream_ahead(f + (p * G + g) * 16, 1, kStreamAhead / 8);
+  }
+};
 struct KFactors {
   const uint8_t* f;
   __m256 get(int64_t p, int64_t g, int64_t G, int t) const {
@@ -173,7 +183,7 @@ void panel_passes(int64_t M, int64_t m, bool decode, Pass&& pass) {
     pass(std::integral_constant<int, 1>{}, t, decode && m == 0 && t == 0);
 }
 
-// out [M, N] = x W^T on int4-vnni panels (words [P * G, 256], factors of either kind).
+// out [M, N] = x W^T on int4-vnni panels (words [P * G, 256], factors of any kind above).
 template <typename Factors>
 void panels_gemm_avx2(const at::Tensor& x, const uint32_t* words, const Factors& scale,
                       const Factors& minv, const at::Tensor& out) {
@@ -209,6 +219,9 @@ void q4_gemm_panels_avx2(const at::Tensor& x, const at::Tensor& words, const at:
   if (pscale.scalar_type() == at::kByte)
     panels_gemm_avx2(x, wp, KFactors{pscale.data_ptr<uint8_t>()},
                      KFactors{pminv.data_ptr<uint8_t>()}, out);
+  else if (pscale.scalar_type() == at::kHalf)
+    panels_gemm_avx2(x, wp, HalfFactors{static_cast<const uint16_t*>(pscale.data_ptr())},
+                     HalfFactors{static_cast<const uint16_t*>(pminv.data_ptr())}, out);
   else
     panels_gemm_avx2(x, wp, FloatFactors{pscale.data_ptr<float>()},
                      FloatFactors{pminv.data_ptr<float>()}, out);

@@ -29,11 +29,13 @@ namespace radixserve {
 namespace {
 
 #ifdef RS_AVX2
-// The bytes of int4-vnni factors (scales or mins) for P panels of G groups: float32 [P * G, 16],
-// or Q4_K's as stored (uint8, k_factor's); 0 where `f` is neither.
+// The bytes of int4-vnni factors (scales or mins) for P panels of G groups: float32 or float16
+// [P * G, 16] (float16 where the values are, as a Q4_0's or Q4_1's d and m), or Q4_K's as
+// stored (uint8, k_factor's); 0 where `f` is none of these.
 inline int64_t panel_factor_bytes(const at::Tensor& f, int64_t P, int64_t G) {
   if (!f.is_contiguous()) return 0;
   if (f.scalar_type() == at::kFloat && f.numel() == P * G * 16) return G * 64;
+  if (f.scalar_type() == at::kHalf && f.numel() == P * G * 16) return G * 32;
   if (f.scalar_type() == at::kByte && G % 8 == 0 && f.numel() == P * G / 8 * kKFactorBytes)
     return G / 8 * kKFactorBytes;
   return 0;
@@ -688,6 +690,26 @@ struct PackedPanel {
   }
 };
 
+// The same with float16 factors (the same values as float32 ones, in half the bytes).
+struct PackedHPanel {
+  const uint32_t* w;
+  const uint16_t *s, *m;
+  __m512i words(int64_t g, int j) const { return PackedPanel{w, nullptr, nullptr}.words(g, j); }
+  __m512 scale(int64_t g) const { return half16(s + g * 16); }
+  __m512 minv(int64_t g) const { return half16(m + g * 16); }
+  static __m512 half16(const uint16_t* h) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
+  }
+  // As PackedPanel's; the factors at an eighth of the words' pace.
+  void ahead(int64_t g, int64_t bytes) const {
+    stream_ahead(w + g * 64, 4, bytes);
+    if (g % 2 == 0) {
+      stream_ahead(s + g * 16, 1, bytes / 8);
+      stream_ahead(m + g * 16, 1, bytes / 8);
+    }
+  }
+};
+
 // The same with a Q4_K's factors as stored (simd.h's k_factor; `p` the panel's number).
 struct PackedKPanel {
   const uint32_t* w;
@@ -717,7 +739,8 @@ void q4_gemm_vnni_impl(const at::Tensor& x, const at::Tensor& words, const at::T
   const uint32_t* wp = static_cast<const uint32_t*>(words.data_ptr());
   const uint8_t* sp = static_cast<const uint8_t*>(pscale.data_ptr());
   const uint8_t* mp = static_cast<const uint8_t*>(pminv.data_ptr());
-  const bool k_factors = pscale.scalar_type() == at::kByte;
+  const bool k_factors = pscale.scalar_type() == at::kByte,
+             half_factors = pscale.scalar_type() == at::kHalf;
   float* op = out.data_ptr<float>();
   // Decode rows (up to 8) take one panel at a time, 8 rows a pass; prefill chunks two, 6 rows
   // a pass, as the prefill GEMM's tile, which halves the passes over their int8 rows (a 2k
@@ -743,6 +766,13 @@ void q4_gemm_vnni_impl(const at::Tensor& x, const at::Tensor& words, const at::T
       if (k_factors) {
         const PackedKPanel panels[2] = {{wp + p * G * 64, sp, mp, G, p},
                                         {wp + last * G * 64, sp, mp, G, last}};
+        run(panels);
+      } else if (half_factors) {
+        const auto* hs = reinterpret_cast<const uint16_t*>(sp);
+        const auto* hm = reinterpret_cast<const uint16_t*>(mp);
+        const PackedHPanel panels[2] = {
+            {wp + p * G * 64, hs + p * G * 16, hm + p * G * 16},
+            {wp + last * G * 64, hs + last * G * 16, hm + last * G * 16}};
         run(panels);
       } else {
         const auto* fs = reinterpret_cast<const float*>(sp);

@@ -60,8 +60,11 @@ bool is_kind(const at::Tensor& t, WeightKind kind) {
       return (t.scalar_type() == at::kByte || t.scalar_type() == at::kChar) &&
              (t.dim() == 2 || t.dim() == 1);
     case WeightKind::kScales:
-    case WeightKind::kMins:  // uint8: int4-vnni panels' Q4_K factors as stored (simd.h)
-      return t.numel() == 0 || ((f32 || t.scalar_type() == at::kByte) && t.dim() == 2);
+    case WeightKind::kMins:  // uint8: int4-vnni panels' Q4_K factors as stored (simd.h);
+                             // float16: their Q4_0 / Q4_1 factors (gemm_vnni.cpp)
+      return t.numel() == 0 || ((f32 || t.scalar_type() == at::kByte ||
+                                 t.scalar_type() == at::kHalf) &&
+                                t.dim() == 2);
     case WeightKind::kKind:  // the layout [parts, 2]: (rows, kind) per part
       return t.scalar_type() == at::kLong && t.dim() == 2 && t.size(1) == 2 && t.size(0) > 0;
   }
