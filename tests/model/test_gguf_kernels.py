@@ -40,10 +40,16 @@ def built_kernels() -> None:
 
 
 def random_blocks(type_name: str, rows: int, cols: int, seed: int) -> np.ndarray:
-    """[rows, bytes per row] of random blocks of `type_name`: random codes, scales and mins."""
+    """[rows, bytes per row] of random blocks of `type_name`: random codes, scales and mins
+    (F16 / BF16: random normal weights)."""
     qtype = gguf.GGMLQuantizationType[type_name]
     weights, nbytes = gguf.quants.GGML_QUANT_SIZES[qtype]
     rng = np.random.default_rng(seed)
+    if type_name in ("F16", "BF16"):
+        w = rng.normal(0.0, 0.05, size=(rows, cols)).astype(np.float32)
+        if type_name == "F16":
+            return w.astype(np.float16).view(np.uint8).reshape(rows, -1)
+        return (w.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(rows, -1)
     blocks = rng.integers(0, 256, size=(rows, cols // weights, nbytes), dtype=np.uint8)
     for at in F16_FIELDS[type_name]:
         scales = rng.uniform(0.001, 0.05, size=blocks.shape[:2]) * rng.choice(

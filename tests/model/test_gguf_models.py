@@ -21,13 +21,14 @@ from tests.support.steps import run_step
 pytest.importorskip("gguf")
 
 WINDOW = 8
-# The block type of each matrix, per architecture: together every type radixserve serves,
-# and q/k/v (fused into one matrix) of two types where llama.cpp's Q4_K_M mixes them.
+# The block type of each matrix, per architecture: together every type radixserve serves
+# (the 16-bit floats too), and q/k/v (fused into one matrix) of two types where llama.cpp's
+# Q4_K_M mixes them.
 TYPES = {
     "llama": dict(attn_q="Q4_K", attn_k="Q4_K", attn_v="Q6_K", attn_output="Q5_K",
                   ffn_gate="Q4_0", ffn_up="Q4_0", ffn_down="Q8_0", output="Q6_K"),
-    "mistral": dict(attn_q="Q4_1", attn_k="Q4_1", attn_v="Q4_1", attn_output="Q4_1",
-                    ffn_gate="Q4_1", ffn_up="Q4_1", ffn_down="Q4_1", output="Q8_0"),
+    "mistral": dict(attn_q="Q4_1", attn_k="Q4_1", attn_v="Q4_1", attn_output="F16",
+                    ffn_gate="Q4_1", ffn_up="Q4_1", ffn_down="BF16", output="F16"),
     "qwen2": dict(attn_q="Q5_0", attn_k="Q5_0", attn_v="Q8_0", attn_output="Q4_1",
                   ffn_gate="Q5_1", ffn_up="Q5_1", ffn_down="Q6_K", token_embd="Q8_0"),
     "qwen3": dict(attn_q="Q5_K", attn_k="Q5_K", attn_v="Q5_K", attn_output="Q4_K",
@@ -83,6 +84,29 @@ def test_gguf_logits_equal_transformers_loading_the_same_file(
     for row, logits in zip(range(len(ids) - 4, len(ids)), got, strict=True):
         scale = max(1.0, want[row].abs().max().item())
         assert (logits - want[row]).abs().max().item() <= 1e-4 * scale, row
+
+
+def test_f16_and_bf16_matrices_stay_16_bits_as_the_file_stores_them(
+    tiny_pair_factory, tmp_path: Path
+) -> None:
+    """A GGUF's F16 / BF16 matrices (mistral's attn_output, ffn_down and LM head above) are
+    computed from the file's own 2-byte weights, not a float32 copy of twice the bytes."""
+    from radixserve.model.quant import QuantLinear
+
+    hf, _ = tiny_pair_factory(arch="mistral", **(SHAPES | EXTRA["mistral"]))
+    path = write_tiny_gguf(tmp_path / "tiny-f16.gguf", "mistral", hf, TYPES["mistral"])
+    files = resolve_model(str(path), cache_dir=tmp_path / "cache")
+    model = load_model(files, torch.float32, torch.device("cpu"), None)
+    halves = {}
+    for p in model.projections():
+        lin = p.lin
+        assert isinstance(lin, QuantLinear), p.name
+        w = lin.weight
+        if w.kind == "gguf" and w.layout is not None and set(w.layout[:, 1].tolist()) <= {1, 30}:
+            rows, cols = w.shape
+            assert w.qs.numel() * w.qs.element_size() == 2 * rows * cols, p.name
+            halves[p.name.rsplit(".", 1)[-1]] = set(w.layout[:, 1].tolist())
+    assert halves == {"o_lin": {1}, "down_lin": {30}, "head_lin": {1}}
 
 
 def test_a_gguf_chat_template_and_end_of_turn_token_carry_over(

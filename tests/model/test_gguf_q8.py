@@ -1,7 +1,7 @@
 """The int8 paths' decode rows on GGUF blocks as stored, against int8 activations (gguf_q8.cpp).
 Each block kind gives the exact product of the activations' int8 codes and gguf's own
-dequantization (to float32 summation), and each input row gets its bits whatever shares the
-call."""
+dequantization (to float32 summation; F16 / BF16 matrices: of the float32 activations), and
+each input row gets its bits whatever shares the call."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from tests.model.test_gguf_kernels import dequantized, random_blocks
 
 pytest.importorskip("gguf")
 GGML = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+GGML |= {"F16": 1, "BF16": 30}
+FLOATS = ("F16", "BF16")  # 16-bit weights: met by the float32 activations as they are
 
 
 def needs_int8_avx2() -> None:
@@ -50,7 +52,8 @@ def test_q8_kernel_is_the_product_of_int8_activations_and_the_blocks(
     needs_int8_avx2()
     blocks = random_blocks(type_name, 24, 512, seed=rows)
     x = torch.randn(rows, 512)
-    want = q8_activations(x) @ dequantized(blocks, type_name).double().T
+    activations = x.double() if type_name in FLOATS else q8_activations(x)
+    want = activations @ dequantized(blocks, type_name).double().T
     got = gemm_q8(x, blocks, type_name)
     scale = want.abs().max().item()
     assert (got.double() - want).abs().max().item() <= 2e-5 * scale + 1e-6

@@ -519,7 +519,11 @@ void gguf_gemm_q8(const at::Tensor& x, const at::Tensor& blocks, const at::Tenso
   float* op = out.data_ptr<float>();
   for_each_part(tp, types.size(0), K, blocks.data_ptr<uint8_t>(),
                 [&](auto b, int64_t rows, const uint8_t* bp, int64_t first) {
-                  gemv_part_q8<decltype(b)>(a, M, bp, rows, op + first, N);
+                  using B = decltype(b);
+                  if constexpr (kFloatBlock<B>)  // F16 / BF16: float32 activations, as stored
+                    half_rows_small<B>(x.data_ptr<float>(), M, bp, rows, K, op + first, N);
+                  else
+                    gemv_part_q8<B>(a, M, bp, rows, op + first, N);
                 });
 #else
   gguf_gemm(x, blocks, types, out);  // no AVX2: the float32 kernels (matrix.py offers no path)

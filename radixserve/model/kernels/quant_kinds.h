@@ -13,6 +13,7 @@
 namespace radixserve {
 
 enum QuantKind : int64_t {
+  kF16 = 1,  // unquantized 16-bit matrices, computed as stored too (kquants.cpp's HalfBlock)
   kQ4_0 = 2,
   kQ4_1 = 3,
   kQ5_0 = 6,
@@ -21,6 +22,7 @@ enum QuantKind : int64_t {
   kQ4_K = 12,
   kQ5_K = 13,
   kQ6_K = 14,
+  kBF16 = 30,
   kInt4 = 100,
   kInt8 = 101,
   kInt4Vnni = 102,  // int4 codes packed into int8-vnni's decode panels (gemm_vnni.cpp)
@@ -33,6 +35,8 @@ enum QuantKind : int64_t {
 
 inline const char* quant_kind_name(int64_t kind) {
   switch (kind) {
+    case kF16: return "f16";
+    case kBF16: return "bf16";
     case kQ4_0: return "q4_0";
     case kQ4_1: return "q4_1";
     case kQ5_0: return "q5_0";
