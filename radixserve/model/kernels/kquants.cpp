@@ -661,29 +661,30 @@ inline void half_row_dot(const float* x, int64_t K, const uint8_t* rows, float* 
 }
 
 // out[r * ldo + n] = x[r] . w[n] for M <= 16 input rows over N rows of a 16-bit matrix (HalfBlock
-// B, rows of 2K bytes): weight rows spread over the threads, two at a time with AVX-512, streamed
-// from memory once for up to 4 input rows at a time, each input row's result its own
-// (half_row_dot). A 1B F16 GGUF on the Zen 5, 8 sequences in process: 47.4 tok/s a row at a time
-// with 8 input rows a pass, 92.1 two rows at a time with 4 (one sequence: 21.2, 21.6).
+// B, rows of 2K bytes): weight rows spread over the threads, streamed from memory once for up
+// to 4 input rows at a time, each input row's result its own (half_row_dot). From 3 input rows
+// on, with AVX-512, two weight rows a pass share the loads of x. A 1B F16 GGUF on the Zen 5 in
+// process: 8 sequences 47.4 tok/s a weight row at a time (8 input rows a pass), 89-92 two at a
+// time; one sequence 21-28 a row at a time, 15-22 two at a time (5 runs each).
 template <typename B>
 void half_rows_small(const float* x, int64_t M, const uint8_t* w, int64_t N, int64_t K,
                      float* out, int64_t ldo) {
   constexpr int kRows = 4;
 #ifdef RS_AVX512
-  constexpr int64_t kPair = 2;
+  const int64_t pair = M > 2 ? 2 : 1;
 #else
-  constexpr int64_t kPair = 1;
+  constexpr int64_t pair = 1;
 #endif
-  at::parallel_for(0, (N + kPair - 1) / kPair, 8, [&](int64_t p0, int64_t p1) {
-    for (int64_t n = p0 * kPair; n < std::min(N, p1 * kPair); n += kPair)
+  at::parallel_for(0, (N + pair - 1) / pair, 8, [&](int64_t p0, int64_t p1) {
+    for (int64_t n = p0 * pair; n < std::min(N, p1 * pair); n += pair)
       for (int64_t m = 0; m < M; m += kRows)
         with_rows<kRows>(static_cast<int>(std::min<int64_t>(kRows, M - m)), [&](auto R) {
           const uint8_t* rows = w + n * 2 * K;
           float* o = out + m * ldo + n;
-          if (n + kPair <= N)
-            half_row_dot<B, R, kPair>(x + m * K, K, rows, o, ldo);
-          else
-            half_row_dot<B, R, 1>(x + m * K, K, rows, o, ldo);
+#ifdef RS_AVX512
+          if (pair == 2 && n + 2 <= N) return half_row_dot<B, R, 2>(x + m * K, K, rows, o, ldo);
+#endif
+          half_row_dot<B, R, 1>(x + m * K, K, rows, o, ldo);
         });
   });
 }
