@@ -33,7 +33,7 @@ TYPES = {
                   ffn_gate="Q5_1", ffn_up="Q5_1", ffn_down="Q6_K", token_embd="Q8_0"),
     "qwen3": dict(attn_q="Q5_K", attn_k="Q5_K", attn_v="Q5_K", attn_output="Q4_K",
                   ffn_gate="Q4_K", ffn_up="Q4_K", ffn_down="Q6_K", token_embd="Q8_0"),
-    "phi3": dict(attn_qkv="Q4_K", attn_output="Q6_K", ffn_up="Q5_0", ffn_down="Q4_K"),
+    "phi3": dict(attn_qkv="Q4_K", attn_output="Q3_K", ffn_up="Q5_0", ffn_down="Q4_K"),
     "gemma3": dict(attn_q="Q5_0", attn_k="Q5_0", attn_v="Q8_0", attn_output="Q4_K",
                    ffn_gate="Q5_0", ffn_up="Q5_0", ffn_down="Q6_K", token_embd="Q8_0"),
 }  # fmt: skip

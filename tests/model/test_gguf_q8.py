@@ -17,7 +17,7 @@ from tests.model.test_gguf_kernels import dequantized, random_blocks
 
 pytest.importorskip("gguf")
 GGML = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
-GGML |= {"F16": 1, "BF16": 30}
+GGML |= {"Q3_K": 11, "F16": 1, "BF16": 30}
 FLOATS = ("F16", "BF16")  # 16-bit weights: met by the float32 activations as they are
 
 

@@ -1,6 +1,7 @@
 // llama.cpp's GGUF block formats computed as the file stores them: y = x W^T for float32 x and
-// W in Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (blocks of 32 weights) or Q4_K, Q5_K, Q6_K (super-blocks
-// of 256), byte for byte as in the GGUF (no repacking, no dequantize-requantize round trip).
+// W in Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (blocks of 32 weights) or Q3_K, Q4_K, Q5_K, Q6_K
+// (super-blocks of 256), byte for byte as in the GGUF (no repacking, no dequantize-requantize
+// round trip); F16 / BF16 matrices likewise, converted as they are read.
 //
 // Every format is read 32 weights at a time ("a sub-block"): its codes become float32 weights
 // in registers (scale * code + offset, as gguf's dequantization computes them), then meet the
@@ -22,6 +23,7 @@
 //   Q4_K (144 B): d, dmin, scales[12], qs[128]: 8 sub-blocks j of 32 with 6-bit scale sc_j and
 //        min m_j; w = (d sc_j) q - (dmin m_j); sub-block 2p / 2p + 1: low / high nibbles of
 //        bytes 32p .. 32p + 31
+//   Q3_K (110 B): hmask[32], qs[64], scales[12], d: below (Q3KBlock)
 //   Q5_K (176 B): d, dmin, scales[12], qh[32], qs[128]: as Q4_K, q's bit 4 in sub-block j is
 //        bit j of qh[e] (e: the weight's index in its sub-block)
 //   Q6_K (210 B): ql[128], qh[64], scales[16] int8, d: 16 groups of 16 weights with scale sc;
@@ -330,6 +332,69 @@ struct Q6KBlock {
 #endif
 };
 
+// Q3_K: 16 groups of 16 weights with 6-bit scales sc (stored + 32), 3-bit codes q - 4 (two
+// low bits in qs, the third in hmask); w = d sc (q - 4). Sub-block s = 4h + j: bits 2j, 2j + 1
+// of qs[32h + e] and bit s of hmask[e]; its halves' scales sc[2s], sc[2s + 1].
+struct Q3KBlock {
+  static constexpr int64_t kWeights = 256, kBytes = 110;
+  static constexpr bool kOffset = false;
+  // The 16 scales minus 32 (their 4 low bits in bytes 0-7, 2 high bits in bytes 8-11).
+  static void scales(const uint8_t* b, int8_t* sc) {
+    uint32_t a[4];
+    std::memcpy(a, b + 96, 12);
+    const uint32_t tmp = a[2], lo4 = 0x0F0F0F0F, hi2 = 0x03030303;
+    a[2] = ((a[0] >> 4) & lo4) | (((tmp >> 4) & hi2) << 4);
+    a[3] = ((a[1] >> 4) & lo4) | (((tmp >> 6) & hi2) << 4);
+    a[0] = (a[0] & lo4) | ((tmp & hi2) << 4);
+    a[1] = (a[1] & lo4) | (((tmp >> 2) & hi2) << 4);
+    std::memcpy(sc, a, 16);
+    for (int i = 0; i < 16; ++i) sc[i] = static_cast<int8_t>(sc[i] - 32);
+  }
+  static void scalar(const uint8_t* row, int64_t s, float* w) {
+    const uint8_t* b = row + (s / 8) * kBytes;
+    const int j8 = static_cast<int>(s % 8), h = j8 / 4, j = j8 % 4;
+    int8_t sc[16];
+    scales(b, sc);
+    const float d = f16_at(b + 108);
+    for (int e = 0; e < 32; ++e) {
+      const int code = ((b[32 + 32 * h + e] >> (2 * j)) & 3) + 4 * ((b[e] >> j8) & 1) - 4;
+      w[e] = d * static_cast<float>(sc[2 * j8 + e / 16]) * static_cast<float>(code);
+    }
+  }
+#ifdef RS_AVX2
+  static Sub sub(const uint8_t* row, int64_t s) {
+    const uint8_t* b = row + (s / 8) * kBytes;
+    const int j8 = static_cast<int>(s % 8), h = j8 / 4, j = j8 % 4;
+    int8_t sc[16];
+    scales(b, sc);
+    const float d = f16_at(b + 108);
+    const __m256i low = byte_field(load32(b + 32 + 32 * h), 2 * j, 0x03);
+    const __m256i high = _mm256_slli_epi16(byte_field(load32(b), j8, 0x01), 2);
+    return {_mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(4)),
+            d * static_cast<float>(sc[2 * j8]), d * static_cast<float>(sc[2 * j8 + 1]), 0.f};
+  }
+  // f(first + s, sub-block s) for the 8 sub-blocks of the block at b (its scales read once).
+  template <typename F>
+  static void visit_block(const uint8_t* b, F& f, int64_t first) {
+    int8_t sc[16];
+    scales(b, sc);
+    const float d = f16_at(b + 108);
+    const __m256i hmask = load32(b);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i qs = load32(b + 32 + 32 * h);
+      for (int j = 0; j < 4; ++j) {
+        const int s = 4 * h + j;
+        const __m256i low = byte_field(qs, 2 * j, 0x03);
+        const __m256i high = _mm256_slli_epi16(byte_field(hmask, s, 0x01), 2);
+        f(first + s, Sub{_mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(4)),
+                         d * static_cast<float>(sc[2 * s]), d * static_cast<float>(sc[2 * s + 1]),
+                         0.f});
+      }
+    }
+  }
+#endif
+};
+
 // F16 and BF16, GGUF's unquantized matrices (2 bytes a weight): read 32 weights at a time as
 // the formats above, but with no codes or scales, so no Sub form: the float32 kernels convert
 // them as they read (kFloatBlock: dequant_block_rows, half_rows_small).
@@ -401,6 +466,7 @@ bool with_block(int64_t kind, F&& f) {
     case kQ5_0: f(Q5Block<false>{}); return true;
     case kQ5_1: f(Q5Block<true>{}); return true;
     case kQ8_0: f(Q8Block{}); return true;
+    case kQ3_K: f(Q3KBlock{}); return true;
     case kQ4_K: f(QKBlock<false>{}); return true;
     case kQ5_K: f(QKBlock<true>{}); return true;
     case kQ6_K: f(Q6KBlock{}); return true;
@@ -896,7 +962,7 @@ void gguf_repack(const at::Tensor& blocks, const at::Tensor& layout, const at::T
 // Our code for a QuantizedWeight kind name ("int4", "q4_k", ...), -1 for none.
 int64_t quant_kind_code(const std::string& name) {
   for (int64_t k : {kInt4, kInt8, kInt4Vnni, kInt8Vnni, kQ6kVnni, kQ4_0, kQ4_1, kQ5_0, kQ5_1,
-                    kQ8_0, kQ4_K, kQ5_K, kQ6_K, kF16, kBF16})
+                    kQ8_0, kQ3_K, kQ4_K, kQ5_K, kQ6_K, kF16, kBF16})
     if (name == quant_kind_name(k)) return k;
   if (name == "gguf-q8") return kGgufQ8;  // added to a GGML type (quant_kinds.h)
   return -1;

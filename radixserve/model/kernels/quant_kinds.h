@@ -19,6 +19,7 @@ enum QuantKind : int64_t {
   kQ5_0 = 6,
   kQ5_1 = 7,
   kQ8_0 = 8,
+  kQ3_K = 11,
   kQ4_K = 12,
   kQ5_K = 13,
   kQ6_K = 14,
@@ -42,6 +43,7 @@ inline const char* quant_kind_name(int64_t kind) {
     case kQ5_0: return "q5_0";
     case kQ5_1: return "q5_1";
     case kQ8_0: return "q8_0";
+    case kQ3_K: return "q3_k";
     case kQ4_K: return "q4_k";
     case kQ5_K: return "q5_k";
     case kQ6_K: return "q6_k";
