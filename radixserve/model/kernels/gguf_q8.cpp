@@ -339,6 +339,61 @@ inline void row_dot_q6k_vnni(const Q8Rows& a, const float* dxv, const VnniLanes&
     out[r * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
 }
 
+// Q3_K on AVX-512 VNNI, as row_dot_q6k_vnni: codes 0..7 unsigned (w = d sc (q - 4)), lane l of
+// vector v (weights 64v..64v+63, sub-blocks 2v and 2v + 1) of half-group 4v + l / 4, so the
+// scales permute as Q6_K's; the -4 is the -32 vector times 1 / 8 (exact). Vector v's low bits
+// are bits 2j, 2j + 2 (j = 2 (v % 2); low, high half) of the 32 bytes at 32 + 32 (v / 2), its
+// third bits bits 2v, 2v + 1 of the 32 hmask bytes.
+template <int MR>
+inline void row_dot_q3k_vnni(const Q8Rows& a, const float* dxv, const VnniLanes& lanes,
+                             const uint8_t* row, float* out, int64_t ldo) {
+  const int64_t K = a.K, G = K / 32, blocks = K / 256;
+  __m512 acc[MR][2];  // even and odd vectors (two chains of FMAs); the -4 in the first
+  RS_UNROLL for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  const __m512i two_bits = _mm512_set1_epi8(0x03), one_bit = _mm512_set1_epi8(0x01);
+  const __m512i half = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(1), 1);
+  const __m512 eighth = _mm512_set1_ps(0.125f);
+  const int64_t row_stride = blocks * kScaleVectors * 16;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* blk = row + b * Q3KBlock::kBytes;
+    stream_ahead(blk, 2);  // 110 bytes a block
+    __m512 sc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(Q3KBlock::scales16(blk))),
+                              _mm512_set1_ps(f16_at(blk + 108)));  // d (sc_j - 32), j = 0..15
+    asm("" : "+v"(sc));  // see row_dot_q8
+    __m512 scv[4];
+    RS_UNROLL for (int v = 0; v < 4; ++v) scv[v] = _mm512_permutexvar_ps(lanes.by_half[v], sc);
+    const float* xv = dxv + b * kScaleVectors * 16;
+    RS_UNROLL for (int r = 0; r < MR; ++r) {
+      const __m512 dx4 = _mm512_mul_ps(_mm512_loadu_ps(xv + r * row_stride + 64), eighth);
+      __m512 sx = _mm512_mul_ps(sc, dx4);
+      asm("" : "+v"(sx));
+      acc[r][0] = _mm512_fmadd_ps(sx, _mm512_loadu_ps(a.sums16 + r * 2 * G + 16 * b), acc[r][0]);
+    }
+    const __m512i hmask =
+        _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+    RS_UNROLL for (int v = 0; v < 4; ++v) {
+      const __m512i qs = _mm512_broadcast_i64x4(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 + 32 * (v / 2))));
+      const __m512i low_shift = _mm512_add_epi16(
+          _mm512_add_epi16(half, half), _mm512_set1_epi16(static_cast<int16_t>(4 * (v % 2))));
+      const __m512i high_shift =
+          _mm512_add_epi16(half, _mm512_set1_epi16(static_cast<int16_t>(2 * v)));
+      const __m512i low = _mm512_and_si512(_mm512_srlv_epi16(qs, low_shift), two_bits);
+      const __m512i high = _mm512_and_si512(_mm512_srlv_epi16(hmask, high_shift), one_bit);
+      const __m512i codes = _mm512_or_si512(low, _mm512_slli_epi16(high, 2));
+      RS_UNROLL for (int r = 0; r < MR; ++r) {
+        __m512 s = _mm512_mul_ps(scv[v], _mm512_loadu_ps(xv + r * row_stride + 16 * v));
+        asm("" : "+v"(s));
+        const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes,
+                                                _mm512_loadu_si512(a.q + r * K + 256 * b + 64 * v));
+        acc[r][v & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, acc[r][v & 1]);
+      }
+    }
+  }
+  RS_UNROLL for (int r = 0; r < MR; ++r)
+    out[r * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
+}
+
 // row_dot_qk on AVX-512 VNNI, 64 weights a vpdpbusd: vector v is the 32 code bytes at 16 + 32v
 // (Q5_K: 48 + 32v), low nibbles (group 2v) then high ones (group 2v + 1), so lane l is of group
 // 2v + l / 8 and meets the scales d sc x dx laid out as Q6_K's groups are (VnniLanes::by_group,
@@ -442,7 +497,12 @@ void gemv_part_q8(const Q8Rows& a, int64_t M, const uint8_t* blocks, int64_t N, 
   constexpr int64_t scale_stride = 0;
 #endif
   constexpr bool kQK = std::is_same_v<B, QKBlock<false>> || std::is_same_v<B, QKBlock<true>>;
-  constexpr bool rows_ahead = !std::is_same_v<B, Q6KBlock> && !kQK;  // those stream their blocks
+  constexpr bool kQ3K = std::is_same_v<B, Q3KBlock>;
+  // Q4_K's, Q5_K's and Q6_K's row dots stream their blocks, and Q3_K's on VNNI
+  bool rows_ahead = !std::is_same_v<B, Q6KBlock> && !kQK;
+#ifdef RS_AVX512_VNNI
+  if (kQ3K && vnni) rows_ahead = false;
+#endif
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       const uint8_t* row = blocks + n * row_bytes;
@@ -453,7 +513,7 @@ void gemv_part_q8(const Q8Rows& a, int64_t M, const uint8_t* blocks, int64_t N, 
       }
       // Input rows a few at a time, each sub-block's codes made once for them (kQ4kRows,
       // kQ6kRows for the K-quants).
-      constexpr int kRows = kQK ? kQ4kRows : std::is_same_v<B, Q6KBlock> ? kQ6kRows : 4;
+      constexpr int kRows = kQK ? kQ4kRows : std::is_same_v<B, Q6KBlock> || kQ3K ? kQ6kRows : 4;
       for (int64_t m = 0; m < M; m += kRows) {
         const Q8Rows at{a.q + m * K, a.d + m * G, a.sums + m * G, a.sums16 + m * 2 * G, K,
                         a.dxv ? a.dxv + m * scale_stride : nullptr};
@@ -465,6 +525,12 @@ void gemv_part_q8(const Q8Rows& a, int64_t M, const uint8_t* blocks, int64_t N, 
             if (vnni) return row_dot_qk_vnni<kHigh, R>(at, at.dxv, lanes, row, o, ldo);
 #endif
             row_dot_qk<kHigh, R>(at, row, o, ldo);
+          }
+          else if constexpr (kQ3K) {
+#ifdef RS_AVX512_VNNI
+            if (vnni) return row_dot_q3k_vnni<R>(at, at.dxv, lanes, row, o, ldo);
+#endif
+            row_dot_q8<B, R>(at.q, at.d, at.sums, K, row, o, ldo);
           }
           else if constexpr (std::is_same_v<B, Q6KBlock>) {
 #ifdef RS_AVX512_VNNI

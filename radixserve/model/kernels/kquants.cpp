@@ -362,6 +362,17 @@ struct Q3KBlock {
     }
   }
 #ifdef RS_AVX2
+  // `scales` in one vector, 16 int8 (the row dots read them so: no store and reload).
+  static __m128i scales16(const uint8_t* b) {
+    const __m128i a = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 96));
+    const __m128i lo4 = _mm_set1_epi8(0x0F);
+    const __m128i nibbles = _mm_unpacklo_epi64(_mm_and_si128(a, lo4),
+                                               _mm_and_si128(_mm_srli_epi32(a, 4), lo4));
+    const __m128i high = _mm_set1_epi32(static_cast<int>(u32_at(b + 104)));  // 2 bits each
+    const __m128i top =
+        _mm_and_si128(_mm_srlv_epi32(high, _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(0x03));
+    return _mm_sub_epi8(_mm_or_si128(nibbles, _mm_slli_epi32(top, 4)), _mm_set1_epi8(32));
+  }
   static Sub sub(const uint8_t* row, int64_t s) {
     const uint8_t* b = row + (s / 8) * kBytes;
     const int j8 = static_cast<int>(s % 8), h = j8 / 4, j = j8 % 4;
