@@ -221,8 +221,19 @@ def test_killed_worker_loses_no_request_and_is_restarted(cluster: Cluster) -> No
     def restarted() -> list[int]:
         return [p for p in children(cluster.proc.pid) if p not in pids and alive(p)]
 
-    wait_for(lambda: len(restarted()) == 1, timeout=30, what="the launcher restarting worker 0")
-    assert port_of(restarted()[0]) == port
+    def restarted_ports() -> list[int | None]:
+        # Between fork and exec a child's cmdline is still the launcher's (whose --port is the
+        # router's, or absent): read it once the worker's own command line is there.
+        out: list[int | None] = []
+        for p in restarted():
+            try:
+                argv = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
+                out.append(None if b"--workers" in argv else port_of(p))
+            except (OSError, ValueError):
+                out.append(None)
+        return out
+
+    wait_for(lambda: restarted_ports() == [port], timeout=30, what="worker 0 restarted on its port")
     assert "restarting it" in cluster.log()
     wait_for(
         lambda: cluster.workers()[0]["healthy"], timeout=STARTUP_TIMEOUT_S, what="worker 0 back up"
