@@ -201,9 +201,8 @@ def test_int4_panels_written_over_the_codes_equal_panels_of_their_own() -> None:
 def test_q4k_blocks_straight_into_panels_give_the_repacked_panels_bits() -> None:
     """Q4_K blocks packed straight into int4-vnni panels with their factors as stored
     (`repacked_rows(..., path=INT8_VNNI)`, two parts as a fused q/k) hold 4.75 bits a weight
-    where panels of float32 factors take 6, read back as the same codes and factors, and give
-    the float32-factor panels' bits on every kernel that reads panels: decode rows and chunks
-    (q4_gemm_vnni) and the matrix units' chunks (q4v_gemm_bf16)."""
+    where panels of float32 factors take 6, with the same values and bits
+    (`_same_panels_and_bits`)."""
     needs(PrefillPath.INT8_VNNI)
     pytest.importorskip("gguf")
     from radixserve.model.gguf_quant import gguf_weight
@@ -220,8 +219,16 @@ def test_q4k_blocks_straight_into_panels_give_the_repacked_panels_bits() -> None
     via_codes = repacked_rows(parts).to_panels()
     assert packed.kind == via_codes.kind == "int4-vnni" and packed.shape == (80, 512)
     assert packed.scale.dtype == torch.uint8
+    _same_panels_and_bits(packed, via_codes, bits_a_weight=4.75)
+
+
+def _same_panels_and_bits(packed, via_codes, bits_a_weight: float) -> None:
+    """`packed` (80 x 512 int4-vnni panels) takes `bits_a_weight`, reads back as the codes and
+    factors of `via_codes` (the same matrix in panels of float32 factors), and gives its bits
+    on every kernel that reads panels: q4_gemm_vnni's decode rows and chunks, q4v_gemm_bf16's
+    matrix-unit chunks."""
     nbytes = sum(t.numel() * t.element_size() for t in packed.tensors())
-    assert nbytes * 8 == 80 * 512 * 4.75
+    assert nbytes * 8 == 80 * 512 * bits_a_weight
     assert torch.equal(packed.qs, via_codes.qs)
     codes, want = packed.from_panels(), via_codes.from_panels()
     assert all(torch.equal(a, b) for a, b in zip(codes.tensors(), want.tensors(), strict=True))
@@ -243,9 +250,7 @@ def test_q4k_blocks_straight_into_panels_give_the_repacked_panels_bits() -> None
 def test_q4_0_and_q4_1_blocks_into_panels_keep_float16_factors_and_their_bits(kind) -> None:
     """Q4_0 / Q4_1 blocks repacked on int8-vnni go straight into int4-vnni panels whose
     factors are float16, which holds the blocks' d and m exactly: 5 bits a weight where
-    float32 factors take 6, read back as the same codes and factors, and the float32-factor
-    panels' bits on every kernel that reads panels (q4_gemm_vnni's decode rows and chunks,
-    q4v_gemm_bf16's matrix-unit chunks)."""
+    float32 factors take 6, with the same values and bits (`_same_panels_and_bits`)."""
     needs(PrefillPath.INT8_VNNI)
     pytest.importorskip("gguf")
     from radixserve.model.gguf_quant import gguf_weight
@@ -264,23 +269,7 @@ def test_q4_0_and_q4_1_blocks_into_panels_keep_float16_factors_and_their_bits(ki
     assert packed.kind == "int4-vnni" and packed.shape == (80, 512)
     assert packed.scale.dtype == packed.minv.dtype == torch.float16
     assert via_codes.scale.dtype == torch.float32
-    nbytes = sum(t.numel() * t.element_size() for t in packed.tensors())
-    assert nbytes * 8 == 80 * 512 * 5
-    assert torch.equal(packed.qs, via_codes.qs)
-    codes, want = packed.from_panels(), via_codes.from_panels()
-    assert all(torch.equal(a, b) for a, b in zip(codes.tensors(), want.tensors(), strict=True))
-    torch.manual_seed(9)
-    for rows in (1, 5, 40):
-        x = torch.randn(rows, 512)
-        got, ref = torch.empty(rows, 80), torch.empty(rows, 80)
-        ops.q4_gemm_vnni(x, packed.qs, packed.scale, packed.minv, got)
-        ops.q4_gemm_vnni(x, via_codes.qs, via_codes.scale, via_codes.minv, ref)
-        assert torch.equal(got, ref)
-        for unit in UNITS:
-            if unit.value in ops.matrix_units():
-                ops.q4v_gemm_bf16(x, packed.qs, packed.scale, packed.minv, got, unit.unit)
-                ops.q4v_gemm_bf16(x, via_codes.qs, via_codes.scale, via_codes.minv, ref, unit.unit)
-                assert torch.equal(got, ref)
+    _same_panels_and_bits(packed, via_codes, bits_a_weight=5)
 
 
 def test_int4_factors_that_float16_would_round_stay_float32() -> None:

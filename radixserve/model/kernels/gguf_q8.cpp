@@ -339,6 +339,21 @@ inline void row_dot_q6k_vnni(const Q8Rows& a, const float* dxv, const VnniLanes&
     out[r * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
 }
 
+// acc[2 r + chain] += float(codes . the 64 int8 activations at q + r * K) * scv * the scales
+// at dx + r * row_stride, for MR rows: one vector of a block in row_dot_qk_vnni and
+// row_dot_q3k_vnni (acc: their acc[MR][2], flat).
+template <int MR>
+inline void vnni_rows64(__m512i codes, __m512 scv, const int8_t* q, int64_t K, const float* dx,
+                        int64_t row_stride, __m512* acc, int chain) {
+  RS_UNROLL for (int r = 0; r < MR; ++r) {
+    __m512 s = _mm512_mul_ps(scv, _mm512_loadu_ps(dx + r * row_stride));
+    asm("" : "+v"(s));  // see row_dot_q8
+    const __m512i dot =
+        _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, _mm512_loadu_si512(q + r * K));
+    acc[2 * r + chain] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, acc[2 * r + chain]);
+  }
+}
+
 // Q3_K on AVX-512 VNNI, as row_dot_q6k_vnni: codes 0..7 unsigned (w = d sc (q - 4)), lane l of
 // vector v (weights 64v..64v+63, sub-blocks 2v and 2v + 1) of half-group 4v + l / 4, so the
 // scales permute as Q6_K's; the -4 is the -32 vector times 1 / 8 (exact). Vector v's low bits
@@ -381,13 +396,8 @@ inline void row_dot_q3k_vnni(const Q8Rows& a, const float* dxv, const VnniLanes&
       const __m512i low = _mm512_and_si512(_mm512_srlv_epi16(qs, low_shift), two_bits);
       const __m512i high = _mm512_and_si512(_mm512_srlv_epi16(hmask, high_shift), one_bit);
       const __m512i codes = _mm512_or_si512(low, _mm512_slli_epi16(high, 2));
-      RS_UNROLL for (int r = 0; r < MR; ++r) {
-        __m512 s = _mm512_mul_ps(scv[v], _mm512_loadu_ps(xv + r * row_stride + 16 * v));
-        asm("" : "+v"(s));
-        const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes,
-                                                _mm512_loadu_si512(a.q + r * K + 256 * b + 64 * v));
-        acc[r][v & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, acc[r][v & 1]);
-      }
+      vnni_rows64<MR>(codes, scv[v], a.q + 256 * b + 64 * v, K, xv + 16 * v, row_stride, acc[0],
+                      v & 1);
     }
   }
   RS_UNROLL for (int r = 0; r < MR; ++r)
@@ -446,13 +456,8 @@ inline void row_dot_qk_vnni(const Q8Rows& a, const float* dxv, const VnniLanes& 
             qh, _mm512_add_epi16(high_shift, _mm512_set1_epi16(static_cast<int16_t>(2 * v))));
         codes = _mm512_or_si512(codes, _mm512_slli_epi16(_mm512_and_si512(bits, one), 4));
       }
-      RS_UNROLL for (int r = 0; r < MR; ++r) {
-        __m512 s = _mm512_mul_ps(scv[v], _mm512_loadu_ps(xv + r * row_stride + 16 * v));
-        asm("" : "+v"(s));
-        const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes,
-                                                _mm512_loadu_si512(a.q + r * K + 256 * b + 64 * v));
-        acc[r][v & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, acc[r][v & 1]);
-      }
+      vnni_rows64<MR>(codes, scv[v], a.q + 256 * b + 64 * v, K, xv + 16 * v, row_stride, acc[0],
+                      v & 1);
     }
   }
   RS_UNROLL for (int r = 0; r < MR; ++r)

@@ -512,6 +512,19 @@ void dequant_block_rows(const uint8_t* blocks, int64_t row_bytes, int64_t n, int
 }
 
 #ifdef RS_AVX2
+// acc[r] += 32 weights w[0..3] times x's 32 floats from xs + r * K, for MR rows: even vectors
+// into acc[r][0], odd into acc[r][1] (two chains of FMAs; row_dot's and half_row_dot's order).
+template <int MR>
+inline void fma_rows32(const __m256* w, const float* xs, int64_t K, __m256 (&acc)[MR][2]) {
+  RS_UNROLL for (int r = 0; r < MR; ++r) {
+    const float* xr = xs + r * K;
+    acc[r][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xr), acc[r][0]);
+    acc[r][1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xr + 8), acc[r][1]);
+    acc[r][0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xr + 16), acc[r][0]);
+    acc[r][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xr + 24), acc[r][1]);
+  }
+}
+
 // out[r * ldo] = x[r] . row for 2 <= MR input rows (x rows K apart), the row's weights made in
 // registers one sub-block at a time and used by every input row (AVX-512: 16 lanes, half the
 // FMAs).
@@ -541,13 +554,7 @@ inline void row_dot(const float* x, int64_t K, const uint8_t* row, float* out, i
   visit_subs<B>(row, K, [&](int64_t s, const Sub& u) {
     __m256 w[4];
     weights(u, w);
-    RS_UNROLL for (int r = 0; r < MR; ++r) {
-      const float* xs = x + r * K + 32 * s;
-      acc[r][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xs), acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xs + 8), acc[r][1]);
-      acc[r][0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xs + 16), acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xs + 24), acc[r][1]);
-    }
+    fma_rows32<MR>(w, x + 32 * s, K, acc);
   });
   RS_UNROLL for (int r = 0; r < MR; ++r) out[r * ldo] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
 #endif
@@ -725,13 +732,7 @@ inline void half_row_dot(const float* x, int64_t K, const uint8_t* rows, float* 
     stream_ahead(rows + 2 * k, 1);
     __m256 w[4];
     for (int j = 0; j < 4; ++j) w[j] = B::load8(rows + 2 * (k + 8 * j));
-    RS_UNROLL for (int r = 0; r < MR; ++r) {
-      const float* xs = x + r * K + k;
-      acc[r][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xs), acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xs + 8), acc[r][1]);
-      acc[r][0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xs + 16), acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xs + 24), acc[r][1]);
-    }
+    fma_rows32<MR>(w, x + k, K, acc);
   }
   RS_UNROLL for (int r = 0; r < MR; ++r) out[r * ldo] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
 #endif
