@@ -373,18 +373,8 @@ struct Q3KBlock {
         _mm_and_si128(_mm_srlv_epi32(high, _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(0x03));
     return _mm_sub_epi8(_mm_or_si128(nibbles, _mm_slli_epi32(top, 4)), _mm_set1_epi8(32));
   }
-  static Sub sub(const uint8_t* row, int64_t s) {
-    const uint8_t* b = row + (s / 8) * kBytes;
-    const int j8 = static_cast<int>(s % 8), h = j8 / 4, j = j8 % 4;
-    int8_t sc[16];
-    scales(b, sc);
-    const float d = f16_at(b + 108);
-    const __m256i low = byte_field(load32(b + 32 + 32 * h), 2 * j, 0x03);
-    const __m256i high = _mm256_slli_epi16(byte_field(load32(b), j8, 0x01), 2);
-    return {_mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(4)),
-            d * static_cast<float>(sc[2 * j8]), d * static_cast<float>(sc[2 * j8 + 1]), 0.f};
-  }
-  // f(first + s, sub-block s) for the 8 sub-blocks of the block at b (its scales read once).
+  // f(first + s, sub-block s) for the 8 sub-blocks of the block at b (its scales read once;
+  // visit_subs takes this, and no per-call panel packs Q3_K, so there is no `sub`).
   template <typename F>
   static void visit_block(const uint8_t* b, F& f, int64_t first) {
     int8_t sc[16];
@@ -497,7 +487,6 @@ void dequant_block_rows(const uint8_t* blocks, int64_t row_bytes, int64_t n, int
 #ifdef RS_AVX2
     if constexpr (kFloatBlock<B>) {
       for (int64_t k = 0; k < K; k += 8) _mm256_storeu_ps(o + k, B::load8(row + 2 * k));
-      continue;
     } else {
       visit_subs<B>(row, K, [&](int64_t s, const Sub& u) {
         __m256 w[4];
