@@ -370,22 +370,17 @@ void q4v_gemm_bf16_impl(const at::Tensor& x, const at::Tensor& words, const at::
     });
     return;
   }
-  if (pscale.scalar_type() == at::kHalf) {  // float16 factors (a Q4_0's or Q4_1's)
-    const auto* sp = static_cast<const __m256i*>(pscale.data_ptr());
-    const auto* mp = static_cast<const __m256i*>(pminv.data_ptr());
+  auto plain = [&](const auto* sp, const auto* mp) {  // factors [P * G, 16]: float32, float16
     run([&](int64_t n, int64_t g, uint32_t* dst) {
       const int64_t at = (n / 16) * G + g;
-      q4v_tile(wp + at * 64, _mm512_cvtph_ps(_mm256_loadu_si256(sp + at)),
-               _mm512_cvtph_ps(_mm256_loadu_si256(mp + at)), dst);
+      q4v_tile(wp + at * 64, factors16(sp + at * 16), factors16(mp + at * 16), dst);
     });
-    return;
-  }
-  const float* sp = pscale.data_ptr<float>();
-  const float* mp = pminv.data_ptr<float>();
-  run([&](int64_t n, int64_t g, uint32_t* dst) {
-    const int64_t at = (n / 16) * G + g;
-    q4v_tile(wp + at * 64, _mm512_loadu_ps(sp + at * 16), _mm512_loadu_ps(mp + at * 16), dst);
-  });
+  };
+  if (pscale.scalar_type() == at::kHalf)
+    plain(static_cast<const uint16_t*>(pscale.data_ptr()),
+          static_cast<const uint16_t*>(pminv.data_ptr()));
+  else
+    plain(pscale.data_ptr<float>(), pminv.data_ptr<float>());
 #else
   check(false, "this build has no bfloat16 matrix code (no AVX-512 BF16)");
 #endif

@@ -72,25 +72,19 @@ void quantize_rows_avx2(const float* x, int64_t ldx, int64_t M, int64_t K, int8_
   });
 }
 
-// Group g's factors of panel p for columns 8t..8t+7: float32 [P * G, 16] as q4_vnni_pack writes
-// them, or a Q4_K's as stored (simd.h's k_factor: d * sc, rounded the same).
-struct FloatFactors {
-  const float* f;
+// Group g's factors of panel p for columns 8t..8t+7: float32 or float16 [P * G, 16] as
+// q4_vnni_pack writes them and to_panels may narrow them (F: simd.h's factors8), or a Q4_K's
+// as stored (simd.h's k_factor: d * sc, rounded the same).
+template <typename F>
+struct PlainFactors {
+  const F* f;
   __m256 get(int64_t p, int64_t g, int64_t G, int t) const {
-    return _mm256_loadu_ps(f + (p * G + g) * 16 + 8 * t);
+    return factors8(f + (p * G + g) * 16 + 8 * t);
   }
+  // A line at a time, at the factors' pace (16 F a group against 256 bytes of words).
   void ahead(int64_t p, int64_t g, int64_t G) const {
-    stream_ahead(f + (p * G + g) * 16, 1, kStreamAhead / 4);
-  }
-};
-struct HalfFactors {  // float16 [P * G, 16]: the same values in half the bytes
-  const uint16_t* f;
-  __m256 get(int64_t p, int64_t g, int64_t G, int t) const {
-    return _mm256_cvtph_ps(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(f + (p * G + g) * 16 + 8 * t)));
-  }
-  void ahead(int64_t p, int64_t g, int64_t G) const {
-    if (g % 2 == 0) stream_ahead(f + (p * G + g) * 16, 1, kStreamAhead / 8);
+    if (g % (64 / (16 * sizeof(F))) == 0)
+      stream_ahead(f + (p * G + g) * 16, 1, kStreamAhead * sizeof(F) / 16);
   }
 };
 struct KFactors {
@@ -220,11 +214,11 @@ void q4_gemm_panels_avx2(const at::Tensor& x, const at::Tensor& words, const at:
     panels_gemm_avx2(x, wp, KFactors{pscale.data_ptr<uint8_t>()},
                      KFactors{pminv.data_ptr<uint8_t>()}, out);
   else if (pscale.scalar_type() == at::kHalf)
-    panels_gemm_avx2(x, wp, HalfFactors{static_cast<const uint16_t*>(pscale.data_ptr())},
-                     HalfFactors{static_cast<const uint16_t*>(pminv.data_ptr())}, out);
+    panels_gemm_avx2(x, wp, PlainFactors<uint16_t>{static_cast<const uint16_t*>(pscale.data_ptr())},
+                     PlainFactors<uint16_t>{static_cast<const uint16_t*>(pminv.data_ptr())}, out);
   else
-    panels_gemm_avx2(x, wp, FloatFactors{pscale.data_ptr<float>()},
-                     FloatFactors{pminv.data_ptr<float>()}, out);
+    panels_gemm_avx2(x, wp, PlainFactors<float>{pscale.data_ptr<float>()},
+                     PlainFactors<float>{pminv.data_ptr<float>()}, out);
 }
 #endif  // RS_AVX2
 

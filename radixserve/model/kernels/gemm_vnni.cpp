@@ -283,7 +283,7 @@ constexpr int kVnniRows = 6;  // 6 rows x 2 panels: 12 int32 + 12 float32 accumu
 // A panel as vnni_tile reads it: group g's vector j of its 16 columns' code words (int4: one
 // nibble a byte, j < 4 the low nibbles, j >= 4 the high ones) and the group's 16 scales,
 // mins (int4) and offsets (int8). SplitPanel: pack_panel's int8 one, rebuilt every call;
-// PackedPanel and PackedKPanel (below): int4, packed once.
+// PackedPanel<F> and PackedKPanel (below): int4, packed once.
 struct SplitPanel {
   const VnniPanel* p;
   void ahead(int64_t, int64_t) const {}  // built per call: in cache already
@@ -671,41 +671,26 @@ void q4_vnni_pack_impl(const at::Tensor& qs, const at::Tensor& scale, const at::
 }
 
 // q4_vnni_pack's panel p as vnni_tile reads it (int4): both nibbles of a code byte in one
-// word, split as the tile asks for them.
+// word, split as the tile asks for them; its factors float32 or float16 (F: factors16).
+template <typename F>
 struct PackedPanel {
   const uint32_t* w;
-  const float *s, *m;
+  const F *s, *m;
   __m512i words(int64_t g, int j) const {
     const __m512i v = _mm512_loadu_si512(w + (g * 4 + j % 4) * 16);
     return _mm512_and_si512(j < 4 ? v : _mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F));
   }
-  __m512 scale(int64_t g) const { return _mm512_loadu_ps(s + g * 16); }
-  __m512 minv(int64_t g) const { return _mm512_loadu_ps(m + g * 16); }
+  __m512 scale(int64_t g) const { return factors16(s + g * 16); }
+  __m512 minv(int64_t g) const { return factors16(m + g * 16); }
   // Group g's reads ahead (simd.h's stream_ahead): panels lie one after another, so the walk
-  // goes on into the next one; the factors stream at a quarter of the words' pace.
+  // goes on into the next one; the factors stream at their pace (16 F a group against 256
+  // bytes of words: a quarter for float32, an eighth for float16), a line at a time.
   void ahead(int64_t g, int64_t bytes) const {
+    constexpr int64_t kGroupsALine = 64 / (16 * sizeof(F));
     stream_ahead(w + g * 64, 4, bytes);
-    stream_ahead(s + g * 16, 1, bytes / 4);
-    stream_ahead(m + g * 16, 1, bytes / 4);
-  }
-};
-
-// The same with float16 factors (the same values as float32 ones, in half the bytes).
-struct PackedHPanel {
-  const uint32_t* w;
-  const uint16_t *s, *m;
-  __m512i words(int64_t g, int j) const { return PackedPanel{w, nullptr, nullptr}.words(g, j); }
-  __m512 scale(int64_t g) const { return half16(s + g * 16); }
-  __m512 minv(int64_t g) const { return half16(m + g * 16); }
-  static __m512 half16(const uint16_t* h) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
-  }
-  // As PackedPanel's; the factors at an eighth of the words' pace.
-  void ahead(int64_t g, int64_t bytes) const {
-    stream_ahead(w + g * 64, 4, bytes);
-    if (g % 2 == 0) {
-      stream_ahead(s + g * 16, 1, bytes / 8);
-      stream_ahead(m + g * 16, 1, bytes / 8);
+    if (g % kGroupsALine == 0) {
+      stream_ahead(s + g * 16, 1, bytes * sizeof(F) / 16);
+      stream_ahead(m + g * 16, 1, bytes * sizeof(F) / 16);
     }
   }
 };
@@ -715,7 +700,9 @@ struct PackedKPanel {
   const uint32_t* w;
   const uint8_t *s, *m;
   int64_t G, p;
-  __m512i words(int64_t g, int j) const { return PackedPanel{w, nullptr, nullptr}.words(g, j); }
+  __m512i words(int64_t g, int j) const {
+    return PackedPanel<float>{w, nullptr, nullptr}.words(g, j);
+  }
   __m512 scale(int64_t g) const { return k_factor(s, G, p, g); }
   __m512 minv(int64_t g) const { return k_factor(m, G, p, g); }
   // As PackedPanel's; the factors, 192 bytes a super-block of 8 groups (2,048 bytes of
@@ -763,24 +750,21 @@ void q4_gemm_vnni_impl(const at::Tensor& x, const at::Tensor& words, const at::T
           tile_rows<1, kDecodeRows, true>(q, M, K, panels, op + p * 16, ldo);
       };
       const int64_t last = p + nt - 1;
+      auto plain = [&](const auto* fs, const auto* fm) {  // factors [P * G, 16]: float32, float16
+        using F = std::remove_cv_t<std::remove_pointer_t<decltype(fs)>>;
+        const PackedPanel<F> panels[2] = {
+            {wp + p * G * 64, fs + p * G * 16, fm + p * G * 16},
+            {wp + last * G * 64, fs + last * G * 16, fm + last * G * 16}};
+        run(panels);
+      };
       if (k_factors) {
         const PackedKPanel panels[2] = {{wp + p * G * 64, sp, mp, G, p},
                                         {wp + last * G * 64, sp, mp, G, last}};
         run(panels);
       } else if (half_factors) {
-        const auto* hs = reinterpret_cast<const uint16_t*>(sp);
-        const auto* hm = reinterpret_cast<const uint16_t*>(mp);
-        const PackedHPanel panels[2] = {
-            {wp + p * G * 64, hs + p * G * 16, hm + p * G * 16},
-            {wp + last * G * 64, hs + last * G * 16, hm + last * G * 16}};
-        run(panels);
+        plain(reinterpret_cast<const uint16_t*>(sp), reinterpret_cast<const uint16_t*>(mp));
       } else {
-        const auto* fs = reinterpret_cast<const float*>(sp);
-        const auto* fm = reinterpret_cast<const float*>(mp);
-        const PackedPanel panels[2] = {
-            {wp + p * G * 64, fs + p * G * 16, fm + p * G * 16},
-            {wp + last * G * 64, fs + last * G * 16, fm + last * G * 16}};
-        run(panels);
+        plain(reinterpret_cast<const float*>(sp), reinterpret_cast<const float*>(mp));
       }
     }
   });

@@ -112,6 +112,13 @@ inline void stream_ahead(const void* at, int lines, int64_t ahead = kStreamAhead
 // d * sc in float32, the product the repacking into float32 factors rounds (bit for bit).
 constexpr int64_t kKFactorBytes = 192;
 
+// 8 int4-vnni factors as float32, from the float32 or float16 [P * G, 16] the panels keep
+// (float16 where it holds them exactly: a Q4_0's or Q4_1's d and m).
+inline __m256 factors8(const float* f) { return _mm256_loadu_ps(f); }
+inline __m256 factors8(const uint16_t* f) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(f)));
+}
+
 inline float hsum(__m256 v) {
   __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
   lo = _mm_add_ps(lo, hi);
@@ -184,6 +191,12 @@ inline void transpose16(__m512i* r) {
   }
 }
 inline void transpose16(__m512* r) { transpose16(reinterpret_cast<__m512i*>(r)); }
+
+// factors8's 16 at a time.
+inline __m512 factors16(const float* f) { return _mm512_loadu_ps(f); }
+inline __m512 factors16(const uint16_t* f) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(f)));
+}
 
 // Group g's 16 scales (or mins) of int4-vnni panel p with a Q4_K's factors as stored
 // (kKFactorBytes, above).
