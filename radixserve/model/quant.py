@@ -287,10 +287,13 @@ def _merged_layout(layout: torch.Tensor) -> torch.Tensor:
 # exactly: w = d q (Q8_0; Q5_0 with q - 16 in [-16, 15]) or w = s q + m with q a nibble (Q4_0:
 # m = -8 d; Q4_1; Q4_K: s = d sc, m = -(dmin m) of each sub-block of 32).
 _GGML_Q4_0, _GGML_Q4_1, _GGML_Q5_0, _GGML_Q8_0, _GGML_Q4_K = 2, 3, 6, 8, 12
-_GGML_Q5_K, _GGML_Q6_K = 13, 14
+_GGML_Q2_K, _GGML_Q3_K, _GGML_Q5_K, _GGML_Q6_K, _GGML_IQ4_NL, _GGML_IQ4_XS = 10, 11, 13, 14, 20, 23
 _AS_INT8 = frozenset({_GGML_Q8_0, _GGML_Q5_0})
 _AS_INT4 = frozenset({_GGML_Q4_0, _GGML_Q4_1, _GGML_Q4_K})
-_K_QUANT_TYPES = frozenset({_GGML_Q4_K, _GGML_Q5_K, _GGML_Q6_K})
+# The types whose chunks int8-vnni runs on int8 activations (gemm_vnni.cpp's kquant_gemm_vnni).
+_K_QUANT_TYPES = frozenset(
+    {_GGML_Q2_K, _GGML_Q3_K, _GGML_Q4_K, _GGML_Q5_K, _GGML_Q6_K, _GGML_IQ4_NL, _GGML_IQ4_XS}
+)
 
 
 def repacked(w: QuantizedWeight, k_quants: bool = True) -> QuantizedWeight:
@@ -692,7 +695,8 @@ class QuantLinear:
         return lambda x, out: q8(x, qs, scale, out, unit)
 
     def _k_quant_blocks(self) -> bool:
-        """Whether this matrix is GGUF K-quant blocks as stored (Q4_K / Q5_K / Q6_K parts)."""
+        """Whether this matrix is GGUF blocks as stored whose every part int8-vnni's chunks
+        meet with int8 activations (_K_QUANT_TYPES)."""
         w = self.weight
         if self._k_quants is None:
             self._k_quants = (

@@ -25,14 +25,14 @@ WINDOW = 8
 # (the 16-bit floats too), and q/k/v (fused into one matrix) of two types where llama.cpp's
 # Q4_K_M mixes them.
 TYPES = {
-    "llama": dict(attn_q="Q4_K", attn_k="Q4_K", attn_v="Q6_K", attn_output="Q5_K",
+    "llama": dict(attn_q="Q4_K", attn_k="Q4_K", attn_v="Q6_K", attn_output="IQ4_XS",
                   ffn_gate="Q4_0", ffn_up="Q4_0", ffn_down="Q8_0", output="Q6_K"),
-    "mistral": dict(attn_q="Q4_1", attn_k="Q4_1", attn_v="Q4_1", attn_output="F16",
+    "mistral": dict(attn_q="IQ4_NL", attn_k="IQ4_NL", attn_v="Q4_1", attn_output="F16",
                     ffn_gate="Q4_1", ffn_up="Q4_1", ffn_down="BF16", output="F16"),
     "qwen2": dict(attn_q="Q5_0", attn_k="Q5_0", attn_v="Q8_0", attn_output="Q4_1",
                   ffn_gate="Q5_1", ffn_up="Q5_1", ffn_down="Q6_K", token_embd="Q8_0"),
     "qwen3": dict(attn_q="Q5_K", attn_k="Q5_K", attn_v="Q5_K", attn_output="Q4_K",
-                  ffn_gate="Q4_K", ffn_up="Q4_K", ffn_down="Q6_K", token_embd="Q8_0"),
+                  ffn_gate="Q2_K", ffn_up="Q2_K", ffn_down="Q6_K", token_embd="Q8_0"),
     "phi3": dict(attn_qkv="Q4_K", attn_output="Q3_K", ffn_up="Q5_0", ffn_down="Q4_K"),
     "gemma3": dict(attn_q="Q5_0", attn_k="Q5_0", attn_v="Q8_0", attn_output="Q4_K",
                    ffn_gate="Q5_0", ffn_up="Q5_0", ffn_down="Q6_K", token_embd="Q8_0"),

@@ -15,9 +15,8 @@ from radixserve.model.kernels.matrix import PrefillPath
 from radixserve.model.quant import GGUF_VNNI_MIN_ROWS, QuantLinear
 from tests.model.test_gguf_kernels import dequantized, random_blocks
 
-pytest.importorskip("gguf")
-GGML = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
-GGML |= {"Q3_K": 11, "F16": 1, "BF16": 30}
+gguf = pytest.importorskip("gguf")
+GGML = {t: int(gguf.GGMLQuantizationType[t]) for t in SERVED_TYPES}
 FLOATS = ("F16", "BF16")  # 16-bit weights: met by the float32 activations as they are
 
 
@@ -74,12 +73,13 @@ def test_q8_kernel_gives_each_row_its_bits_alone(type_name: str) -> None:
 def test_k_quant_chunks_on_vnni_are_the_product_of_int8_activations_and_the_blocks(
     rows: int,
 ) -> None:
-    """gguf_gemm with int8_vnni (int8-vnni's prefill chunks): Q4_K, Q5_K and Q6_K parts take
-    int8 activations, as the decode rows do, to float32 summation; other kinds stay float32."""
+    """gguf_gemm with int8_vnni (int8-vnni's prefill chunks): Q2_K ... Q6_K, IQ4_NL and IQ4_XS
+    parts take int8 activations, as the decode rows do, to float32 summation; other kinds stay
+    float32."""
     needs_int8_avx2()
     if not kernels.load() or PrefillPath.INT8_VNNI.value not in kernels.op("matrix_units")():
         pytest.skip("this CPU or build has no AVX-512 VNNI")
-    kinds = ["Q4_K", "Q5_K", "Q6_K", "Q8_0"]
+    kinds = ["Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "Q8_0"]
     parts = [random_blocks(k, 32 if k == "Q5_K" else 16, 512, seed=i) for i, k in enumerate(kinds)]
     blocks = torch.from_numpy(np.concatenate([p.reshape(-1) for p in parts]))
     layout = torch.tensor([[p.shape[0], GGML[k]] for p, k in zip(parts, kinds, strict=True)])

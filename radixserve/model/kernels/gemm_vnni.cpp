@@ -386,10 +386,11 @@ void q8_gemm_vnni_impl(const at::Tensor& x, const at::Tensor& qs, const at::Tens
   });
 }
 
-// ---- K-quant prefill chunks (Q4_K, Q5_K, Q6_K as stored): panels of the codes made per call ----
+// ---- K-quant prefill chunks (Q2_K ... Q6_K, IQ4_NL, IQ4_XS as stored): panels made per call ----
 // A K-quant sub-block of 32 weights is s_h (c + kBias) + off (kquants.cpp's Sub: c the codes
-// as unsigned bytes, c 0..63; one scale per half group of 16, which differ in Q6_K only, whose
-// kBias is -32; Q4_K / Q5_K have an offset -dmin m). Each call packs 16 rows at a time into
+// as unsigned bytes; one scale per half group of 16, which differ in Q3_K and Q6_K only; kBias
+// -32 for Q6_K's c 0..63, -4 for Q3_K's 0..7, -128 for the IQ4 table's values + 128, 1..241;
+// Q4_K / Q5_K have an offset -dmin m, Q2_K one per half). Each call packs 16 rows at a time into
 // pack_panel's int8 layout with c as the bytes (unsigned: vpdpbusd's left side), with each
 // group's two scales and offset; per input row, group g and half h, the integer dot of c with
 // the activations' codes takes -kBias times their sum (exact), then meets sx_g s_h:
@@ -399,14 +400,18 @@ void q8_gemm_vnni_impl(const at::Tensor& x, const at::Tensor& qs, const at::Tens
 // a 1B Q4_K_M on Zen 4 for them, a sixth of its weights.
 
 template <typename B>
-constexpr int kKQuantBias = std::is_same_v<B, Q6KBlock> ? -32 : 0;
+constexpr int kKQuantBias = std::is_same_v<B, Q6KBlock>     ? -32
+                            : std::is_same_v<B, Q3KBlock>   ? -4
+                            : std::is_same_v<B, IQ4NLBlock> ? -128
+                            : std::is_same_v<B, IQ4XSBlock> ? -128
+                                                            : 0;
 
 // 16 rows' panel: the codes' words and the first halves' scales (in p), the second halves'
-// scales and the offsets [G][16].
+// scales and the offsets [G][16] (Q2_K: the first halves' offsets, off_hi the second's).
 struct KQuantPanel {
   VnniPanel p;
-  std::vector<float> hi, off;
-  explicit KQuantPanel(int64_t G) : p(G), hi(G * 16), off(G * 16) {}
+  std::vector<float> hi, off, off_hi;
+  explicit KQuantPanel(int64_t G) : p(G), hi(G * 16), off(G * 16), off_hi(G * 16) {}
 };
 
 // Rows n..n+15 of blocks of kind B (`row_bytes` a row) into `panel`; `codes`, `lo`, `hi`,
@@ -414,29 +419,32 @@ struct KQuantPanel {
 template <typename B>
 void pack_kquant_panel(const uint8_t* blocks, int64_t row_bytes, int64_t K, int64_t n,
                        std::vector<uint8_t>& codes, std::vector<float>& lo,
-                       std::vector<float>& hi, std::vector<float>& off, KQuantPanel& panel) {
+                       std::vector<float>& hi, std::vector<float>& off,
+                       std::vector<float>& off_hi, KQuantPanel& panel) {
   const int64_t G = K / 32;
   for (int64_t c = 0; c < 16; ++c) {
     const uint8_t* row = blocks + (n + c) * row_bytes;
-    for (int64_t g = 0; g < G; ++g) {
-      const Sub u = B::sub(row, g);
+    visit_subs<B>(row, K, [&](int64_t g, const Sub& u) {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(&codes[c * K + g * 32]),
                           _mm256_sub_epi8(u.codes, _mm256_set1_epi8(kKQuantBias<B>)));
       lo[c * G + g] = u.s0;
       hi[c * G + g] = u.s1;
       off[c * G + g] = u.off;
-    }
+      off_hi[c * G + g] = u.off1;
+    });
   }
   pack_panel<false>(codes.data(), lo.data(), nullptr, K, 16, 0, panel.p);
   for (int64_t g = 0; g < G; ++g)
     for (int64_t c = 0; c < 16; ++c) {
       panel.hi[g * 16 + c] = hi[c * G + g];
       panel.off[g * 16 + c] = off[c * G + g];
+      panel.off_hi[g * 16 + c] = off_hi[c * G + g];
     }
 }
 
 // out[r, 16 t..] for R rows of xq (signed codes; sx their scales, xs sx times each group's sum,
-// bias_sums [R][2G] kBias times each half group's sum) and NT panels of kind B.
+// or for Q2_K [R][2G] each half group's; bias_sums [R][2G] kBias times each half group's sum)
+// and NT panels of kind B.
 template <typename B, int R, int NT>
 void kquant_tile(const int8_t* xq, const float* sx, const float* xs, const int32_t* bias_sums,
                  int64_t K, const KQuantPanel* const* panels, float* out, int64_t ldo) {
@@ -476,9 +484,15 @@ void kquant_tile(const int8_t* xq, const float* sx, const float* xs, const int32
             d = _mm512_add_epi32(d, _mm512_set1_epi32(bias_sums[r * 2 * G + 2 * g + h]));
           acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(s[h], x), acc[r][t]);
         }
-        if constexpr (B::kOffset)
+        if constexpr (kHalfOffsets<B>) {
+          acc[r][t] = _mm512_fmadd_ps(_mm512_loadu_ps(&panels[t]->off[g * 16]),
+                                      _mm512_set1_ps(xs[r * 2 * G + 2 * g]), acc[r][t]);
+          acc[r][t] = _mm512_fmadd_ps(_mm512_loadu_ps(&panels[t]->off_hi[g * 16]),
+                                      _mm512_set1_ps(xs[r * 2 * G + 2 * g + 1]), acc[r][t]);
+        } else if constexpr (B::kOffset) {
           acc[r][t] = _mm512_fmadd_ps(_mm512_loadu_ps(&panels[t]->off[g * 16]),
                                       _mm512_set1_ps(xs[r * G + g]), acc[r][t]);
+        }
       }
     }
   }
@@ -495,25 +509,36 @@ void kquant_gemm_vnni_impl(const at::Tensor& x, const uint8_t* blocks, int64_t N
   const int64_t M = x.size(0), K = x.size(1), G = K / 32;
   const int64_t row_bytes = K / B::kWeights * B::kBytes;
   const QuantizedRows q = quantize_rows(x, false);
-  const std::vector<int32_t> bias_sums =  // Q6_K's only
+  const std::vector<int32_t> bias_sums =  // the formats with a kBias only
       kKQuantBias<B> != 0 ? half_group_sums(q.xq, kKQuantBias<B>) : std::vector<int32_t>();
+  // Q2_K's offsets meet each half group's sx sum (kquant_tile's xs, [M][2G]).
+  std::vector<float> xs16;
+  if constexpr (kHalfOffsets<B>) {
+    const std::vector<int32_t> halves = half_group_sums(q.xq, 1);
+    xs16.resize(halves.size());
+    for (size_t i = 0; i < halves.size(); ++i)
+      xs16[i] = q.sx[i / 2] * static_cast<float>(halves[i]);
+  }
+  const float* xs = kHalfOffsets<B> ? xs16.data() : q.xs.data();
+  const int64_t xs_row = kHalfOffsets<B> ? 2 * G : G;
   float* op = out.data_ptr<float>();
   at::parallel_for(0, (N + 31) / 32, 1, [&](int64_t b0, int64_t b1) {
     KQuantPanel p0(G), p1(G);
     std::vector<uint8_t> codes(16 * K);
-    std::vector<float> lo(16 * G), hi(16 * G), off(16 * G);
+    std::vector<float> lo(16 * G), hi(16 * G), off(16 * G), off_hi(16 * G);
     const KQuantPanel* panels[2] = {&p0, &p1};
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t n = b * 32, nt = std::min<int64_t>(2, (N - n) / 16);
-      pack_kquant_panel<B>(blocks, row_bytes, K, n, codes, lo, hi, off, p0);
-      if (nt == 2) pack_kquant_panel<B>(blocks, row_bytes, K, n + 16, codes, lo, hi, off, p1);
+      pack_kquant_panel<B>(blocks, row_bytes, K, n, codes, lo, hi, off, off_hi, p0);
+      if (nt == 2)
+        pack_kquant_panel<B>(blocks, row_bytes, K, n + 16, codes, lo, hi, off, off_hi, p1);
       for (int64_t m = 0; m < M; m += kKQuantTileRows) {
         const int mr = static_cast<int>(std::min<int64_t>(kKQuantTileRows, M - m));
         with_rows<kKQuantTileRows>(mr, [&](auto Rc) {
           constexpr int Rn = decltype(Rc)::value;
           const int8_t* xr = q.xq.data() + m * K;
           const float* sr = q.sx.data() + m * G;
-          const float* xsr = q.xs.data() + m * G;
+          const float* xsr = xs + m * xs_row;
           const int32_t* br = bias_sums.empty() ? nullptr : bias_sums.data() + m * 2 * G;
           if (nt == 2)
             kquant_tile<B, Rn, 2>(xr, sr, xsr, br, K, panels, op + m * N + n, N);
@@ -841,6 +866,10 @@ bool kquant_gemm_vnni([[maybe_unused]] const at::Tensor& x, [[maybe_unused]] int
   if (kind == kQ4_K) return kquant_gemm_vnni_impl<QKBlock<false>>(x, blocks, N, out), true;
   if (kind == kQ5_K) return kquant_gemm_vnni_impl<QKBlock<true>>(x, blocks, N, out), true;
   if (kind == kQ6_K) return kquant_gemm_vnni_impl<Q6KBlock>(x, blocks, N, out), true;
+  if (kind == kQ2_K) return kquant_gemm_vnni_impl<Q2KBlock>(x, blocks, N, out), true;
+  if (kind == kQ3_K) return kquant_gemm_vnni_impl<Q3KBlock>(x, blocks, N, out), true;
+  if (kind == kIQ4_NL) return kquant_gemm_vnni_impl<IQ4NLBlock>(x, blocks, N, out), true;
+  if (kind == kIQ4_XS) return kquant_gemm_vnni_impl<IQ4XSBlock>(x, blocks, N, out), true;
 #endif
   return false;
 }

@@ -59,10 +59,10 @@ void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* d,
 
 #ifdef RS_AVX2
 // out[r * ldo] = x_r . row for MR input rows (codes q rows K apart, scales and sums rows
-// K / 32 apart), each row by its own accumulators.
+// K / 32 apart, sums16 K / 16), each row by its own accumulators.
 template <typename B, int MR>
-inline void row_dot_q8(const int8_t* q, const float* d, const float* sums, int64_t K,
-                       const uint8_t* row, float* out, int64_t ldo) {
+inline void row_dot_q8(const int8_t* q, const float* d, const float* sums, const float* sums16,
+                       int64_t K, const uint8_t* row, float* out, int64_t ldo) {
   const int64_t G = K / 32;
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[MR][2];  // even and odd sub-blocks: two chains of FMAs, not one
@@ -75,8 +75,8 @@ inline void row_dot_q8(const int8_t* q, const float* d, const float* sums, int64
     const __m256i mag = _mm256_abs_epi8(u.codes);
     // Opaque to the optimizer: under -ffast-math it may otherwise regroup (d sc) dx
     // differently for different numbers of rows, and a row's bits would depend on them.
-    float s0 = u.s0, s1 = u.s1, off = u.off;
-    asm("" : "+x"(s0), "+x"(s1), "+x"(off));
+    float s0 = u.s0, s1 = u.s1, off = u.off, off1 = u.off1;
+    asm("" : "+x"(s0), "+x"(s1), "+x"(off), "+x"(off1));
     RS_UNROLL for (int r = 0; r < MR; ++r) {
       const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * K + 32 * s));
       const __m256i p16 = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(qx, u.codes));
@@ -84,7 +84,12 @@ inline void row_dot_q8(const int8_t* q, const float* d, const float* sums, int64
       const float dx = d[r * G + s];
       const __m256 scale = _mm256_setr_m128(_mm_set1_ps(s0 * dx), _mm_set1_ps(s1 * dx));
       acc[r][s & 1] = _mm256_fmadd_ps(dots, scale, acc[r][s & 1]);
-      if (B::kOffset) offsets[r] = std::fma(off * dx, sums[r * G + s], offsets[r]);
+      if constexpr (kHalfOffsets<B>) {
+        const float* h = sums16 + r * 2 * G + 2 * s;
+        offsets[r] = std::fma(off1 * dx, h[1], std::fma(off * dx, h[0], offsets[r]));
+      } else if (B::kOffset) {
+        offsets[r] = std::fma(off * dx, sums[r * G + s], offsets[r]);
+      }
     }
   });
   RS_UNROLL for (int r = 0; r < MR; ++r)
@@ -404,6 +409,54 @@ inline void row_dot_q3k_vnni(const Q8Rows& a, const float* dxv, const VnniLanes&
     out[r * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
 }
 
+// Q2_K on AVX-512 VNNI, as row_dot_q3k_vnni: codes 0..3 unsigned, lane l of vector v (sub-blocks
+// 2v and 2v + 1: bits 4 (v % 2), 2 more in the high half, of the 32 bytes at 16 + 32 (v / 2)) of
+// group 4v + l / 4, so the scales d sc_i permute as Q6_K's; the mins' term, dmin m_i dx
+// sum16_i for the 16 groups, is one FMA a block, dx from the -32 vector times -1/32 (exact).
+template <int MR>
+inline void row_dot_q2k_vnni(const Q8Rows& a, const float* dxv, const VnniLanes& lanes,
+                             const uint8_t* row, float* out, int64_t ldo) {
+  const int64_t K = a.K, G = K / 32, blocks = K / 256;
+  __m512 acc[MR][2];  // even and odd vectors (two chains of FMAs); the mins in the first
+  RS_UNROLL for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  const __m512i two_bits = _mm512_set1_epi8(0x03);
+  const __m512i high = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+  const __m128i lo4 = _mm_set1_epi8(0x0F);
+  const __m512 unscale = _mm512_set1_ps(-1.f / 32.f);
+  const int64_t row_stride = blocks * kScaleVectors * 16;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* blk = row + b * Q2KBlock::kBytes;
+    stream_ahead(blk, 2);  // 84 bytes a block
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk));
+    __m512 sc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(packed, lo4))),
+                              _mm512_set1_ps(f16_at(blk + 80)));  // d sc_i
+    __m512 mn = _mm512_mul_ps(
+        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(packed, 4), lo4))),
+        _mm512_set1_ps(f16_at(blk + 82)));  // dmin m_i
+    asm("" : "+v"(sc), "+v"(mn));  // see row_dot_q8
+    __m512 scv[4];
+    RS_UNROLL for (int v = 0; v < 4; ++v) scv[v] = _mm512_permutexvar_ps(lanes.by_half[v], sc);
+    const float* xv = dxv + b * kScaleVectors * 16;
+    RS_UNROLL for (int r = 0; r < MR; ++r) {
+      const __m512 dx = _mm512_mul_ps(_mm512_loadu_ps(xv + r * row_stride + 64), unscale);
+      __m512 mx = _mm512_mul_ps(mn, dx);
+      asm("" : "+v"(mx));
+      acc[r][0] = _mm512_fnmadd_ps(mx, _mm512_loadu_ps(a.sums16 + r * 2 * G + 16 * b), acc[r][0]);
+    }
+    RS_UNROLL for (int v = 0; v < 4; ++v) {
+      const __m512i qs = _mm512_broadcast_i64x4(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * (v / 2))));
+      const __m512i shift =
+          _mm512_add_epi16(high, _mm512_set1_epi16(static_cast<int16_t>(4 * (v % 2))));
+      const __m512i codes = _mm512_and_si512(_mm512_srlv_epi16(qs, shift), two_bits);
+      vnni_rows64<MR>(codes, scv[v], a.q + 256 * b + 64 * v, K, xv + 16 * v, row_stride, acc[0],
+                      v & 1);
+    }
+  }
+  RS_UNROLL for (int r = 0; r < MR; ++r)
+    out[r * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
+}
+
 // row_dot_qk on AVX-512 VNNI, 64 weights a vpdpbusd: vector v is the 32 code bytes at 16 + 32v
 // (Q5_K: 48 + 32v), low nibbles (group 2v) then high ones (group 2v + 1), so lane l is of group
 // 2v + l / 8 and meets the scales d sc x dx laid out as Q6_K's groups are (VnniLanes::by_group,
@@ -465,6 +518,85 @@ inline void row_dot_qk_vnni(const Q8Rows& a, const float* dxv, const VnniLanes& 
 }
 #endif
 
+#ifdef RS_AVX512_VNNI
+// IQ4_NL / IQ4_XS on AVX-512 VNNI, as row_dot_qk_vnni, 256 weights a step (an IQ4_XS block, 8
+// IQ4_NL blocks): vector v holds sub-blocks 2v and 2v + 1, each's 16 nibble bytes made into its
+// 32 weights' order (low nibbles, then high) and looked up in kIq4Values + 128 (1..241,
+// unsigned: vpdpbusd's left side), so sub-block j's dot carries 128 dl_j dx_j sum(q_j) more,
+// taken off by one FMA a step in the low 8 lanes (128 dl_j: exact). dl_j: d (ls_j - 32) or d.
+template <typename B, int MR>
+inline void row_dot_iq4_vnni(const Q8Rows& a, const float* dxv, const VnniLanes& lanes,
+                             const uint8_t* row, float* out, int64_t ldo) {
+  constexpr bool kXS = std::is_same_v<B, IQ4XSBlock>;
+  constexpr int64_t kStepBytes = kXS ? IQ4XSBlock::kBytes : 8 * IQ4NLBlock::kBytes;
+  const int64_t K = a.K, G = K / 32, steps = K / 256;
+  __m512 acc[MR][2];  // even and odd vectors (two chains of FMAs); the 128s in the first
+  RS_UNROLL for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  const __m512i table = _mm512_broadcast_i32x4(_mm_xor_si128(
+      _mm_load_si128(reinterpret_cast<const __m128i*>(kIq4Values)), _mm_set1_epi8(-128)));
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  // 16-bit shift counts by 128-bit lane: 0, 4, 0, 4 (a sub-block's low nibbles, then high).
+  const __m512i shift = _mm512_broadcast_i64x4(_mm256_setr_epi64x(0, 0, 0x0004000400040004LL,
+                                                                  0x0004000400040004LL));
+  const int64_t row_stride = steps * kScaleVectors * 16;
+  for (int64_t b = 0; b < steps; ++b) {
+    const uint8_t* blk = row + b * kStepBytes;
+    stream_ahead(blk, 3);  // as row_dot_qk's
+    __m256 dl;
+    if constexpr (kXS) {
+      uint16_t high;
+      std::memcpy(&high, blk + 2, 2);
+      const __m128i l = _mm_cvtsi32_si128(static_cast<int>(u32_at(blk + 4)));
+      const __m128i lo4 = _mm_set1_epi8(0x0F);
+      const __m256i low = _mm256_cvtepu8_epi32(
+          _mm_unpacklo_epi8(_mm_and_si128(l, lo4), _mm_and_si128(_mm_srli_epi16(l, 4), lo4)));
+      const __m256i top =
+          _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(high),
+                                             _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+                           _mm256_set1_epi32(3));
+      const __m256i ls = _mm256_sub_epi32(_mm256_or_si256(low, _mm256_slli_epi32(top, 4)),
+                                          _mm256_set1_epi32(32));
+      dl = _mm256_mul_ps(_mm256_cvtepi32_ps(ls), _mm256_set1_ps(f16_at(blk)));
+    } else {
+      uint16_t h[8];
+      for (int j = 0; j < 8; ++j) std::memcpy(&h[j], blk + IQ4NLBlock::kBytes * j, 2);
+      dl = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+    }
+    __m256 lift = _mm256_mul_ps(dl, _mm256_set1_ps(128.f));
+    __m512 sc = _mm512_zextps256_ps512(dl);
+    asm("" : "+v"(sc), "+v"(lift));  // see row_dot_q8
+    __m512 scv[4];
+    RS_UNROLL for (int v = 0; v < 4; ++v) scv[v] = _mm512_permutexvar_ps(lanes.by_group[v], sc);
+    const float* xv = dxv + b * kScaleVectors * 16;
+    RS_UNROLL for (int r = 0; r < MR; ++r) {
+      __m256 m = _mm256_mul_ps(lift, _mm256_loadu_ps(a.d + r * G + 8 * b));
+      asm("" : "+v"(m));
+      acc[r][0] = _mm512_fnmadd_ps(_mm512_zextps256_ps512(m),
+                                   _mm512_zextps256_ps512(_mm256_loadu_ps(a.sums + r * G + 8 * b)),
+                                   acc[r][0]);
+    }
+    RS_UNROLL for (int v = 0; v < 4; ++v) {
+      // The two sub-blocks' 16 bytes as 128-bit lanes (A, A, B, B).
+      __m256i pair;
+      if constexpr (kXS)
+        pair = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 8 + 32 * v));
+      else
+        pair = _mm256_loadu2_m128i(
+            reinterpret_cast<const __m128i*>(blk + IQ4NLBlock::kBytes * (2 * v + 1) + 2),
+            reinterpret_cast<const __m128i*>(blk + IQ4NLBlock::kBytes * 2 * v + 2));
+      const __m512i twice = _mm512_castsi256_si512(pair);
+      const __m512i nib =
+          _mm512_and_si512(_mm512_srlv_epi16(_mm512_shuffle_i64x2(twice, twice, 0x50), shift),
+                           nibble);
+      vnni_rows64<MR>(_mm512_shuffle_epi8(table, nib), scv[v], a.q + 256 * b + 64 * v, K,
+                      xv + 16 * v, row_stride, acc[0], v & 1);
+    }
+  }
+  RS_UNROLL for (int r = 0; r < MR; ++r)
+    out[r * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
+}
+#endif
+
 // How far ahead of the row it reads a thread asks for weight rows into L2, a row at a time: 64
 // KB (Q6_K rows of 2,048 weights one row: 19.6 against 14.6 GB/s for 4 rows, 1,680 bytes each,
 // into L1; 16384 x 2048, 12 matrices in turn, AMX Xeon). row_dot_q6k_vnni asks for its lines as
@@ -502,11 +634,12 @@ void gemv_part_q8(const Q8Rows& a, int64_t M, const uint8_t* blocks, int64_t N, 
   constexpr int64_t scale_stride = 0;
 #endif
   constexpr bool kQK = std::is_same_v<B, QKBlock<false>> || std::is_same_v<B, QKBlock<true>>;
-  constexpr bool kQ3K = std::is_same_v<B, Q3KBlock>;
-  // Q4_K's, Q5_K's and Q6_K's row dots stream their blocks, and Q3_K's on VNNI
+  constexpr bool kQ3K = std::is_same_v<B, Q3KBlock>, kQ2K = std::is_same_v<B, Q2KBlock>;
+  constexpr bool kIQ4 = std::is_same_v<B, IQ4NLBlock> || std::is_same_v<B, IQ4XSBlock>;
+  // Q4_K's, Q5_K's and Q6_K's row dots stream their blocks, and Q2_K's, Q3_K's and IQ4's on VNNI
   bool rows_ahead = !std::is_same_v<B, Q6KBlock> && !kQK;
 #ifdef RS_AVX512_VNNI
-  if (kQ3K && vnni) rows_ahead = false;
+  if ((kQ2K || kQ3K || kIQ4) && vnni) rows_ahead = false;
 #endif
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
@@ -518,7 +651,8 @@ void gemv_part_q8(const Q8Rows& a, int64_t M, const uint8_t* blocks, int64_t N, 
       }
       // Input rows a few at a time, each sub-block's codes made once for them (kQ4kRows,
       // kQ6kRows for the K-quants).
-      constexpr int kRows = kQK ? kQ4kRows : std::is_same_v<B, Q6KBlock> || kQ3K ? kQ6kRows : 4;
+      constexpr int kRows =
+          kQK || kIQ4 ? kQ4kRows : std::is_same_v<B, Q6KBlock> || kQ3K || kQ2K ? kQ6kRows : 4;
       for (int64_t m = 0; m < M; m += kRows) {
         const Q8Rows at{a.q + m * K, a.d + m * G, a.sums + m * G, a.sums16 + m * 2 * G, K,
                         a.dxv ? a.dxv + m * scale_stride : nullptr};
@@ -531,11 +665,20 @@ void gemv_part_q8(const Q8Rows& a, int64_t M, const uint8_t* blocks, int64_t N, 
 #endif
             row_dot_qk<kHigh, R>(at, row, o, ldo);
           }
-          else if constexpr (kQ3K) {
+          else if constexpr (kQ3K || kQ2K) {
 #ifdef RS_AVX512_VNNI
-            if (vnni) return row_dot_q3k_vnni<R>(at, at.dxv, lanes, row, o, ldo);
+            if (vnni) {
+              if constexpr (kQ2K) return row_dot_q2k_vnni<R>(at, at.dxv, lanes, row, o, ldo);
+              return row_dot_q3k_vnni<R>(at, at.dxv, lanes, row, o, ldo);
+            }
 #endif
-            row_dot_q8<B, R>(at.q, at.d, at.sums, K, row, o, ldo);
+            row_dot_q8<B, R>(at.q, at.d, at.sums, at.sums16, K, row, o, ldo);
+          }
+          else if constexpr (kIQ4) {
+#ifdef RS_AVX512_VNNI
+            if (vnni) return row_dot_iq4_vnni<B, R>(at, at.dxv, lanes, row, o, ldo);
+#endif
+            row_dot_q8<B, R>(at.q, at.d, at.sums, at.sums16, K, row, o, ldo);
           }
           else if constexpr (std::is_same_v<B, Q6KBlock>) {
 #ifdef RS_AVX512_VNNI
@@ -544,7 +687,7 @@ void gemv_part_q8(const Q8Rows& a, int64_t M, const uint8_t* blocks, int64_t N, 
             row_dot_q6k<R>(at, row, o, ldo);
           }
           else
-            row_dot_q8<B, R>(at.q, at.d, at.sums, K, row, o, ldo);
+            row_dot_q8<B, R>(at.q, at.d, at.sums, at.sums16, K, row, o, ldo);
         });
       }
     }

@@ -39,6 +39,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "ops.h"
@@ -86,12 +87,17 @@ inline void k_scale_min(const uint8_t* s, int64_t j, int& sc, int& m) {
 }
 
 #ifdef RS_AVX2
-// One sub-block of 32 weights as the vector code reads it: weight e = scale(e) * codes[e] + off,
-// codes as 32 signed bytes (the format's fixed offset, such as Q4_0's -8, already applied),
-// scale(e) = s0 for e < 16 and s1 for the rest (they differ in Q6_K only).
+// One sub-block of 32 weights as the vector code reads it: weight e = scale(e) * codes[e] +
+// offset(e), codes as 32 signed bytes (the format's fixed offset, such as Q4_0's -8, already
+// applied), scale(e) = s0 for e < 16 and s1 for the rest (they differ in Q2_K, Q3_K and Q6_K),
+// offset(e) likewise off and off1 (they differ in Q2_K only: kHalfOffsets).
 struct Sub {
   __m256i codes;
-  float s0, s1, off;
+  float s0, s1, off, off1;
+  Sub(__m256i c, float scale0, float scale1, float offset)
+      : codes(c), s0(scale0), s1(scale1), off(offset), off1(offset) {}
+  Sub(__m256i c, float scale0, float scale1, float offset0, float offset1)
+      : codes(c), s0(scale0), s1(scale1), off(offset0), off1(offset1) {}
 };
 
 // 16 bytes of nibbles as 32 codes: byte j's low nibble is code j, its high nibble code j + 16.
@@ -133,11 +139,12 @@ inline void widen(__m256i codes, __m256* f) {
 // The sub-block's 32 weights, 8 a vector.
 inline void weights(const Sub& u, __m256* w) {
   widen(u.codes, w);
-  const __m256 s0 = _mm256_set1_ps(u.s0), s1 = _mm256_set1_ps(u.s1), off = _mm256_set1_ps(u.off);
-  w[0] = _mm256_fmadd_ps(w[0], s0, off);
-  w[1] = _mm256_fmadd_ps(w[1], s0, off);
-  w[2] = _mm256_fmadd_ps(w[2], s1, off);
-  w[3] = _mm256_fmadd_ps(w[3], s1, off);
+  const __m256 s0 = _mm256_set1_ps(u.s0), s1 = _mm256_set1_ps(u.s1);
+  const __m256 off0 = _mm256_set1_ps(u.off), off1 = _mm256_set1_ps(u.off1);
+  w[0] = _mm256_fmadd_ps(w[0], s0, off0);
+  w[1] = _mm256_fmadd_ps(w[1], s0, off0);
+  w[2] = _mm256_fmadd_ps(w[2], s1, off1);
+  w[3] = _mm256_fmadd_ps(w[3], s1, off1);
 }
 #endif
 
@@ -332,6 +339,47 @@ struct Q6KBlock {
 #endif
 };
 
+// Q2_K (84 B): scales[16], qs[64], d, dmin: 16 groups of 16 weights, group i with a 4-bit scale
+// sc_i (low nibble of scales[i]) and min m_i (high nibble), 2-bit codes q; w = (d sc_i) q -
+// (dmin m_i). Sub-block s = 4h + t: bits 2t, 2t + 1 of qs[32h + e]; its halves groups 2s, 2s + 1,
+// so its two offsets differ (kHalfOffsets).
+struct Q2KBlock {
+  static constexpr int64_t kWeights = 256, kBytes = 84;
+  static constexpr bool kOffset = true;
+  static void scalar(const uint8_t* row, int64_t s, float* w) {
+    const uint8_t* b = row + (s / 8) * kBytes;
+    const int j8 = static_cast<int>(s % 8), h = j8 / 4, t = j8 % 4;
+    const float d = f16_at(b + 80), dmin = f16_at(b + 82);
+    for (int e = 0; e < 32; ++e) {
+      const uint8_t sc = b[2 * j8 + e / 16];
+      const int code = (b[16 + 32 * h + e] >> (2 * t)) & 3;
+      w[e] = d * static_cast<float>(sc & 0x0F) * static_cast<float>(code) -
+             dmin * static_cast<float>(sc >> 4);
+    }
+  }
+#ifdef RS_AVX2
+  // f(first + s, sub-block s) for the 8 sub-blocks of the block at b.
+  template <typename F>
+  static void visit_block(const uint8_t* b, F& f, int64_t first) {
+    const float d = f16_at(b + 80), dmin = f16_at(b + 82);
+    // The scales copied, not read in place: read in place, GCC 12 dropped every call of
+    // dequant_block_rows<Q2KBlock> from its parallel loops (test_kernel_dequantization_equals_gguf).
+    uint8_t sc[16];
+    std::memcpy(sc, b, 16);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i qs = load32(b + 16 + 32 * h);
+      for (int t = 0; t < 4; ++t) {
+        const int s = 4 * h + t;
+        const int lo = sc[2 * s], hi = sc[2 * s + 1];
+        f(first + s, Sub{byte_field(qs, 2 * t, 0x03), d * static_cast<float>(lo & 0x0F),
+                         d * static_cast<float>(hi & 0x0F), -(dmin * static_cast<float>(lo >> 4)),
+                         -(dmin * static_cast<float>(hi >> 4))});
+      }
+    }
+  }
+#endif
+};
+
 // Q3_K: 16 groups of 16 weights with 6-bit scales sc (stored + 32), 3-bit codes q - 4 (two
 // low bits in qs, the third in hmask); w = d sc (q - 4). Sub-block s = 4h + j: bits 2j, 2j + 1
 // of qs[32h + e] and bit s of hmask[e]; its halves' scales sc[2s], sc[2s + 1].
@@ -396,6 +444,84 @@ struct Q3KBlock {
 #endif
 };
 
+// IQ4_NL and IQ4_XS: 4-bit indices into one fixed table of 16 int8 values (kIq4Values, denser
+// near 0 as a normal distribution's weights are), nibbles laid out as Q4_0's (byte e's low
+// nibble is weight e, its high nibble weight e + 16); w = scale kIq4Values[q], so the table's
+// values are the Sub form's signed codes and a vpshufb makes them.
+//   IQ4_NL (18 B): d, qs[16]: scale d.
+//   IQ4_XS (136 B): d, scales_h (uint16), scales_l[4], qs[128]: sub-block j's 6-bit scale ls_j
+//     has nibble j % 2 of scales_l[j / 2] as its low bits, bits 2j, 2j + 1 of scales_h as its
+//     high ones; scale d (ls_j - 32); its codes the 16 bytes at 8 + 16j.
+alignas(16) inline constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                                      1,    13,   25,  38,  53,  69,  89,  113};
+
+// The 32 weights scale kIq4Values[q] of the 16 nibble bytes at q, into w.
+inline void iq4_scalar(const uint8_t* q, float scale, float* w) {
+  for (int e = 0; e < 16; ++e) {
+    w[e] = scale * static_cast<float>(kIq4Values[q[e] & 0x0F]);
+    w[e + 16] = scale * static_cast<float>(kIq4Values[q[e] >> 4]);
+  }
+}
+
+#ifdef RS_AVX2
+// The 16 nibble bytes at q as their 32 table values (signed codes).
+inline __m256i iq4_codes(const uint8_t* q) {
+  const __m256i table = _mm256_broadcastsi128_si256(
+      _mm_load_si128(reinterpret_cast<const __m128i*>(kIq4Values)));
+  return _mm256_shuffle_epi8(table, nibbles32(q));
+}
+#endif
+
+struct IQ4NLBlock {
+  static constexpr int64_t kWeights = 32, kBytes = 18;
+  static constexpr bool kOffset = false;
+  static void scalar(const uint8_t* row, int64_t s, float* w) {
+    const uint8_t* b = row + s * kBytes;
+    iq4_scalar(b + 2, f16_at(b), w);
+  }
+#ifdef RS_AVX2
+  static Sub sub(const uint8_t* row, int64_t s) {
+    const uint8_t* b = row + s * kBytes;
+    const float d = f16_at(b);
+    return {iq4_codes(b + 2), d, d, 0.f};
+  }
+#endif
+};
+
+struct IQ4XSBlock {
+  static constexpr int64_t kWeights = 256, kBytes = 136;
+  static constexpr bool kOffset = false;
+  // Sub-block j's ls_j - 32.
+  static int scale(const uint8_t* b, int64_t j) {
+    uint16_t high;
+    std::memcpy(&high, b + 2, 2);
+    const int low = (b[4 + j / 2] >> (4 * (j % 2))) & 0x0F;
+    return (low | (((high >> (2 * j)) & 3) << 4)) - 32;
+  }
+  static void scalar(const uint8_t* row, int64_t s, float* w) {
+    const uint8_t* b = row + (s / 8) * kBytes;
+    const int64_t j = s % 8;
+    iq4_scalar(b + 8 + 16 * j, f16_at(b) * static_cast<float>(scale(b, j)), w);
+  }
+#ifdef RS_AVX2
+  static Sub sub(const uint8_t* row, int64_t s) {
+    const uint8_t* b = row + (s / 8) * kBytes;
+    const int64_t j = s % 8;
+    const float dl = f16_at(b) * static_cast<float>(scale(b, j));
+    return {iq4_codes(b + 8 + 16 * j), dl, dl, 0.f};
+  }
+  // f(first + j, sub-block j) for the 8 sub-blocks of the block at b (d read once).
+  template <typename F>
+  static void visit_block(const uint8_t* b, F& f, int64_t first) {
+    const float d = f16_at(b);
+    for (int j = 0; j < 8; ++j) {
+      const float dl = d * static_cast<float>(scale(b, j));
+      f(first + j, Sub{iq4_codes(b + 8 + 16 * j), dl, dl, 0.f});
+    }
+  }
+#endif
+};
+
 // F16 and BF16, GGUF's unquantized matrices (2 bytes a weight): read 32 weights at a time as
 // the formats above, but with no codes or scales, so no Sub form: the float32 kernels convert
 // them as they read (kFloatBlock: dequant_block_rows, half_rows_small).
@@ -444,6 +570,10 @@ template <typename B>
 inline constexpr bool kFloatBlock = false;
 template <bool kBF16>
 inline constexpr bool kFloatBlock<HalfBlock<kBF16>> = true;
+// Formats whose sub-blocks' two halves have offsets of their own (Sub's off, off1): their
+// offsets meet sums of the input over 16 weights, not 32.
+template <typename B>
+inline constexpr bool kHalfOffsets = std::is_same_v<B, Q2KBlock>;
 
 #ifdef RS_AVX2
 // f(s, sub-block s) for every sub-block of a row of K weights, in order. Formats of 256-weight
@@ -467,10 +597,13 @@ bool with_block(int64_t kind, F&& f) {
     case kQ5_0: f(Q5Block<false>{}); return true;
     case kQ5_1: f(Q5Block<true>{}); return true;
     case kQ8_0: f(Q8Block{}); return true;
+    case kQ2_K: f(Q2KBlock{}); return true;
     case kQ3_K: f(Q3KBlock{}); return true;
     case kQ4_K: f(QKBlock<false>{}); return true;
     case kQ5_K: f(QKBlock<true>{}); return true;
     case kQ6_K: f(Q6KBlock{}); return true;
+    case kIQ4_NL: f(IQ4NLBlock{}); return true;
+    case kIQ4_XS: f(IQ4XSBlock{}); return true;
     case kF16: f(HalfBlock<false>{}); return true;
     case kBF16: f(HalfBlock<true>{}); return true;
     default: return false;
@@ -523,13 +656,12 @@ inline void row_dot(const float* x, int64_t K, const uint8_t* row, float* out, i
   __m512 acc[MR];
   RS_UNROLL for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
   visit_subs<B>(row, K, [&](int64_t s, const Sub& u) {
-    const __m512 off = _mm512_set1_ps(u.off);
     const __m512 w0 = _mm512_fmadd_ps(
         _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(u.codes))),
-        _mm512_set1_ps(u.s0), off);
+        _mm512_set1_ps(u.s0), _mm512_set1_ps(u.off));
     const __m512 w1 = _mm512_fmadd_ps(
         _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(u.codes, 1))),
-        _mm512_set1_ps(u.s1), off);
+        _mm512_set1_ps(u.s1), _mm512_set1_ps(u.off1));
     RS_UNROLL for (int r = 0; r < MR; ++r) {
       const float* xs = x + r * K + 32 * s;
       acc[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xs + 16),
@@ -547,6 +679,20 @@ inline void row_dot(const float* x, int64_t K, const uint8_t* row, float* out, i
   });
   RS_UNROLL for (int r = 0; r < MR; ++r) out[r * ldo] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
 #endif
+}
+
+// Sums of the input a format's offsets meet, per 32 weights: one (sum(x_s)), or two (halves).
+template <typename B>
+inline constexpr int64_t kOffsetSums = kHalfOffsets<B> ? 2 : 1;
+
+// offsets + sub-block s's offset terms: off sum(x_s), or off sum(x's first half) + off1
+// sum(its second) (xsum: the input's sums, kOffsetSums<B> per 32 weights).
+template <typename B>
+inline float add_offsets(const Sub& u, const float* xsum, int64_t s, float offsets) {
+  if constexpr (kHalfOffsets<B>)
+    return std::fma(u.off1, xsum[2 * s + 1], std::fma(u.off, xsum[2 * s], offsets));
+  else
+    return std::fma(u.off, xsum[s], offsets);
 }
 
 // x . row for one input row (a decode step of one sequence), bound by turning codes into
@@ -571,7 +717,7 @@ inline float row_dot1(const float* x, const float* xsum, int64_t K, const uint8_
       acc0 = _mm512_fmadd_ps(_mm512_set1_ps(u.s0), t0, acc0);
       acc1 = _mm512_fmadd_ps(_mm512_set1_ps(u.s1), _mm512_mul_ps(c1, x1), acc1);
     }
-    if (B::kOffset) offsets = std::fma(u.off, xsum[s], offsets);
+    if (B::kOffset) offsets = add_offsets<B>(u, xsum, s, offsets);
   });
   return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + offsets;
 #else
@@ -586,7 +732,7 @@ inline float row_dot1(const float* x, const float* xsum, int64_t K, const uint8_
                                       _mm256_mul_ps(c[2], _mm256_loadu_ps(xs + 16)));
     acc0 = _mm256_fmadd_ps(_mm256_set1_ps(u.s0), t0, acc0);
     acc1 = _mm256_fmadd_ps(_mm256_set1_ps(u.s1), t1, acc1);
-    if (B::kOffset) offsets = std::fma(u.off, xsum[s], offsets);
+    if (B::kOffset) offsets = add_offsets<B>(u, xsum, s, offsets);
   });
   return hsum(_mm256_add_ps(acc0, acc1)) + offsets;
 #endif
@@ -619,7 +765,7 @@ inline void row_dot_exact(const float* x, const float* xsum, int64_t K, const ui
         acc0[r] = _mm512_fmadd_ps(s0, t0, acc0[r]);
         acc1[r] = _mm512_fmadd_ps(s1, _mm512_mul_ps(c1, x1), acc1[r]);
       }
-      if (B::kOffset) offsets[r] = std::fma(u.off, xsum[r * (K / 32) + s], offsets[r]);
+      if (B::kOffset) offsets[r] = add_offsets<B>(u, xsum + r * kOffsetSums<B> * (K / 32), s, offsets[r]);
     }
   });
   RS_UNROLL for (int r = 0; r < MR; ++r)
@@ -639,7 +785,7 @@ inline void row_dot_exact(const float* x, const float* xsum, int64_t K, const ui
                                         _mm256_mul_ps(c[2], _mm256_loadu_ps(xs + 16)));
       acc0[r] = _mm256_fmadd_ps(s0, t0, acc0[r]);
       acc1[r] = _mm256_fmadd_ps(s1, t1, acc1[r]);
-      if (B::kOffset) offsets[r] = std::fma(u.off, xsum[r * (K / 32) + s], offsets[r]);
+      if (B::kOffset) offsets[r] = add_offsets<B>(u, xsum + r * kOffsetSums<B> * (K / 32), s, offsets[r]);
     }
   });
   RS_UNROLL for (int r = 0; r < MR; ++r)
@@ -653,13 +799,13 @@ inline void row_dot_exact(const float* x, const float* xsum, int64_t K, const ui
 template <typename B>
 void gemm_block_rows_small(const float* x, int64_t M, const uint8_t* blocks, int64_t row_bytes,
                            int64_t N, int64_t K, float* out) {
-  const int64_t S = K / 32;
+  const int64_t S = K / 32 * kOffsetSums<B>, width = 32 / kOffsetSums<B>;
   const bool exact = M > 1 && exact_rows();
   // Per input row, as row_dot1 sums them (row_dot, the many-row default, needs none).
   std::vector<float> xsum(M == 1 || exact ? M * S : 0, 0.f);
   for (int64_t r = 0; r < (xsum.empty() ? 0 : M); ++r)
     for (int64_t s = 0; s < S; ++s)
-      for (int j = 0; j < 32; ++j) xsum[r * S + s] += x[r * K + 32 * s + j];
+      for (int64_t j = 0; j < width; ++j) xsum[r * S + s] += x[r * K + width * s + j];
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       const uint8_t* row = blocks + n * row_bytes;
@@ -963,7 +1109,7 @@ void gguf_repack(const at::Tensor& blocks, const at::Tensor& layout, const at::T
 // Our code for a QuantizedWeight kind name ("int4", "q4_k", ...), -1 for none.
 int64_t quant_kind_code(const std::string& name) {
   for (int64_t k : {kInt4, kInt8, kInt4Vnni, kInt8Vnni, kQ6kVnni, kQ4_0, kQ4_1, kQ5_0, kQ5_1,
-                    kQ8_0, kQ3_K, kQ4_K, kQ5_K, kQ6_K, kF16, kBF16})
+                    kQ8_0, kQ2_K, kQ3_K, kQ4_K, kQ5_K, kQ6_K, kIQ4_NL, kIQ4_XS, kF16, kBF16})
     if (name == quant_kind_name(k)) return k;
   if (name == "gguf-q8") return kGgufQ8;  // added to a GGML type (quant_kinds.h)
   return -1;

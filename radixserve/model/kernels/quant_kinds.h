@@ -19,10 +19,13 @@ enum QuantKind : int64_t {
   kQ5_0 = 6,
   kQ5_1 = 7,
   kQ8_0 = 8,
+  kQ2_K = 10,
   kQ3_K = 11,
   kQ4_K = 12,
   kQ5_K = 13,
   kQ6_K = 14,
+  kIQ4_NL = 20,
+  kIQ4_XS = 23,
   kBF16 = 30,
   kInt4 = 100,
   kInt8 = 101,
@@ -43,10 +46,13 @@ inline const char* quant_kind_name(int64_t kind) {
     case kQ5_0: return "q5_0";
     case kQ5_1: return "q5_1";
     case kQ8_0: return "q8_0";
+    case kQ2_K: return "q2_k";
     case kQ3_K: return "q3_k";
     case kQ4_K: return "q4_k";
     case kQ5_K: return "q5_k";
     case kQ6_K: return "q6_k";
+    case kIQ4_NL: return "iq4_nl";
+    case kIQ4_XS: return "iq4_xs";
     case kInt4: return "int4";
     case kInt8: return "int8";
     case kInt4Vnni: return "int4-vnni";
