@@ -1,6 +1,6 @@
 """Weight-only quantized linears: int4 and int8 in groups of 32 (GGUF blocks whose values they
-hold, repacked), and GGUF blocks as the file stores them (kind "gguf": Q4_0 ... Q6_K, several kinds
-in one matrix where the file mixed them).
+hold, repacked), and GGUF blocks as the file stores them (kind "gguf": Q4_0 ... IQ4_XS, several
+kinds in one matrix where the file mixed them).
 
 A GGUF checkpoint's own blocks load as they are (model/gguf_quant.py), so the default model
 computes with exactly the file's weights; `--quantization int4|int8` quantizes the others here.

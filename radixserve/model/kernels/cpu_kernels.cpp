@@ -7,7 +7,7 @@
 //   ops.h          the ops one file calls in another
 //   quant_kinds.h  the numbers of the kinds of quantized codes
 //   gemm.cpp       weight-only quantized GEMM / GEMV (int4, int8) and dequantization
-//   kquants.cpp    GEMM / GEMV over GGUF's blocks as stored (Q4_0 ... Q8_0, Q4_K, Q5_K, Q6_K),
+//   kquants.cpp    GEMM / GEMV over GGUF's blocks as stored (Q4_0 ... Q8_0, Q2_K ... Q6_K, IQ4),
 //                  reusing gemm.cpp's panel GEMM for many rows
 //   gguf_q8.cpp    the same blocks against int8 activations (AVX2; int8-avx2's decode rows)
 //   attention.cpp  paged decode and prefill attention over the K/V block pool

@@ -1,5 +1,5 @@
 // llama.cpp's GGUF block formats computed as the file stores them: y = x W^T for float32 x and
-// W in Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (blocks of 32 weights) or Q3_K, Q4_K, Q5_K, Q6_K
+// W in Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL (blocks of 32 weights) or Q2_K ... Q6_K, IQ4_XS
 // (super-blocks of 256), byte for byte as in the GGUF (no repacking, no dequantize-requantize
 // round trip); F16 / BF16 matrices likewise, converted as they are read.
 //
@@ -23,7 +23,8 @@
 //   Q4_K (144 B): d, dmin, scales[12], qs[128]: 8 sub-blocks j of 32 with 6-bit scale sc_j and
 //        min m_j; w = (d sc_j) q - (dmin m_j); sub-block 2p / 2p + 1: low / high nibbles of
 //        bytes 32p .. 32p + 31
-//   Q3_K (110 B): hmask[32], qs[64], scales[12], d: below (Q3KBlock)
+//   Q2_K (84 B), Q3_K (110 B), IQ4_NL (18 B), IQ4_XS (136 B): below (Q2KBlock, Q3KBlock,
+//        IQ4NLBlock, IQ4XSBlock)
 //   Q5_K (176 B): d, dmin, scales[12], qh[32], qs[128]: as Q4_K, q's bit 4 in sub-block j is
 //        bit j of qh[e] (e: the weight's index in its sub-block)
 //   Q6_K (210 B): ql[128], qh[64], scales[16] int8, d: 16 groups of 16 weights with scale sc;
