@@ -156,7 +156,7 @@ inline void row_dot_qk(const Q8Rows& a, const uint8_t* row, float* out, int64_t 
   RS_UNROLL for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < K / 256; ++b) {
     const uint8_t* blk = row + b * kBytes;
-    stream_ahead(blk, 3);  // as row_dot_q6k's
+    stream_ahead(blk, 3);  // as row_dot_k16's
     const __m128i packed = q4k_scales_mins(blk);
     __m256 vsc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(packed)),
                                _mm256_set1_ps(f16_at(blk)));
@@ -187,15 +187,136 @@ inline void row_dot_qk(const Q8Rows& a, const uint8_t* row, float* out, int64_t 
   RS_UNROLL for (int r = 0; r < MR; ++r) out[r * ldo] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
 }
 
-// Q6_K, a block at a time: codes 0..63 unsigned (w = d sc (q - 32)), their 16 scales d sc_g
-// as two vectors times each row's activation scales; the -32 is 32 d sc_g dx sum16(q_g), two
-// FMAs per block. A sub-block's two halves take lanes 0-3 and 4-7 of its scale vector.
-template <int MR>
-inline void row_dot_q6k(const Q8Rows& a, const uint8_t* row, float* out, int64_t ldo) {
+// IQ4_NL / IQ4_XS: the 8 groups' scales dl_j of 256 weights at blk (an IQ4_XS block: d (ls_j -
+// 32); 8 IQ4_NL blocks: their d).
+template <typename B>
+inline __m256 iq4_scales(const uint8_t* blk) {
+  if constexpr (std::is_same_v<B, IQ4XSBlock>) {
+    uint16_t high;
+    std::memcpy(&high, blk + 2, 2);
+    const __m128i l = _mm_cvtsi32_si128(static_cast<int>(u32_at(blk + 4)));
+    const __m128i lo4 = _mm_set1_epi8(0x0F);
+    const __m256i low = _mm256_cvtepu8_epi32(
+        _mm_unpacklo_epi8(_mm_and_si128(l, lo4), _mm_and_si128(_mm_srli_epi16(l, 4), lo4)));
+    const __m256i top = _mm256_and_si256(
+        _mm256_srlv_epi32(_mm256_set1_epi32(high), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+        _mm256_set1_epi32(3));
+    const __m256i ls = _mm256_sub_epi32(_mm256_or_si256(low, _mm256_slli_epi32(top, 4)),
+                                        _mm256_set1_epi32(32));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(ls), _mm256_set1_ps(f16_at(blk)));
+  } else {
+    uint16_t h[8];
+    for (int j = 0; j < 8; ++j) std::memcpy(&h[j], blk + IQ4NLBlock::kBytes * j, 2);
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+  }
+}
+
+// IQ4_NL / IQ4_XS, 256 weights a step (an IQ4_XS block, 8 IQ4_NL blocks): each group's table
+// values (signed) against the activations by vpmaddubsw on their magnitudes, the signs moved onto
+// the activations (as row_dot_q8), with the step's 8 scales dl_j times each row's dx_j made once.
+template <typename B, int MR>
+inline void row_dot_iq4(const Q8Rows& a, const uint8_t* row, float* out, int64_t ldo) {
+  constexpr bool kXS = std::is_same_v<B, IQ4XSBlock>;
+  constexpr int64_t kStepBytes = kXS ? IQ4XSBlock::kBytes : 8 * IQ4NLBlock::kBytes;
   const int64_t K = a.K, G = K / 32;
-  __m256 acc[MR][2];  // by the block's half (as row_dot_qk's two sums); the -32 in the first
+  __m256 acc[MR][2];  // even and odd groups: two chains of FMAs
   RS_UNROLL for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  const __m256 m32 = _mm256_set1_ps(-32.f);
+  const __m256i table = _mm256_broadcastsi128_si256(
+      _mm_load_si128(reinterpret_cast<const __m128i*>(kIq4Values)));
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t b = 0; b < K / 256; ++b) {
+    const uint8_t* blk = row + b * kStepBytes;
+    stream_ahead(blk, 3);
+    __m256 dl = iq4_scales<B>(blk);
+    asm("" : "+x"(dl));  // see row_dot_q8
+    __m256 vs[MR];
+    RS_UNROLL for (int r = 0; r < MR; ++r) {
+      vs[r] = _mm256_mul_ps(dl, _mm256_loadu_ps(a.d + r * G + 8 * b));
+      asm("" : "+x"(vs[r]));
+    }
+    for (int j = 0; j < 8; ++j) {
+      const uint8_t* nib = kXS ? blk + 8 + 16 * j : blk + IQ4NLBlock::kBytes * j + 2;
+      const __m256i codes = _mm256_shuffle_epi8(table, nibbles32(nib));
+      const __m256i mag = _mm256_abs_epi8(codes);
+      RS_UNROLL for (int r = 0; r < MR; ++r) {
+        const __m256i qx =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + r * K + 256 * b + 32 * j));
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(mag, _mm256_sign_epi8(qx, codes)),
+                                            ones);
+        acc[r][j & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), lane(vs[r], j), acc[r][j & 1]);
+      }
+    }
+  }
+  RS_UNROLL for (int r = 0; r < MR; ++r) out[r * ldo] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
+}
+
+// The formats with a scale per 16 weights (Q2_K, Q3_K, Q6_K) as row_dot_k16 reads them: a
+// block's 16 scales s_g and offsets o_g (w = s_g q + o_g for unsigned codes q), 8 a vector, and
+// sub-block 4h + t's 32 unsigned codes.
+//   Q6_K: q 0..63, s_g = d sc_g, o_g = -32 s_g.  Q3_K: q 0..7, s_g = d (sc_g - 32), o_g = -4 s_g.
+//   Q2_K: q 0..3, s_g = d sc_g, o_g = -dmin m_g.
+template <typename B>
+struct K16;
+
+template <>
+struct K16<Q6KBlock> {
+  static void factors(const uint8_t* blk, __m256* sc, __m256* off) {
+    const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
+    const __m256 d = _mm256_set1_ps(f16_at(blk + 208)), m32 = _mm256_set1_ps(-32.f);
+    sc[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)), d);
+    sc[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))), d);
+    off[0] = _mm256_mul_ps(sc[0], m32);
+    off[1] = _mm256_mul_ps(sc[1], m32);
+  }
+  static __m256i codes(const uint8_t* blk, int h, int t) {
+    const __m256i lo = byte_field(load32(blk + 64 * h + 32 * (t & 1)), t >= 2 ? 4 : 0, 0x0F);
+    const __m256i high = byte_field(load32(blk + 128 + 32 * h), 2 * t, 0x03);
+    return _mm256_or_si256(lo, _mm256_slli_epi16(high, 4));
+  }
+};
+
+template <>
+struct K16<Q3KBlock> {
+  static void factors(const uint8_t* blk, __m256* sc, __m256* off) {
+    const __m128i sc8 = Q3KBlock::scales16(blk);
+    const __m256 d = _mm256_set1_ps(f16_at(blk + 108)), m4 = _mm256_set1_ps(-4.f);
+    sc[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)), d);
+    sc[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))), d);
+    off[0] = _mm256_mul_ps(sc[0], m4);
+    off[1] = _mm256_mul_ps(sc[1], m4);
+  }
+  static __m256i codes(const uint8_t* blk, int h, int t) {
+    const __m256i low = byte_field(load32(blk + 32 + 32 * h), 2 * t, 0x03);
+    return _mm256_or_si256(low, _mm256_slli_epi16(byte_field(load32(blk), 4 * h + t, 0x01), 2));
+  }
+};
+
+template <>
+struct K16<Q2KBlock> {
+  static void factors(const uint8_t* blk, __m256* sc, __m256* off) {
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk));
+    const __m128i lo4 = _mm_set1_epi8(0x0F);
+    const __m128i scales = _mm_and_si128(packed, lo4);
+    const __m128i mins = _mm_and_si128(_mm_srli_epi16(packed, 4), lo4);
+    const __m256 d = _mm256_set1_ps(f16_at(blk + 80)), dmin = _mm256_set1_ps(-f16_at(blk + 82));
+    sc[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(scales)), d);
+    sc[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(scales, 8))), d);
+    off[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mins)), dmin);
+    off[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(mins, 8))), dmin);
+  }
+  static __m256i codes(const uint8_t* blk, int h, int t) {
+    return byte_field(load32(blk + 16 + 32 * h), 2 * t, 0x03);
+  }
+};
+
+// Q2_K, Q3_K or Q6_K, a block at a time: unsigned codes against the activations, their 16 scales
+// s_g as two vectors times each row's activation scales; the offsets are o_g dx sum16(q_g), two
+// FMAs per block. A sub-block's two halves take lanes 0-3 and 4-7 of its scale vector.
+template <typename B, int MR>
+inline void row_dot_k16(const Q8Rows& a, const uint8_t* row, float* out, int64_t ldo) {
+  const int64_t K = a.K, G = K / 32;
+  __m256 acc[MR][2];  // by the block's half (as row_dot_qk's two sums); the offsets too
+  RS_UNROLL for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   // Lanes (2j, 2j, 2j, 2j, 2j + 1, ...) of a block's 8 half-group scales, j = sub-block % 4.
   const __m256i pick[4] = {_mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
                            _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
@@ -204,40 +325,35 @@ inline void row_dot_q6k(const Q8Rows& a, const uint8_t* row, float* out, int64_t
   // Each 32-weight group's dx for its two halves: lanes (0, 0, 1, 1, 2, 2, 3, 3).
   const __m256i twice = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
   for (int64_t b = 0; b < K / 256; ++b) {
-    const uint8_t* blk = row + b * 210;
-    stream_ahead(blk, 4);  // the rows lie one after another: the walk goes on into the next
-    const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
-    const __m256 dvec = _mm256_set1_ps(f16_at(blk + 208));
-    __m256 sc0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)), dvec);
-    __m256 sc1 =
-        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))), dvec);
-    asm("" : "+x"(sc0), "+x"(sc1));  // see row_dot_q8
+    const uint8_t* blk = row + b * B::kBytes;
+    // The rows lie one after another: the walk goes on into the next.
+    stream_ahead(blk, static_cast<int>((B::kBytes + 63) / 64));
+    __m256 sc[2], off[2];
+    K16<B>::factors(blk, sc, off);
+    asm("" : "+x"(sc[0]), "+x"(sc[1]), "+x"(off[0]), "+x"(off[1]));  // see row_dot_q8
     __m256 vs[MR][2];
     RS_UNROLL for (int r = 0; r < MR; ++r) {
       const __m256 dx = _mm256_loadu_ps(a.d + r * G + 8 * b);  // 8 groups of 32
-      const __m256 dx0 = _mm256_permutevar8x32_ps(dx, twice);  // halves of groups 0-3
-      const __m256 dx1 = _mm256_permutevar8x32_ps(
-          dx, _mm256_add_epi32(twice, _mm256_set1_epi32(4)));  // of groups 4-7
-      vs[r][0] = _mm256_mul_ps(sc0, dx0);
-      vs[r][1] = _mm256_mul_ps(sc1, dx1);
-      asm("" : "+x"(vs[r][0]), "+x"(vs[r][1]));
+      const __m256 dxh[2] = {
+          _mm256_permutevar8x32_ps(dx, twice),  // halves of groups 0-3
+          _mm256_permutevar8x32_ps(dx, _mm256_add_epi32(twice, _mm256_set1_epi32(4)))};
       const float* s16 = a.sums16 + r * 2 * G + 16 * b;
-      acc[r][0] = _mm256_fmadd_ps(_mm256_mul_ps(vs[r][0], m32), _mm256_loadu_ps(s16), acc[r][0]);
-      acc[r][1] =
-          _mm256_fmadd_ps(_mm256_mul_ps(vs[r][1], m32), _mm256_loadu_ps(s16 + 8), acc[r][1]);
+      RS_UNROLL for (int h = 0; h < 2; ++h) {
+        vs[r][h] = _mm256_mul_ps(sc[h], dxh[h]);
+        __m256 o = _mm256_mul_ps(off[h], dxh[h]);
+        asm("" : "+x"(vs[r][h]), "+x"(o));
+        acc[r][h] = _mm256_fmadd_ps(o, _mm256_loadu_ps(s16 + 8 * h), acc[r][h]);
+      }
     }
-    for (int h = 0; h < 2; ++h) {
-      const __m256i qh = load32(blk + 128 + 32 * h);
+    for (int h = 0; h < 2; ++h)
       for (int t = 0; t < 4; ++t) {
-        const __m256i lo = byte_field(load32(blk + 64 * h + 32 * (t & 1)), t >= 2 ? 4 : 0, 0x0F);
-        const __m256i codes = _mm256_or_si256(lo, _mm256_slli_epi16(byte_field(qh, 2 * t, 0x03), 4));
+        const __m256i codes = K16<B>::codes(blk, h, t);
         RS_UNROLL for (int r = 0; r < MR; ++r) {
           const int8_t* q = a.q + r * K + 256 * b + 128 * h + 32 * t;
           const __m256 scale = _mm256_permutevar8x32_ps(vs[r][h], pick[t]);
           acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8_s8(codes, q)), scale, acc[r][h]);
         }
       }
-    }
   }
   RS_UNROLL for (int r = 0; r < MR; ++r) out[r * ldo] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
 }
@@ -281,9 +397,9 @@ void vnni_row_scales(const float* d, int64_t M, int64_t K, float* dxv) {
     }
 }
 
-// row_dot_q6k on AVX-512 VNNI, 64 weights a vpdpbusd: lane l of vector v meets one vector of
-// scales d sc x dx (VnniLanes) in one FMA; the block's scales are permuted once for all the
-// rows, each row's dx once a call (vnni_row_scales: `dxv`, row r's K / 256 x 5 vectors). The low
+// row_dot_k16 for Q6_K on AVX-512 VNNI, 64 weights a vpdpbusd: lane l of vector v meets one
+// vector of scales d sc x dx (VnniLanes) in one FMA; the block's scales are permuted once for all
+// the rows, each row's dx once a call (vnni_row_scales: `dxv`, row r's K / 256 x 5 vectors). The low
 // nibbles of the 64 code bytes at 64h are weights 128h..128h+63 in order, the high nibbles the
 // next 64; the 32 bytes of high bits at 128 + 32h hold theirs two bits a weight, 32 weights a
 // bit pair, read from both halves of one broadcast vector by shifts of 0 / 2 (4 / 6).
@@ -542,26 +658,7 @@ inline void row_dot_iq4_vnni(const Q8Rows& a, const float* dxv, const VnniLanes&
   for (int64_t b = 0; b < steps; ++b) {
     const uint8_t* blk = row + b * kStepBytes;
     stream_ahead(blk, 3);  // as row_dot_qk's
-    __m256 dl;
-    if constexpr (kXS) {
-      uint16_t high;
-      std::memcpy(&high, blk + 2, 2);
-      const __m128i l = _mm_cvtsi32_si128(static_cast<int>(u32_at(blk + 4)));
-      const __m128i lo4 = _mm_set1_epi8(0x0F);
-      const __m256i low = _mm256_cvtepu8_epi32(
-          _mm_unpacklo_epi8(_mm_and_si128(l, lo4), _mm_and_si128(_mm_srli_epi16(l, 4), lo4)));
-      const __m256i top =
-          _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(high),
-                                             _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
-                           _mm256_set1_epi32(3));
-      const __m256i ls = _mm256_sub_epi32(_mm256_or_si256(low, _mm256_slli_epi32(top, 4)),
-                                          _mm256_set1_epi32(32));
-      dl = _mm256_mul_ps(_mm256_cvtepi32_ps(ls), _mm256_set1_ps(f16_at(blk)));
-    } else {
-      uint16_t h[8];
-      for (int j = 0; j < 8; ++j) std::memcpy(&h[j], blk + IQ4NLBlock::kBytes * j, 2);
-      dl = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
-    }
+    const __m256 dl = iq4_scales<B>(blk);
     __m256 lift = _mm256_mul_ps(dl, _mm256_set1_ps(128.f));
     __m512 sc = _mm512_zextps256_ps512(dl);
     asm("" : "+v"(sc), "+v"(lift));  // see row_dot_q8
@@ -602,7 +699,7 @@ inline void row_dot_iq4_vnni(const Q8Rows& a, const float* dxv, const VnniLanes&
 // into L1; 16384 x 2048, 12 matrices in turn, AMX Xeon). row_dot_q6k_vnni asks for its lines as
 // it goes instead (simd.h's stream_ahead): on Zen 4, one row over a 2048 x 8192 Q6_K matrix
 // 0.40-0.46 ms against 0.45-0.58 a row at a time, 4096 x 14336 1.57-1.70 against 2.46-2.59. So
-// do row_dot_q6k and row_dot_qk (AVX2): on Zen 3, one row over 8 matrices of 2048 x 8192 Q6_K
+// do row_dot_k16 and row_dot_qk (AVX2): on Zen 3, one row over 8 matrices of 2048 x 8192 Q6_K
 // 0.50-0.65 ms each against 0.88 (15.6 GB/s); 4 of 16384 x 2048 Q4_K 0.80-0.83 against 0.93.
 constexpr int64_t kAheadBytes = 64 << 10;
 // Input rows a Q6_K row dot takes at once: 8 in 512-bit registers, 2 in 256-bit ones. With
@@ -636,11 +733,8 @@ void gemv_part_q8(const Q8Rows& a, int64_t M, const uint8_t* blocks, int64_t N, 
   constexpr bool kQK = std::is_same_v<B, QKBlock<false>> || std::is_same_v<B, QKBlock<true>>;
   constexpr bool kQ3K = std::is_same_v<B, Q3KBlock>, kQ2K = std::is_same_v<B, Q2KBlock>;
   constexpr bool kIQ4 = std::is_same_v<B, IQ4NLBlock> || std::is_same_v<B, IQ4XSBlock>;
-  // Q4_K's, Q5_K's and Q6_K's row dots stream their blocks, and Q2_K's, Q3_K's and IQ4's on VNNI
-  bool rows_ahead = !std::is_same_v<B, Q6KBlock> && !kQK;
-#ifdef RS_AVX512_VNNI
-  if ((kQ2K || kQ3K || kIQ4) && vnni) rows_ahead = false;
-#endif
+  // The K-quants' and IQ4's row dots stream their blocks (the rest: rows ahead into L2)
+  const bool rows_ahead = !(std::is_same_v<B, Q6KBlock> || kQK || kQ3K || kQ2K || kIQ4);
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       const uint8_t* row = blocks + n * row_bytes;
@@ -672,19 +766,20 @@ void gemv_part_q8(const Q8Rows& a, int64_t M, const uint8_t* blocks, int64_t N, 
               return row_dot_q3k_vnni<R>(at, at.dxv, lanes, row, o, ldo);
             }
 #endif
-            row_dot_q8<B, R>(at.q, at.d, at.sums, at.sums16, K, row, o, ldo);
+            row_dot_k16<B, R>(at, row, o, ldo);
           }
           else if constexpr (kIQ4) {
 #ifdef RS_AVX512_VNNI
             if (vnni) return row_dot_iq4_vnni<B, R>(at, at.dxv, lanes, row, o, ldo);
 #endif
-            row_dot_q8<B, R>(at.q, at.d, at.sums, at.sums16, K, row, o, ldo);
+            if (K % 256 == 0) return row_dot_iq4<B, R>(at, row, o, ldo);
+            row_dot_q8<B, R>(at.q, at.d, at.sums, at.sums16, K, row, o, ldo);  // IQ4_NL rows
           }
           else if constexpr (std::is_same_v<B, Q6KBlock>) {
 #ifdef RS_AVX512_VNNI
             if (vnni) return row_dot_q6k_vnni<R>(at, at.dxv, lanes, row, o, ldo);
 #endif
-            row_dot_q6k<R>(at, row, o, ldo);
+            row_dot_k16<B, R>(at, row, o, ldo);
           }
           else
             row_dot_q8<B, R>(at.q, at.d, at.sums, at.sums16, K, row, o, ldo);

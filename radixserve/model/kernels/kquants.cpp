@@ -364,7 +364,8 @@ struct Q2KBlock {
   static void visit_block(const uint8_t* b, F& f, int64_t first) {
     const float d = f16_at(b + 80), dmin = f16_at(b + 82);
     // The scales copied, not read in place: read in place, GCC 12 dropped every call of
-    // dequant_block_rows<Q2KBlock> from its parallel loops (test_kernel_dequantization_equals_gguf).
+    // dequant_block_rows<Q2KBlock> from its parallel loops (test_kernel_dequantization_equals_gguf
+    // caught it).
     uint8_t sc[16];
     std::memcpy(sc, b, 16);
     for (int h = 0; h < 2; ++h) {
