@@ -407,11 +407,13 @@ constexpr int kKQuantBias = std::is_same_v<B, Q6KBlock>     ? -32
                                                             : 0;
 
 // 16 rows' panel: the codes' words and the first halves' scales (in p), the second halves'
-// scales and the offsets [G][16] (Q2_K: the first halves' offsets, off_hi the second's).
+// scales and the offsets [G][16] (with half_offsets, Q2_K's: the first halves' offsets, off_hi
+// the second's; else off_hi is empty).
 struct KQuantPanel {
   VnniPanel p;
   std::vector<float> hi, off, off_hi;
-  explicit KQuantPanel(int64_t G) : p(G), hi(G * 16), off(G * 16), off_hi(G * 16) {}
+  KQuantPanel(int64_t G, bool half_offsets)
+      : p(G), hi(G * 16), off(G * 16), off_hi(half_offsets ? G * 16 : 0) {}
 };
 
 // Rows n..n+15 of blocks of kind B (`row_bytes` a row) into `panel`; `codes`, `lo`, `hi`,
@@ -430,7 +432,7 @@ void pack_kquant_panel(const uint8_t* blocks, int64_t row_bytes, int64_t K, int6
       lo[c * G + g] = u.s0;
       hi[c * G + g] = u.s1;
       off[c * G + g] = u.off;
-      off_hi[c * G + g] = u.off1;
+      if constexpr (kHalfOffsets<B>) off_hi[c * G + g] = u.off1;
     });
   }
   pack_panel<false>(codes.data(), lo.data(), nullptr, K, 16, 0, panel.p);
@@ -438,7 +440,7 @@ void pack_kquant_panel(const uint8_t* blocks, int64_t row_bytes, int64_t K, int6
     for (int64_t c = 0; c < 16; ++c) {
       panel.hi[g * 16 + c] = hi[c * G + g];
       panel.off[g * 16 + c] = off[c * G + g];
-      panel.off_hi[g * 16 + c] = off_hi[c * G + g];
+      if constexpr (kHalfOffsets<B>) panel.off_hi[g * 16 + c] = off_hi[c * G + g];
     }
 }
 
@@ -523,9 +525,9 @@ void kquant_gemm_vnni_impl(const at::Tensor& x, const uint8_t* blocks, int64_t N
   const int64_t xs_row = kHalfOffsets<B> ? 2 * G : G;
   float* op = out.data_ptr<float>();
   at::parallel_for(0, (N + 31) / 32, 1, [&](int64_t b0, int64_t b1) {
-    KQuantPanel p0(G), p1(G);
+    KQuantPanel p0(G, kHalfOffsets<B>), p1(G, kHalfOffsets<B>);
     std::vector<uint8_t> codes(16 * K);
-    std::vector<float> lo(16 * G), hi(16 * G), off(16 * G), off_hi(16 * G);
+    std::vector<float> lo(16 * G), hi(16 * G), off(16 * G), off_hi(kHalfOffsets<B> ? 16 * G : 0);
     const KQuantPanel* panels[2] = {&p0, &p1};
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t n = b * 32, nt = std::min<int64_t>(2, (N - n) / 16);

@@ -76,7 +76,8 @@ inline void row_dot_q8(const int8_t* q, const float* d, const float* sums, const
     // Opaque to the optimizer: under -ffast-math it may otherwise regroup (d sc) dx
     // differently for different numbers of rows, and a row's bits would depend on them.
     float s0 = u.s0, s1 = u.s1, off = u.off, off1 = u.off1;
-    asm("" : "+x"(s0), "+x"(s1), "+x"(off), "+x"(off1));
+    asm("" : "+x"(s0), "+x"(s1), "+x"(off));
+    if constexpr (kHalfOffsets<B>) asm("" : "+x"(off1));
     RS_UNROLL for (int r = 0; r < MR; ++r) {
       const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * K + 32 * s));
       const __m256i p16 = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(qx, u.codes));
@@ -258,15 +259,20 @@ inline void row_dot_iq4(const Q8Rows& a, const uint8_t* row, float* out, int64_t
 template <typename B>
 struct K16;
 
+// s_g = d sc_g for 16 int8 sc_g, and o_g = bias s_g (Q6_K's and Q3_K's factors).
+inline void k16_signed_factors(__m128i sc8, float d, float bias, __m256* sc, __m256* off) {
+  const __m256 dv = _mm256_set1_ps(d), bv = _mm256_set1_ps(bias);
+  sc[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)), dv);
+  sc[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))), dv);
+  off[0] = _mm256_mul_ps(sc[0], bv);
+  off[1] = _mm256_mul_ps(sc[1], bv);
+}
+
 template <>
 struct K16<Q6KBlock> {
   static void factors(const uint8_t* blk, __m256* sc, __m256* off) {
-    const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
-    const __m256 d = _mm256_set1_ps(f16_at(blk + 208)), m32 = _mm256_set1_ps(-32.f);
-    sc[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)), d);
-    sc[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))), d);
-    off[0] = _mm256_mul_ps(sc[0], m32);
-    off[1] = _mm256_mul_ps(sc[1], m32);
+    k16_signed_factors(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)),
+                       f16_at(blk + 208), -32.f, sc, off);
   }
   static __m256i codes(const uint8_t* blk, int h, int t) {
     const __m256i lo = byte_field(load32(blk + 64 * h + 32 * (t & 1)), t >= 2 ? 4 : 0, 0x0F);
@@ -278,12 +284,7 @@ struct K16<Q6KBlock> {
 template <>
 struct K16<Q3KBlock> {
   static void factors(const uint8_t* blk, __m256* sc, __m256* off) {
-    const __m128i sc8 = Q3KBlock::scales16(blk);
-    const __m256 d = _mm256_set1_ps(f16_at(blk + 108)), m4 = _mm256_set1_ps(-4.f);
-    sc[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)), d);
-    sc[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))), d);
-    off[0] = _mm256_mul_ps(sc[0], m4);
-    off[1] = _mm256_mul_ps(sc[1], m4);
+    k16_signed_factors(Q3KBlock::scales16(blk), f16_at(blk + 108), -4.f, sc, off);
   }
   static __m256i codes(const uint8_t* blk, int h, int t) {
     const __m256i low = byte_field(load32(blk + 32 + 32 * h), 2 * t, 0x03);
@@ -475,6 +476,26 @@ inline void vnni_rows64(__m512i codes, __m512 scv, const int8_t* q, int64_t K, c
   }
 }
 
+// For block b of row_dot_q3k_vnni and row_dot_q2k_vnni (16 groups of 16): scv[v], the groups'
+// scales sc laid out as vector v's lanes meet them (by_half), and each row's acc[r][0] plus
+// off_i (times dx_i) sum16(q_i), dx_i times -32 (vnni_row_scales' fifth vector at xv) times
+// `times`, a power of two (exact). Always inlined, as group_terms_vnni.
+template <int MR>
+[[gnu::always_inline]] inline void half_terms_vnni(__m512 sc, __m512 off, float times,
+                                                   const Q8Rows& a, int64_t b, const float* xv,
+                                                   int64_t row_stride, const VnniLanes& lanes,
+                                                   __m512* scv, __m512 (&acc)[MR][2]) {
+  const int64_t G = a.K / 32;
+  RS_UNROLL for (int v = 0; v < 4; ++v) scv[v] = _mm512_permutexvar_ps(lanes.by_half[v], sc);
+  RS_UNROLL for (int r = 0; r < MR; ++r) {
+    const __m512 dx =
+        _mm512_mul_ps(_mm512_loadu_ps(xv + r * row_stride + 64), _mm512_set1_ps(times));
+    __m512 x = _mm512_mul_ps(off, dx);
+    asm("" : "+v"(x));  // see row_dot_q8
+    acc[r][0] = _mm512_fmadd_ps(x, _mm512_loadu_ps(a.sums16 + r * 2 * G + 16 * b), acc[r][0]);
+  }
+}
+
 // Q3_K on AVX-512 VNNI, as row_dot_q6k_vnni: codes 0..7 unsigned (w = d sc (q - 4)), lane l of
 // vector v (weights 64v..64v+63, sub-blocks 2v and 2v + 1) of half-group 4v + l / 4, so the
 // scales permute as Q6_K's; the -4 is the -32 vector times 1 / 8 (exact). Vector v's low bits
@@ -483,12 +504,11 @@ inline void vnni_rows64(__m512i codes, __m512 scv, const int8_t* q, int64_t K, c
 template <int MR>
 inline void row_dot_q3k_vnni(const Q8Rows& a, const float* dxv, const VnniLanes& lanes,
                              const uint8_t* row, float* out, int64_t ldo) {
-  const int64_t K = a.K, G = K / 32, blocks = K / 256;
+  const int64_t K = a.K, blocks = K / 256;
   __m512 acc[MR][2];  // even and odd vectors (two chains of FMAs); the -4 in the first
   RS_UNROLL for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
   const __m512i two_bits = _mm512_set1_epi8(0x03), one_bit = _mm512_set1_epi8(0x01);
   const __m512i half = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(1), 1);
-  const __m512 eighth = _mm512_set1_ps(0.125f);
   const int64_t row_stride = blocks * kScaleVectors * 16;
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* blk = row + b * Q3KBlock::kBytes;
@@ -497,14 +517,8 @@ inline void row_dot_q3k_vnni(const Q8Rows& a, const float* dxv, const VnniLanes&
                               _mm512_set1_ps(f16_at(blk + 108)));  // d (sc_j - 32), j = 0..15
     asm("" : "+v"(sc));  // see row_dot_q8
     __m512 scv[4];
-    RS_UNROLL for (int v = 0; v < 4; ++v) scv[v] = _mm512_permutexvar_ps(lanes.by_half[v], sc);
     const float* xv = dxv + b * kScaleVectors * 16;
-    RS_UNROLL for (int r = 0; r < MR; ++r) {
-      const __m512 dx4 = _mm512_mul_ps(_mm512_loadu_ps(xv + r * row_stride + 64), eighth);
-      __m512 sx = _mm512_mul_ps(sc, dx4);
-      asm("" : "+v"(sx));
-      acc[r][0] = _mm512_fmadd_ps(sx, _mm512_loadu_ps(a.sums16 + r * 2 * G + 16 * b), acc[r][0]);
-    }
+    half_terms_vnni<MR>(sc, sc, 0.125f, a, b, xv, row_stride, lanes, scv, acc);  // -32 / 8: -4
     const __m512i hmask =
         _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
     RS_UNROLL for (int v = 0; v < 4; ++v) {
@@ -528,17 +542,16 @@ inline void row_dot_q3k_vnni(const Q8Rows& a, const float* dxv, const VnniLanes&
 // Q2_K on AVX-512 VNNI, as row_dot_q3k_vnni: codes 0..3 unsigned, lane l of vector v (sub-blocks
 // 2v and 2v + 1: bits 4 (v % 2), 2 more in the high half, of the 32 bytes at 16 + 32 (v / 2)) of
 // group 4v + l / 4, so the scales d sc_i permute as Q6_K's; the mins' term, dmin m_i dx
-// sum16_i for the 16 groups, is one FMA a block, dx from the -32 vector times -1/32 (exact).
+// sum16_i for the 16 groups, is one FMA a block, -dx from the -32 vector times 1/32 (exact).
 template <int MR>
 inline void row_dot_q2k_vnni(const Q8Rows& a, const float* dxv, const VnniLanes& lanes,
                              const uint8_t* row, float* out, int64_t ldo) {
-  const int64_t K = a.K, G = K / 32, blocks = K / 256;
+  const int64_t K = a.K, blocks = K / 256;
   __m512 acc[MR][2];  // even and odd vectors (two chains of FMAs); the mins in the first
   RS_UNROLL for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
   const __m512i two_bits = _mm512_set1_epi8(0x03);
   const __m512i high = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
   const __m128i lo4 = _mm_set1_epi8(0x0F);
-  const __m512 unscale = _mm512_set1_ps(-1.f / 32.f);
   const int64_t row_stride = blocks * kScaleVectors * 16;
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* blk = row + b * Q2KBlock::kBytes;
@@ -551,14 +564,8 @@ inline void row_dot_q2k_vnni(const Q8Rows& a, const float* dxv, const VnniLanes&
         _mm512_set1_ps(f16_at(blk + 82)));  // dmin m_i
     asm("" : "+v"(sc), "+v"(mn));  // see row_dot_q8
     __m512 scv[4];
-    RS_UNROLL for (int v = 0; v < 4; ++v) scv[v] = _mm512_permutexvar_ps(lanes.by_half[v], sc);
     const float* xv = dxv + b * kScaleVectors * 16;
-    RS_UNROLL for (int r = 0; r < MR; ++r) {
-      const __m512 dx = _mm512_mul_ps(_mm512_loadu_ps(xv + r * row_stride + 64), unscale);
-      __m512 mx = _mm512_mul_ps(mn, dx);
-      asm("" : "+v"(mx));
-      acc[r][0] = _mm512_fnmadd_ps(mx, _mm512_loadu_ps(a.sums16 + r * 2 * G + 16 * b), acc[r][0]);
-    }
+    half_terms_vnni<MR>(sc, mn, 1.f / 32.f, a, b, xv, row_stride, lanes, scv, acc);  // -dx
     RS_UNROLL for (int v = 0; v < 4; ++v) {
       const __m512i qs = _mm512_broadcast_i64x4(
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * (v / 2))));
@@ -573,6 +580,25 @@ inline void row_dot_q2k_vnni(const Q8Rows& a, const float* dxv, const VnniLanes&
     out[r * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
 }
 
+// For 8 groups of 32 at block (or step) b of row_dot_qk_vnni and row_dot_iq4_vnni: scv[v], the
+// groups' scales sc (lanes 0-7) laid out as vector v's lanes meet them (by_group), and each
+// row's acc[r][0] less off_j dx_j sum(q_j) (off: Q4_K's mins, or the IQ4 table's lift). Always
+// inlined: compiled as a call, it had slowed IQ4_XS's row dot by half.
+template <int MR>
+[[gnu::always_inline]] inline void group_terms_vnni(__m512 sc, __m256 off, const Q8Rows& a,
+                                                    int64_t b, const VnniLanes& lanes,
+                                                    __m512* scv, __m512 (&acc)[MR][2]) {
+  const int64_t G = a.K / 32;
+  RS_UNROLL for (int v = 0; v < 4; ++v) scv[v] = _mm512_permutexvar_ps(lanes.by_group[v], sc);
+  RS_UNROLL for (int r = 0; r < MR; ++r) {
+    __m256 m = _mm256_mul_ps(off, _mm256_loadu_ps(a.d + r * G + 8 * b));
+    asm("" : "+v"(m));  // see row_dot_q8
+    acc[r][0] = _mm512_fnmadd_ps(_mm512_zextps256_ps512(m),
+                                 _mm512_zextps256_ps512(_mm256_loadu_ps(a.sums + r * G + 8 * b)),
+                                 acc[r][0]);
+  }
+}
+
 // row_dot_qk on AVX-512 VNNI, 64 weights a vpdpbusd: vector v is the 32 code bytes at 16 + 32v
 // (Q5_K: 48 + 32v), low nibbles (group 2v) then high ones (group 2v + 1), so lane l is of group
 // 2v + l / 8 and meets the scales d sc x dx laid out as Q6_K's groups are (VnniLanes::by_group,
@@ -583,7 +609,7 @@ template <bool kHigh, int MR>
 inline void row_dot_qk_vnni(const Q8Rows& a, const float* dxv, const VnniLanes& lanes,
                             const uint8_t* row, float* out, int64_t ldo) {
   constexpr int64_t kBytes = QKBlock<kHigh>::kBytes, kCodes = kHigh ? 48 : 16;
-  const int64_t K = a.K, G = K / 32, blocks = K / 256;
+  const int64_t K = a.K, blocks = K / 256;
   __m512 acc[MR][2];  // even and odd vectors (two chains of FMAs); the mins in the first
   RS_UNROLL for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
   const __m512i nibble = _mm512_set1_epi8(0x0F);
@@ -602,15 +628,8 @@ inline void row_dot_qk_vnni(const Q8Rows& a, const float* dxv, const VnniLanes& 
                               _mm256_set1_ps(f16_at(blk + 2)));  // dmin m_j
     asm("" : "+v"(sc), "+v"(mn));  // see row_dot_q8
     __m512 scv[4];
-    RS_UNROLL for (int v = 0; v < 4; ++v) scv[v] = _mm512_permutexvar_ps(lanes.by_group[v], sc);
+    group_terms_vnni<MR>(sc, mn, a, b, lanes, scv, acc);
     const float* xv = dxv + b * kScaleVectors * 16;
-    RS_UNROLL for (int r = 0; r < MR; ++r) {
-      __m256 m = _mm256_mul_ps(mn, _mm256_loadu_ps(a.d + r * G + 8 * b));
-      asm("" : "+v"(m));
-      acc[r][0] = _mm512_fnmadd_ps(_mm512_zextps256_ps512(m),
-                                   _mm512_zextps256_ps512(_mm256_loadu_ps(a.sums + r * G + 8 * b)),
-                                   acc[r][0]);
-    }
     const __m512i qh = kHigh ? _mm512_broadcast_i64x4(_mm256_loadu_si256(
                                     reinterpret_cast<const __m256i*>(blk + 16)))
                               : _mm512_setzero_si512();
@@ -645,7 +664,7 @@ inline void row_dot_iq4_vnni(const Q8Rows& a, const float* dxv, const VnniLanes&
                              const uint8_t* row, float* out, int64_t ldo) {
   constexpr bool kXS = std::is_same_v<B, IQ4XSBlock>;
   constexpr int64_t kStepBytes = kXS ? IQ4XSBlock::kBytes : 8 * IQ4NLBlock::kBytes;
-  const int64_t K = a.K, G = K / 32, steps = K / 256;
+  const int64_t K = a.K, steps = K / 256;
   __m512 acc[MR][2];  // even and odd vectors (two chains of FMAs); the 128s in the first
   RS_UNROLL for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
   const __m512i table = _mm512_broadcast_i32x4(_mm_xor_si128(
@@ -663,15 +682,8 @@ inline void row_dot_iq4_vnni(const Q8Rows& a, const float* dxv, const VnniLanes&
     __m512 sc = _mm512_zextps256_ps512(dl);
     asm("" : "+v"(sc), "+v"(lift));  // see row_dot_q8
     __m512 scv[4];
-    RS_UNROLL for (int v = 0; v < 4; ++v) scv[v] = _mm512_permutexvar_ps(lanes.by_group[v], sc);
+    group_terms_vnni<MR>(sc, lift, a, b, lanes, scv, acc);
     const float* xv = dxv + b * kScaleVectors * 16;
-    RS_UNROLL for (int r = 0; r < MR; ++r) {
-      __m256 m = _mm256_mul_ps(lift, _mm256_loadu_ps(a.d + r * G + 8 * b));
-      asm("" : "+v"(m));
-      acc[r][0] = _mm512_fnmadd_ps(_mm512_zextps256_ps512(m),
-                                   _mm512_zextps256_ps512(_mm256_loadu_ps(a.sums + r * G + 8 * b)),
-                                   acc[r][0]);
-    }
     RS_UNROLL for (int v = 0; v < 4; ++v) {
       // The two sub-blocks' 16 bytes as 128-bit lanes (A, A, B, B).
       __m256i pair;
@@ -731,10 +743,11 @@ void gemv_part_q8(const Q8Rows& a, int64_t M, const uint8_t* blocks, int64_t N, 
   constexpr int64_t scale_stride = 0;
 #endif
   constexpr bool kQK = std::is_same_v<B, QKBlock<false>> || std::is_same_v<B, QKBlock<true>>;
-  constexpr bool kQ3K = std::is_same_v<B, Q3KBlock>, kQ2K = std::is_same_v<B, Q2KBlock>;
+  constexpr bool kK16 = std::is_same_v<B, Q2KBlock> || std::is_same_v<B, Q3KBlock> ||
+                        std::is_same_v<B, Q6KBlock>;  // row_dot_k16's formats
   constexpr bool kIQ4 = std::is_same_v<B, IQ4NLBlock> || std::is_same_v<B, IQ4XSBlock>;
   // The K-quants' and IQ4's row dots stream their blocks (the rest: rows ahead into L2)
-  const bool rows_ahead = !(std::is_same_v<B, Q6KBlock> || kQK || kQ3K || kQ2K || kIQ4);
+  constexpr bool rows_ahead = !(kQK || kK16 || kIQ4);
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       const uint8_t* row = blocks + n * row_bytes;
@@ -745,8 +758,7 @@ void gemv_part_q8(const Q8Rows& a, int64_t M, const uint8_t* blocks, int64_t N, 
       }
       // Input rows a few at a time, each sub-block's codes made once for them (kQ4kRows,
       // kQ6kRows for the K-quants).
-      constexpr int kRows =
-          kQK || kIQ4 ? kQ4kRows : std::is_same_v<B, Q6KBlock> || kQ3K || kQ2K ? kQ6kRows : 4;
+      constexpr int kRows = kQK || kIQ4 ? kQ4kRows : kK16 ? kQ6kRows : 4;
       for (int64_t m = 0; m < M; m += kRows) {
         const Q8Rows at{a.q + m * K, a.d + m * G, a.sums + m * G, a.sums16 + m * 2 * G, K,
                         a.dxv ? a.dxv + m * scale_stride : nullptr};
@@ -759,11 +771,15 @@ void gemv_part_q8(const Q8Rows& a, int64_t M, const uint8_t* blocks, int64_t N, 
 #endif
             row_dot_qk<kHigh, R>(at, row, o, ldo);
           }
-          else if constexpr (kQ3K || kQ2K) {
+          else if constexpr (kK16) {
 #ifdef RS_AVX512_VNNI
             if (vnni) {
-              if constexpr (kQ2K) return row_dot_q2k_vnni<R>(at, at.dxv, lanes, row, o, ldo);
-              return row_dot_q3k_vnni<R>(at, at.dxv, lanes, row, o, ldo);
+              if constexpr (std::is_same_v<B, Q2KBlock>)
+                return row_dot_q2k_vnni<R>(at, at.dxv, lanes, row, o, ldo);
+              else if constexpr (std::is_same_v<B, Q3KBlock>)
+                return row_dot_q3k_vnni<R>(at, at.dxv, lanes, row, o, ldo);
+              else
+                return row_dot_q6k_vnni<R>(at, at.dxv, lanes, row, o, ldo);
             }
 #endif
             row_dot_k16<B, R>(at, row, o, ldo);
@@ -774,12 +790,6 @@ void gemv_part_q8(const Q8Rows& a, int64_t M, const uint8_t* blocks, int64_t N, 
 #endif
             if (K % 256 == 0) return row_dot_iq4<B, R>(at, row, o, ldo);
             row_dot_q8<B, R>(at.q, at.d, at.sums, at.sums16, K, row, o, ldo);  // IQ4_NL rows
-          }
-          else if constexpr (std::is_same_v<B, Q6KBlock>) {
-#ifdef RS_AVX512_VNNI
-            if (vnni) return row_dot_q6k_vnni<R>(at, at.dxv, lanes, row, o, ldo);
-#endif
-            row_dot_k16<B, R>(at, row, o, ldo);
           }
           else
             row_dot_q8<B, R>(at.q, at.d, at.sums, at.sums16, K, row, o, ldo);

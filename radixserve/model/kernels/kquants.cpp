@@ -658,12 +658,13 @@ inline void row_dot(const float* x, int64_t K, const uint8_t* row, float* out, i
   __m512 acc[MR];
   RS_UNROLL for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
   visit_subs<B>(row, K, [&](int64_t s, const Sub& u) {
+    const __m512 off = _mm512_set1_ps(u.off);
     const __m512 w0 = _mm512_fmadd_ps(
         _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(u.codes))),
-        _mm512_set1_ps(u.s0), _mm512_set1_ps(u.off));
+        _mm512_set1_ps(u.s0), off);
     const __m512 w1 = _mm512_fmadd_ps(
         _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(u.codes, 1))),
-        _mm512_set1_ps(u.s1), _mm512_set1_ps(u.off1));
+        _mm512_set1_ps(u.s1), kHalfOffsets<B> ? _mm512_set1_ps(u.off1) : off);
     RS_UNROLL for (int r = 0; r < MR; ++r) {
       const float* xs = x + r * K + 32 * s;
       acc[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xs + 16),
