@@ -54,11 +54,13 @@ def return_freed_memory_at_once() -> None:
 
 def reuse_freed_memory() -> None:
     """Make glibc keep freed memory for the next allocation (no block on its own mapping;
-    up to 256 MiB free at the heap's top before it trims): a step's temporaries (a 512-token
-    chunk's FFN activations: 32 MiB each) are then the same pages every step, where fresh
-    mappings cost a page fault and Linux's zeroing each time. A 2.5k-token prefill of the 1B
-    Q4_K_M on a Zen 4 VM: 9.6-11.8 -> 7.9-9.6 s, peak RSS +90 MB. `return_freed_memory_at_once`
-    undoes it."""
+    up to 256 MiB free at the heap's top before it trims): a step's temporaries are then the
+    same pages every step, where fresh mappings cost a page fault and Linux's zeroing each
+    time. A 2.5k-token prefill of the 1B Q4_K_M on a Zen 4 VM: 9.6-11.8 -> 7.9-9.6 s. The
+    heap fragments under large blocks, though (a 1B's 512-token step, 86 MB of live
+    temporaries, grew it by about 300 MB): where our kernels are loaded, torch's blocks of 1
+    MiB and more are kept by their own allocator instead (`kernels.keep_step_buffers`).
+    `return_freed_memory_at_once` undoes it."""
     _mallopt((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 256 << 20))
 
 

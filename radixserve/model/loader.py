@@ -244,6 +244,10 @@ def load_model(
     model.use_prefill_path(prefill_path, in_place=arena is not None)
     pack_model_weights(model, arena)
     return_freed_memory_at_once()
-    reuse_freed_memory()  # the load's temporaries are gone: a step's are reused from here
+    # The load's temporaries are gone: a step's are reused from here, the large ones kept by
+    # our allocator (glibc's heap fragments under them), the rest in glibc's heap.
+    if device.type == "cpu":
+        kernels.keep_step_buffers()
+    reuse_freed_memory()
     log.info("%s", matrix.describe(prefill_path))
     return model

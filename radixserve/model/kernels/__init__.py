@@ -40,8 +40,8 @@ log = logging.getLogger(__name__)
 
 _DIR = Path(__file__).parent
 # The extension's translation units: the kernels (cpu_kernels.cpp includes gemm.cpp,
-# attention.cpp and layers.cpp) and the table of decode_layers' weights.
-_SOURCES = [_DIR / "cpu_kernels.cpp", _DIR / "layer_weights.cpp"]
+# attention.cpp and layers.cpp), the table of decode_layers' weights and the CPU allocator.
+_SOURCES = [_DIR / "cpu_kernels.cpp", _DIR / "layer_weights.cpp", _DIR / "buffer_cache.cpp"]
 _ISAS = ("avx512", "avx2", "portable")  # RADIXSERVE_CPU_ISA's values, widest first
 _loaded: bool | None = None
 
@@ -178,6 +178,29 @@ def release_thread_pool() -> None:
     waits on waking its workers (a decode step 2.5-3x slower on 2 cores)."""
     if loaded():
         op("release_omp_threads")()
+
+
+# Bytes of freed large buffers the CPU allocator keeps for reuse: a 512-token prefill step's
+# temporaries on an 8B model (its FFN activations alone: 88 MiB) fit, and more is unmapped.
+STEP_BUFFER_BYTES = 256 << 20
+
+
+def keep_step_buffers(limit_bytes: int = STEP_BUFFER_BYTES) -> bool:
+    """Make torch's CPU allocator buffer_cache.cpp's, keeping up to `limit_bytes` of freed
+    buffers of 1 MiB and more for the next step to reuse (where our kernels can be loaded;
+    False otherwise). Tensors allocated before keep their allocator."""
+    if not load():
+        return False
+    op("use_buffer_cache")(limit_bytes)
+    return True
+
+
+def step_buffer_stats() -> dict[str, int]:
+    """The CPU allocator's buffers of 1 MiB and more (zeros before `keep_step_buffers`)."""
+    if not loaded():
+        return {"kept_bytes": 0, "mapped_bytes": 0, "reused": 0, "mapped": 0}
+    kept, mapped_bytes, reused, mapped = op("buffer_cache_stats")()
+    return {"kept_bytes": kept, "mapped_bytes": mapped_bytes, "reused": reused, "mapped": mapped}
 
 
 @contextlib.contextmanager
