@@ -27,10 +27,13 @@ log = logging.getLogger(__name__)
 # numbers: the quantized ones and the 16-bit floats (F16, BF16: 2 bytes a weight, where
 # float32 would double them).
 SERVED_TYPES = (
-    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL",
-    "IQ4_XS", "F16", "BF16",
+    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ2_XXS",
+    "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS", "F16", "BF16",
 )  # fmt: skip
-_SERVED = dict(zip((2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23, 1, 30), SERVED_TYPES, strict=True))
+_SERVED = dict(
+    zip((2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 16, 17, 22, 18, 21, 20, 23, 1, 30), SERVED_TYPES,
+        strict=True)
+)  # fmt: skip
 # Bytes of codes after quant.repacked per byte as stored (int4: 16 + 8 bytes per 32 weights,
 # int8: 32 + 4): Q4_0, Q4_1, Q5_0, Q8_0, Q4_K; Q6_K in the int8 paths' q6k-vnni panels (per 16 rows
 # and 256 columns, 8 x 384 bytes of codes and 320 of factors against 16 blocks of 210).

@@ -288,12 +288,13 @@ def _merged_layout(layout: torch.Tensor) -> torch.Tensor:
 # m = -8 d; Q4_1; Q4_K: s = d sc, m = -(dmin m) of each sub-block of 32).
 _GGML_Q4_0, _GGML_Q4_1, _GGML_Q5_0, _GGML_Q8_0, _GGML_Q4_K = 2, 3, 6, 8, 12
 _GGML_Q2_K, _GGML_Q3_K, _GGML_Q5_K, _GGML_Q6_K, _GGML_IQ4_NL, _GGML_IQ4_XS = 10, 11, 13, 14, 20, 23
+_GGML_IQ2_3 = frozenset({16, 17, 18, 21, 22})  # IQ2_XXS, IQ2_XS, IQ3_XXS, IQ3_S, IQ2_S
 _AS_INT8 = frozenset({_GGML_Q8_0, _GGML_Q5_0})
 _AS_INT4 = frozenset({_GGML_Q4_0, _GGML_Q4_1, _GGML_Q4_K})
 # The types whose chunks int8-vnni runs on int8 activations (gemm_vnni.cpp's kquant_gemm_vnni).
-_K_QUANT_TYPES = frozenset(
-    {_GGML_Q2_K, _GGML_Q3_K, _GGML_Q4_K, _GGML_Q5_K, _GGML_Q6_K, _GGML_IQ4_NL, _GGML_IQ4_XS}
-)
+_K_QUANT_TYPES = _GGML_IQ2_3 | {
+    _GGML_Q2_K, _GGML_Q3_K, _GGML_Q4_K, _GGML_Q5_K, _GGML_Q6_K, _GGML_IQ4_NL, _GGML_IQ4_XS
+}  # fmt: skip
 
 
 def repacked(w: QuantizedWeight, k_quants: bool = True) -> QuantizedWeight:

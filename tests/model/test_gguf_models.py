@@ -29,13 +29,13 @@ TYPES = {
                   ffn_gate="Q4_0", ffn_up="Q4_0", ffn_down="Q8_0", output="Q6_K"),
     "mistral": dict(attn_q="IQ4_NL", attn_k="IQ4_NL", attn_v="Q4_1", attn_output="F16",
                     ffn_gate="Q4_1", ffn_up="Q4_1", ffn_down="BF16", output="F16"),
-    "qwen2": dict(attn_q="Q5_0", attn_k="Q5_0", attn_v="Q8_0", attn_output="Q4_1",
+    "qwen2": dict(attn_q="Q5_0", attn_k="Q5_0", attn_v="Q8_0", attn_output="IQ2_XS",
                   ffn_gate="Q5_1", ffn_up="Q5_1", ffn_down="Q6_K", token_embd="Q8_0"),
     "qwen3": dict(attn_q="Q5_K", attn_k="Q5_K", attn_v="Q5_K", attn_output="Q4_K",
                   ffn_gate="Q2_K", ffn_up="Q2_K", ffn_down="Q6_K", token_embd="Q8_0"),
-    "phi3": dict(attn_qkv="Q4_K", attn_output="Q3_K", ffn_up="Q5_0", ffn_down="Q4_K"),
-    "gemma3": dict(attn_q="Q5_0", attn_k="Q5_0", attn_v="Q8_0", attn_output="Q4_K",
-                   ffn_gate="Q5_0", ffn_up="Q5_0", ffn_down="Q6_K", token_embd="Q8_0"),
+    "phi3": dict(attn_qkv="IQ3_XXS", attn_output="Q3_K", ffn_up="IQ2_XXS", ffn_down="Q4_K"),
+    "gemma3": dict(attn_q="Q5_0", attn_k="Q5_0", attn_v="Q8_0", attn_output="IQ2_S",
+                   ffn_gate="IQ3_S", ffn_up="IQ3_S", ffn_down="Q6_K", token_embd="Q8_0"),
 }  # fmt: skip
 SHAPES = dict(
     hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,

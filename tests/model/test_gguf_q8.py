@@ -73,13 +73,14 @@ def test_q8_kernel_gives_each_row_its_bits_alone(type_name: str) -> None:
 def test_k_quant_chunks_on_vnni_are_the_product_of_int8_activations_and_the_blocks(
     rows: int,
 ) -> None:
-    """gguf_gemm with int8_vnni (int8-vnni's prefill chunks): Q2_K ... Q6_K, IQ4_NL and IQ4_XS
+    """gguf_gemm with int8_vnni (int8-vnni's prefill chunks): Q2_K ... Q6_K and the i-quants'
     parts take int8 activations, as the decode rows do, to float32 summation; other kinds stay
     float32."""
     needs_int8_avx2()
     if not kernels.load() or PrefillPath.INT8_VNNI.value not in kernels.op("matrix_units")():
         pytest.skip("this CPU or build has no AVX-512 VNNI")
-    kinds = ["Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "Q8_0"]
+    kinds = ["Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS",
+             "IQ2_S", "IQ3_XXS", "IQ3_S", "Q8_0"]  # fmt: skip
     parts = [random_blocks(k, 32 if k == "Q5_K" else 16, 512, seed=i) for i, k in enumerate(kinds)]
     blocks = torch.from_numpy(np.concatenate([p.reshape(-1) for p in parts]))
     layout = torch.tensor([[p.shape[0], GGML[k]] for p, k in zip(parts, kinds, strict=True)])

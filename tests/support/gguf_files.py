@@ -73,7 +73,8 @@ def _blocks(w: np.ndarray, type_name: str, rng: np.random.Generator) -> np.ndarr
     weights, nbytes = gguf.quants.GGML_QUANT_SIZES[qtype]
     blocks = rng.integers(0, 256, size=(w.shape[0], w.shape[1] // weights, nbytes), dtype=np.uint8)
     fields = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
-              "IQ4_NL": (0,), "IQ4_XS": (0,)}[type_name]  # fmt: skip
+              "IQ4_NL": (0,), "IQ4_XS": (0,), "IQ2_XXS": (0,), "IQ2_XS": (0,), "IQ2_S": (0,),
+              "IQ3_XXS": (0,), "IQ3_S": (0,)}[type_name]  # fmt: skip
     for at in fields:
         scale = rng.uniform(0.0005, 0.004, size=blocks.shape[:2]).astype(np.float16)
         blocks[..., at : at + 2] = scale[..., None].view(np.uint8)

@@ -146,8 +146,22 @@ def load() -> bool:
     except Exception as e:  # no compiler, no ninja, an unusual platform: run without them
         log.warning("radixserve's CPU kernels are unavailable (%s); using torch fallbacks", e)
         return False
+    _set_iq_grids()
     _loaded = True
     return True
+
+
+def _set_iq_grids() -> None:
+    """Hand the kernels the gguf package's grids of the 2- and 3-bit i-quants (IQ2_XXS, IQ2_XS,
+    IQ2_S, IQ3_XXS, IQ3_S: kquants.cpp's IqGrids), as bytes."""
+    from gguf import quants
+
+    grids = []
+    for cls in (quants.IQ2_XXS, quants.IQ2_XS, quants.IQ2_S, quants.IQ3_XXS, quants.IQ3_S):
+        cls.init_grid()  # type: ignore[no-untyped-call]
+        assert cls.grid is not None
+        grids.append(torch.from_numpy(cls.grid.reshape(-1).astype("uint8")))
+    op("set_iq_grids")(*grids)
 
 
 def _drop_stale_baton(build_dir: Path) -> None:

@@ -404,6 +404,7 @@ constexpr int kKQuantBias = std::is_same_v<B, Q6KBlock>     ? -32
                             : std::is_same_v<B, Q3KBlock>   ? -4
                             : std::is_same_v<B, IQ4NLBlock> ? -128
                             : std::is_same_v<B, IQ4XSBlock> ? -128
+                            : kIqGridBlock<B>               ? -128
                                                             : 0;
 
 // 16 rows' panel: the codes' words and the first halves' scales (in p), the second halves'
@@ -872,6 +873,11 @@ bool kquant_gemm_vnni([[maybe_unused]] const at::Tensor& x, [[maybe_unused]] int
   if (kind == kQ3_K) return kquant_gemm_vnni_impl<Q3KBlock>(x, blocks, N, out), true;
   if (kind == kIQ4_NL) return kquant_gemm_vnni_impl<IQ4NLBlock>(x, blocks, N, out), true;
   if (kind == kIQ4_XS) return kquant_gemm_vnni_impl<IQ4XSBlock>(x, blocks, N, out), true;
+  if (kind == kIQ2_XXS) return kquant_gemm_vnni_impl<IQ2XXSBlock>(x, blocks, N, out), true;
+  if (kind == kIQ2_XS) return kquant_gemm_vnni_impl<IQ2XSBlock>(x, blocks, N, out), true;
+  if (kind == kIQ2_S) return kquant_gemm_vnni_impl<IQ2SBlock>(x, blocks, N, out), true;
+  if (kind == kIQ3_XXS) return kquant_gemm_vnni_impl<IQ3XXSBlock>(x, blocks, N, out), true;
+  if (kind == kIQ3_S) return kquant_gemm_vnni_impl<IQ3SBlock>(x, blocks, N, out), true;
 #endif
   return false;
 }

@@ -251,6 +251,49 @@ inline void row_dot_iq4(const Q8Rows& a, const uint8_t* row, float* out, int64_t
   RS_UNROLL for (int r = 0; r < MR; ++r) out[r * ldo] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
 }
 
+// The grid i-quants (IQ2_XXS ... IQ3_S), a 256-weight block a step: each sub-block's grid
+// magnitudes made once for the MR rows, against the activations with the weights' signs moved
+// onto them (vpmaddubsw), each half's sum times its scale s_h and the row's dx (the block's 16
+// of them made once per row: scale pairs (s0_j, s1_j) times (dx_j, dx_j)).
+template <typename B, int MR>
+inline void row_dot_iq_grid(const Q8Rows& a, const uint8_t* row, float* out, int64_t ldo) {
+  const int64_t K = a.K, G = K / 32;
+  __m256 acc[MR][2];  // even and odd sub-blocks: two chains of FMAs
+  RS_UNROLL for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i pairs_lo = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+  const __m256i pairs_hi = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
+  for (int64_t b = 0; b < K / 256; ++b) {
+    const uint8_t* blk = row + b * B::kBytes;
+    stream_ahead(blk, 2);
+    alignas(32) float sc[16];  // (s0_j, s1_j) for j = 0..7
+    B::Format::block_scales(f16_at(blk), blk, sc);
+    __m256 vs[MR][2];
+    RS_UNROLL for (int r = 0; r < MR; ++r) {
+      const __m256 dx = _mm256_loadu_ps(a.d + r * G + 8 * b);
+      vs[r][0] = _mm256_mul_ps(_mm256_load_ps(sc), _mm256_permutevar8x32_ps(dx, pairs_lo));
+      vs[r][1] = _mm256_mul_ps(_mm256_load_ps(sc + 8), _mm256_permutevar8x32_ps(dx, pairs_hi));
+      asm("" : "+x"(vs[r][0]), "+x"(vs[r][1]));  // see row_dot_q8
+    }
+    for (int j = 0; j < 8; ++j) {
+      const __m256i mag = B::magnitudes(blk, j), sgn = B::sign_bytes(blk, j);
+      // lanes 0-3 (the first 16 weights) take s0_j, lanes 4-7 s1_j
+      const __m256i pick = _mm256_setr_epi32(2 * (j % 4), 2 * (j % 4), 2 * (j % 4), 2 * (j % 4),
+                                             2 * (j % 4) + 1, 2 * (j % 4) + 1, 2 * (j % 4) + 1,
+                                             2 * (j % 4) + 1);
+      RS_UNROLL for (int r = 0; r < MR; ++r) {
+        const __m256i qx =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + r * K + 256 * b + 32 * j));
+        const __m256i p =
+            _mm256_madd_epi16(_mm256_maddubs_epi16(mag, _mm256_sign_epi8(qx, sgn)), ones);
+        const __m256 scale = _mm256_permutevar8x32_ps(vs[r][j / 4], pick);
+        acc[r][j & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc[r][j & 1]);
+      }
+    }
+  }
+  RS_UNROLL for (int r = 0; r < MR; ++r) out[r * ldo] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
+}
+
 // The formats with a scale per 16 weights (Q2_K, Q3_K, Q6_K) as row_dot_k16 reads them: a
 // block's 16 scales s_g and offsets o_g (w = s_g q + o_g for unsigned codes q), 8 a vector, and
 // sub-block 4h + t's 32 unsigned codes.
@@ -746,8 +789,8 @@ void gemv_part_q8(const Q8Rows& a, int64_t M, const uint8_t* blocks, int64_t N, 
   constexpr bool kK16 = std::is_same_v<B, Q2KBlock> || std::is_same_v<B, Q3KBlock> ||
                         std::is_same_v<B, Q6KBlock>;  // row_dot_k16's formats
   constexpr bool kIQ4 = std::is_same_v<B, IQ4NLBlock> || std::is_same_v<B, IQ4XSBlock>;
-  // The K-quants' and IQ4's row dots stream their blocks (the rest: rows ahead into L2)
-  constexpr bool rows_ahead = !(kQK || kK16 || kIQ4);
+  // The K-quants' and i-quants' row dots stream their blocks (the rest: rows ahead into L2)
+  constexpr bool rows_ahead = !(kQK || kK16 || kIQ4 || kIqGridBlock<B>);
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       const uint8_t* row = blocks + n * row_bytes;
@@ -758,7 +801,7 @@ void gemv_part_q8(const Q8Rows& a, int64_t M, const uint8_t* blocks, int64_t N, 
       }
       // Input rows a few at a time, each sub-block's codes made once for them (kQ4kRows,
       // kQ6kRows for the K-quants).
-      constexpr int kRows = kQK || kIQ4 ? kQ4kRows : kK16 ? kQ6kRows : 4;
+      constexpr int kRows = kQK || kIQ4 || kIqGridBlock<B> ? kQ4kRows : kK16 ? kQ6kRows : 4;
       for (int64_t m = 0; m < M; m += kRows) {
         const Q8Rows at{a.q + m * K, a.d + m * G, a.sums + m * G, a.sums16 + m * 2 * G, K,
                         a.dxv ? a.dxv + m * scale_stride : nullptr};
@@ -791,6 +834,8 @@ void gemv_part_q8(const Q8Rows& a, int64_t M, const uint8_t* blocks, int64_t N, 
             if (K % 256 == 0) return row_dot_iq4<B, R>(at, row, o, ldo);
             row_dot_q8<B, R>(at.q, at.d, at.sums, at.sums16, K, row, o, ldo);  // IQ4_NL rows
           }
+          else if constexpr (kIqGridBlock<B>)
+            row_dot_iq_grid<B, R>(at, row, o, ldo);
           else
             row_dot_q8<B, R>(at.q, at.d, at.sums, at.sums16, K, row, o, ldo);
         });

@@ -37,6 +37,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -524,6 +525,319 @@ struct IQ4XSBlock {
 #endif
 };
 
+// The i-quants of 2 and 3 bits (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S): each run of 8 (IQ2)
+// or 4 (IQ3) weights is an entry of a fixed grid of magnitudes, each weight has a sign, and a
+// scale serves 16 or 32 weights: weight = scale * grid[index][k] * sign. The grids are the
+// gguf package's (set_iq_grids, from kernels/__init__.py when the kernels load). IQ2_XXS,
+// IQ2_XS and IQ3_XXS store 7 sign bits per 8 weights, the eighth their parity (kIqSigns).
+// A sub-block's codes are grid * sign as signed bytes (|code| <= 62). Each format reads a
+// sub-block's grid `indices`, sign bits (`signs`; AVX2: `sign_bytes`, -1 / 1 a weight) and the
+// scales of its two halves of 16 weights (`scales`; AVX2: a block's 16 at once,
+// `block_scales`); IqBlock makes the 32 magnitudes (`grid_bytes`; AVX2: `magnitudes`).
+struct IqGrids {
+  alignas(64) uint8_t iq2xxs[256 * 8], iq2xs[512 * 8], iq2s[1024 * 8], iq3xxs[256 * 4],
+      iq3s[512 * 4];
+  bool set = false;
+};
+inline IqGrids g_iq_grids;
+
+// Byte i: the 7 sign bits i and their parity as the eighth.
+inline constexpr auto kIqSigns = [] {
+  std::array<uint8_t, 128> t{};
+  for (int i = 0; i < 128; ++i) t[i] = static_cast<uint8_t>(i | ((__builtin_popcount(i) & 1) << 7));
+  return t;
+}();
+
+#ifdef RS_AVX2
+// Entry i: the 8 signs of kIqSigns[i] as bytes -1 / 1 (for _mm256_sign_epi8).
+inline constexpr auto kIqSignBytes = [] {
+  std::array<int64_t, 128> t{};
+  for (int i = 0; i < 128; ++i) {
+    uint64_t v = 0;
+    for (int k = 0; k < 8; ++k)
+      v |= static_cast<uint64_t>((kIqSigns[i] >> k) & 1 ? 0xFF : 0x01) << (8 * k);
+    t[i] = static_cast<int64_t>(v);
+  }
+  return t;
+}();
+
+// The sign bytes of 32 weights whose signs are four 7-bit fields a, b, c, d.
+inline __m256i iq_sign_bytes7(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  return _mm256_setr_epi64x(kIqSignBytes[a & 127], kIqSignBytes[b & 127], kIqSignBytes[c & 127],
+                            kIqSignBytes[d & 127]);
+}
+
+// The sign bytes of 32 weights whose signs are the 32 bits of `bits`.
+inline __m256i iq_sign_bytes32(uint32_t bits) {
+  return _mm256_or_si256(bits_to_bytes(bits, static_cast<char>(-1)), _mm256_set1_epi8(1));
+}
+
+// A block's 16 half scales in sub-block order (s0_0, s1_0, s0_1, ...) from 16 integers v
+// (int32, 8 a vector) as (v + add) * mul.
+inline void iq_half_scales(__m256i v0, __m256i v1, float add, float mul, float* sc) {
+  const __m256 a = _mm256_set1_ps(add), m = _mm256_set1_ps(mul);
+  __m256 s0 = _mm256_mul_ps(_mm256_add_ps(_mm256_cvtepi32_ps(v0), a), m);
+  __m256 s1 = _mm256_mul_ps(_mm256_add_ps(_mm256_cvtepi32_ps(v1), a), m);
+  asm("" : "+x"(s0), "+x"(s1));  // rounded here, whatever the caller's rows (row_dot_q8)
+  _mm256_storeu_ps(sc, s0);
+  _mm256_storeu_ps(sc + 8, s1);
+}
+
+// 8 bytes of nibbles at p (a nibble per 16 weights, low first) as 16 int32, 8 a vector.
+inline void iq_nibbles16(const uint8_t* p, __m256i& v0, __m256i& v1) {
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  const __m128i lo4 = _mm_set1_epi8(0x0F);
+  const __m128i n =
+      _mm_unpacklo_epi8(_mm_and_si128(b, lo4), _mm_and_si128(_mm_srli_epi16(b, 4), lo4));
+  v0 = _mm256_cvtepu8_epi32(n);
+  v1 = _mm256_cvtepu8_epi32(_mm_srli_si128(n, 8));
+}
+
+// 8 int32 values of sub-blocks 0..7 as 16, each twice (both halves' scale).
+inline void iq_twice(__m256i v, __m256i& v0, __m256i& v1) {
+  v0 = _mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+  v1 = _mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7));
+}
+#endif
+
+// The sign bits of 32 weights from four 7-bit fields of `bits` (at 0, 7, 14, 21) or of four
+// 16-bit words' top 7 bits (IQ2_XS).
+inline uint32_t iq_signs4(uint32_t bits) {
+  return kIqSigns[bits & 127] | kIqSigns[(bits >> 7) & 127] << 8 |
+         kIqSigns[(bits >> 14) & 127] << 16 |
+         static_cast<uint32_t>(kIqSigns[(bits >> 21) & 127]) << 24;
+}
+
+// IQ2_XXS, 66 bytes: d; per sub-block j two words at 2 + 8j: 4 grid indices, then 4 x 7 sign
+// bits and a 4-bit scale (top): scale d (0.5 + s) / 4.
+struct IQ2XXSFormat {
+  static constexpr int64_t kBytes = 66, kEntry = 8;
+  static const uint8_t* grid() { return g_iq_grids.iq2xxs; }
+  static void scales(float d, const uint8_t* b, int64_t j, float& s0, float& s1) {
+    s0 = s1 = d * (0.5f + static_cast<float>(u32_at(b + 6 + 8 * j) >> 28)) * 0.25f;
+  }
+  static void indices(const uint8_t* b, int64_t j, int* idx) {
+    for (int l = 0; l < 4; ++l) idx[l] = b[2 + 8 * j + l];
+  }
+  static uint32_t signs(const uint8_t* b, int64_t j) { return iq_signs4(u32_at(b + 6 + 8 * j)); }
+#ifdef RS_AVX2
+  // The block's 16 half scales (scales' for j = 0..7) at once.
+  static void block_scales(float d, const uint8_t* b, float* sc) {
+    // the second word of each sub-block's pair: lanes 1, 3, 5, 7 of the two halves' 32 bytes
+    const __m256i odd = _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7);
+    const __m256i lo = _mm256_permutevar8x32_epi32(load32(b + 2), odd);
+    const __m256i hi = _mm256_permutevar8x32_epi32(load32(b + 34), odd);
+    __m256i v0, v1;
+    iq_twice(_mm256_srli_epi32(_mm256_permute2x128_si256(lo, hi, 0x20), 28), v0, v1);
+    iq_half_scales(v0, v1, 0.5f, 0.25f * d, sc);
+  }
+  static __m256i sign_bytes(const uint8_t* b, int64_t j) {
+    const uint32_t a = u32_at(b + 6 + 8 * j);
+    return iq_sign_bytes7(a, a >> 7, a >> 14, a >> 21);
+  }
+#endif
+};
+
+// IQ2_XS, 74 bytes: d; 32 16-bit words at 2 (9 bits of grid index, 7 sign bits: 8 weights
+// each); 8 scale bytes at 66, a nibble per 16 weights (low first): scale d (0.5 + s) / 4.
+struct IQ2XSFormat {
+  static constexpr int64_t kBytes = 74, kEntry = 8;
+  static const uint8_t* grid() { return g_iq_grids.iq2xs; }
+  static void scales(float d, const uint8_t* b, int64_t j, float& s0, float& s1) {
+    s0 = d * (0.5f + static_cast<float>(b[66 + j] & 15)) * 0.25f;
+    s1 = d * (0.5f + static_cast<float>(b[66 + j] >> 4)) * 0.25f;
+  }
+  static uint16_t word(const uint8_t* b, int64_t j, int l) {
+    uint16_t v;
+    std::memcpy(&v, b + 2 + 2 * (4 * j + l), 2);
+    return v;
+  }
+  static void indices(const uint8_t* b, int64_t j, int* idx) {
+    for (int l = 0; l < 4; ++l) idx[l] = word(b, j, l) & 511;
+  }
+  static uint32_t signs(const uint8_t* b, int64_t j) {
+    uint32_t bits = 0;
+    for (int l = 0; l < 4; ++l) bits |= static_cast<uint32_t>(word(b, j, l) >> 9) << (7 * l);
+    return iq_signs4(bits);
+  }
+#ifdef RS_AVX2
+  static void block_scales(float d, const uint8_t* b, float* sc) {
+    __m256i v0, v1;
+    iq_nibbles16(b + 66, v0, v1);
+    iq_half_scales(v0, v1, 0.5f, 0.25f * d, sc);
+  }
+  static __m256i sign_bytes(const uint8_t* b, int64_t j) {
+    return iq_sign_bytes7(word(b, j, 0) >> 9, word(b, j, 1) >> 9, word(b, j, 2) >> 9,
+                          word(b, j, 3) >> 9);
+  }
+#endif
+};
+
+// IQ2_S, 82 bytes: d; 32 index bytes at 2 (low 8 bits), 32 sign bytes at 34 (a bit a weight),
+// 8 bytes at 66 of the indices' high 2 bits (4 a byte), 8 scale bytes at 74 as IQ2_XS's.
+struct IQ2SFormat {
+  static constexpr int64_t kBytes = 82, kEntry = 8;
+  static const uint8_t* grid() { return g_iq_grids.iq2s; }
+  static void scales(float d, const uint8_t* b, int64_t j, float& s0, float& s1) {
+    s0 = d * (0.5f + static_cast<float>(b[74 + j] & 15)) * 0.25f;
+    s1 = d * (0.5f + static_cast<float>(b[74 + j] >> 4)) * 0.25f;
+  }
+  static void indices(const uint8_t* b, int64_t j, int* idx) {
+    for (int l = 0; l < 4; ++l) idx[l] = b[2 + 4 * j + l] | (((b[66 + j] >> (2 * l)) & 3) << 8);
+  }
+  static uint32_t signs(const uint8_t* b, int64_t j) { return u32_at(b + 34 + 4 * j); }
+#ifdef RS_AVX2
+  static void block_scales(float d, const uint8_t* b, float* sc) {
+    __m256i v0, v1;
+    iq_nibbles16(b + 74, v0, v1);
+    iq_half_scales(v0, v1, 0.5f, 0.25f * d, sc);
+  }
+  static __m256i sign_bytes(const uint8_t* b, int64_t j) { return iq_sign_bytes32(signs(b, j)); }
+#endif
+};
+
+// IQ3_XXS, 98 bytes: d; 64 grid indices at 2 (4 weights each); a word per sub-block at 66 + 4j
+// of 4 x 7 sign bits and a 4-bit scale (top): scale d (0.5 + s) / 2.
+struct IQ3XXSFormat {
+  static constexpr int64_t kBytes = 98, kEntry = 4;
+  static const uint8_t* grid() { return g_iq_grids.iq3xxs; }
+  static void scales(float d, const uint8_t* b, int64_t j, float& s0, float& s1) {
+    s0 = s1 = d * (0.5f + static_cast<float>(u32_at(b + 66 + 4 * j) >> 28)) * 0.5f;
+  }
+  static void indices(const uint8_t* b, int64_t j, int* idx) {
+    for (int i = 0; i < 8; ++i) idx[i] = b[2 + 8 * j + i];
+  }
+  static uint32_t signs(const uint8_t* b, int64_t j) { return iq_signs4(u32_at(b + 66 + 4 * j)); }
+#ifdef RS_AVX2
+  static void block_scales(float d, const uint8_t* b, float* sc) {
+    __m256i v0, v1;
+    iq_twice(_mm256_srli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 66)), 28),
+             v0, v1);
+    iq_half_scales(v0, v1, 0.5f, 0.5f * d, sc);
+  }
+  static __m256i sign_bytes(const uint8_t* b, int64_t j) {
+    const uint32_t a = u32_at(b + 66 + 4 * j);
+    return iq_sign_bytes7(a, a >> 7, a >> 14, a >> 21);
+  }
+#endif
+};
+
+// IQ3_S, 110 bytes: d; 64 index bytes at 2 (low 8 bits; 4 weights each), 8 bytes at 66 of
+// their ninth bits (8 a byte), 32 sign bytes at 74, 4 scale bytes at 106 (a nibble per
+// sub-block, low first): scale d (1 + 2 s).
+struct IQ3SFormat {
+  static constexpr int64_t kBytes = 110, kEntry = 4;
+  static const uint8_t* grid() { return g_iq_grids.iq3s; }
+  static void scales(float d, const uint8_t* b, int64_t j, float& s0, float& s1) {
+    const int sc = (b[106 + j / 2] >> (4 * (j % 2))) & 15;
+    s0 = s1 = d * static_cast<float>(1 + 2 * sc);
+  }
+  static void indices(const uint8_t* b, int64_t j, int* idx) {
+    for (int i = 0; i < 8; ++i) idx[i] = b[2 + 8 * j + i] | (((b[66 + j] >> i) & 1) << 8);
+  }
+  static uint32_t signs(const uint8_t* b, int64_t j) { return u32_at(b + 74 + 4 * j); }
+#ifdef RS_AVX2
+  static void block_scales(float d, const uint8_t* b, float* sc) {
+    __m256i n0, n1, v0, v1;
+    iq_nibbles16(b + 106, n0, n1);  // 4 bytes: the first 8 nibbles, one per sub-block
+    iq_twice(n0, v0, v1);
+    iq_half_scales(_mm256_slli_epi32(v0, 1), _mm256_slli_epi32(v1, 1), 1.f, d, sc);
+  }
+  static __m256i sign_bytes(const uint8_t* b, int64_t j) { return iq_sign_bytes32(signs(b, j)); }
+  // The 8 indices at once (IqBlock::magnitudes then gathers their entries).
+  static __m256i vindices(const uint8_t* b, int64_t j) {
+    const __m256i low =
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + 8 * j)));
+    const __m256i ninth = _mm256_and_si256(
+        _mm256_srlv_epi32(_mm256_set1_epi32(b[66 + j]), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
+        _mm256_set1_epi32(1));
+    return _mm256_or_si256(low, _mm256_slli_epi32(ninth, 8));
+  }
+#endif
+};
+
+template <typename F>
+struct IqBlock {
+  using Format = F;
+  static constexpr int64_t kWeights = 256, kBytes = Format::kBytes;
+  static constexpr bool kOffset = false;
+  // The 32 magnitudes of sub-block j of the block at b.
+  static void grid_bytes(const uint8_t* b, int64_t j, uint8_t* g) {
+    int idx[8];
+    Format::indices(b, j, idx);
+    for (int i = 0; i < 32 / Format::kEntry; ++i)
+      std::memcpy(g + Format::kEntry * i, Format::grid() + Format::kEntry * idx[i], Format::kEntry);
+  }
+  static void scalar(const uint8_t* row, int64_t s, float* w) {
+    const uint8_t* b = row + (s / 8) * kBytes;
+    uint8_t g[32];
+    grid_bytes(b, s % 8, g);
+    float s0, s1;
+    Format::scales(f16_at(b), b, s % 8, s0, s1);
+    const uint32_t signs = Format::signs(b, s % 8);
+    for (int e = 0; e < 32; ++e)
+      w[e] = (e < 16 ? s0 : s1) * ((signs >> e) & 1u ? -1.f : 1.f) * static_cast<float>(g[e]);
+  }
+#ifdef RS_AVX2
+  // Sub-block j's 32 magnitudes (unsigned bytes): the grid entries gathered where the format
+  // makes its indices in a vector (IQ3_S, whose ninth bits lie apart), else loaded one by one
+  // (on Zen 5, 8192 x 2048 one row: IQ3_XXS 1.37 ms gathered against 0.75, IQ2_S's four
+  // 8-byte entries 1.21 against 1.14; IQ3_S 0.88 against 1.00).
+  static __m256i magnitudes(const uint8_t* b, int64_t j) {
+    if constexpr (requires { Format::vindices(b, j); })  // 4-byte entries
+      return _mm256_i32gather_epi32(reinterpret_cast<const int*>(Format::grid()),
+                                    Format::vindices(b, j), 4);
+    int idx[8];
+    Format::indices(b, j, idx);
+    if constexpr (Format::kEntry == 4) {
+      const auto* g = reinterpret_cast<const int*>(Format::grid());
+      return _mm256_setr_epi32(g[idx[0]], g[idx[1]], g[idx[2]], g[idx[3]], g[idx[4]], g[idx[5]],
+                               g[idx[6]], g[idx[7]]);
+    } else {
+      const auto* g = reinterpret_cast<const long long*>(Format::grid());
+      return _mm256_setr_epi64x(g[idx[0]], g[idx[1]], g[idx[2]], g[idx[3]]);
+    }
+  }
+  // Sub-block j's signs as bytes -1 / 1 (for _mm256_sign_epi8).
+  static __m256i sign_bytes(const uint8_t* b, int64_t j) { return Format::sign_bytes(b, j); }
+  static Sub sub(const uint8_t* row, int64_t s) {
+    const uint8_t* b = row + (s / 8) * kBytes;
+    const __m256i codes = _mm256_sign_epi8(magnitudes(b, s % 8), sign_bytes(b, s % 8));
+    float s0, s1;
+    Format::scales(f16_at(b), b, s % 8, s0, s1);
+    return {codes, s0, s1, 0.f};
+  }
+#endif
+};
+
+template <typename B>
+inline constexpr bool kIqGridBlock = false;
+template <typename F>
+inline constexpr bool kIqGridBlock<IqBlock<F>> = true;
+
+// Copies the five grids in (uint8 [entries, 4 or 8] each, the values gguf.quants' `grid`s hold).
+void set_iq_grids(const at::Tensor& iq2xxs, const at::Tensor& iq2xs, const at::Tensor& iq2s,
+                  const at::Tensor& iq3xxs, const at::Tensor& iq3s) {
+  IqGrids& g = g_iq_grids;
+  const auto put = [](const at::Tensor& t, uint8_t* dst, int64_t n, const char* name) {
+    TORCH_CHECK(t.scalar_type() == at::kByte && t.is_contiguous() && t.numel() == n,
+                "set_iq_grids: ", name, " must be ", n, " bytes");
+    std::memcpy(dst, t.data_ptr<uint8_t>(), n);
+  };
+  put(iq2xxs, g.iq2xxs, sizeof g.iq2xxs, "iq2xxs");
+  put(iq2xs, g.iq2xs, sizeof g.iq2xs, "iq2xs");
+  put(iq2s, g.iq2s, sizeof g.iq2s, "iq2s");
+  put(iq3xxs, g.iq3xxs, sizeof g.iq3xxs, "iq3xxs");
+  put(iq3s, g.iq3s, sizeof g.iq3s, "iq3s");
+  g.set = true;
+}
+
+using IQ2XXSBlock = IqBlock<IQ2XXSFormat>;
+using IQ2XSBlock = IqBlock<IQ2XSFormat>;
+using IQ2SBlock = IqBlock<IQ2SFormat>;
+using IQ3XXSBlock = IqBlock<IQ3XXSFormat>;
+using IQ3SBlock = IqBlock<IQ3SFormat>;
+
 // F16 and BF16, GGUF's unquantized matrices (2 bytes a weight): read 32 weights at a time as
 // the formats above, but with no codes or scales, so no Sub form: the float32 kernels convert
 // them as they read (kFloatBlock: dequant_block_rows, half_rows_small).
@@ -606,6 +920,11 @@ bool with_block(int64_t kind, F&& f) {
     case kQ6_K: f(Q6KBlock{}); return true;
     case kIQ4_NL: f(IQ4NLBlock{}); return true;
     case kIQ4_XS: f(IQ4XSBlock{}); return true;
+    case kIQ2_XXS: f(IQ2XXSBlock{}); return true;
+    case kIQ2_XS: f(IQ2XSBlock{}); return true;
+    case kIQ2_S: f(IQ2SBlock{}); return true;
+    case kIQ3_XXS: f(IQ3XXSBlock{}); return true;
+    case kIQ3_S: f(IQ3SBlock{}); return true;
     case kF16: f(HalfBlock<false>{}); return true;
     case kBF16: f(HalfBlock<true>{}); return true;
     default: return false;
@@ -947,6 +1266,9 @@ int64_t check_layout(const at::Tensor& blocks, const at::Tensor& layout, int64_t
       TORCH_CHECK(K % B::kWeights == 0, "radixserve kernel: ", quant_kind_name(lp[2 * p + 1]),
                   " rows of ", K, " weights are not whole blocks of ", B::kWeights);
       per = K / B::kWeights * B::kBytes;
+      if constexpr (kIqGridBlock<B>)
+        TORCH_CHECK(g_iq_grids.set, "radixserve kernel: ", quant_kind_name(lp[2 * p + 1]),
+                    " needs the i-quant grids (set_iq_grids)");
     });
     TORCH_CHECK(known, "radixserve kernel: no GGUF block kernel for GGML type ", lp[2 * p + 1]);
     rows += lp[2 * p];
@@ -1112,7 +1434,8 @@ void gguf_repack(const at::Tensor& blocks, const at::Tensor& layout, const at::T
 // Our code for a QuantizedWeight kind name ("int4", "q4_k", ...), -1 for none.
 int64_t quant_kind_code(const std::string& name) {
   for (int64_t k : {kInt4, kInt8, kInt4Vnni, kInt8Vnni, kQ6kVnni, kQ4_0, kQ4_1, kQ5_0, kQ5_1,
-                    kQ8_0, kQ2_K, kQ3_K, kQ4_K, kQ5_K, kQ6_K, kIQ4_NL, kIQ4_XS, kF16, kBF16})
+                    kQ8_0, kQ2_K, kQ3_K, kQ4_K, kQ5_K, kQ6_K, kIQ4_NL, kIQ4_XS, kIQ2_XXS,
+                    kIQ2_XS, kIQ2_S, kIQ3_XXS, kIQ3_S, kF16, kBF16})
     if (name == quant_kind_name(k)) return k;
   if (name == "gguf-q8") return kGgufQ8;  // added to a GGML type (quant_kinds.h)
   return -1;
@@ -1130,10 +1453,13 @@ TORCH_LIBRARY_FRAGMENT(radixserve, m) {
       "gguf_repack(Tensor blocks, Tensor layout, Tensor(a!) codes, Tensor(b!) scale, "
       "Tensor(c!) mins) -> ()");
   m.def("quant_kind_code(str name) -> int", &radixserve::quant_kind_code);  // no tensors: no key
+  m.def(
+      "set_iq_grids(Tensor iq2xxs, Tensor iq2xs, Tensor iq2s, Tensor iq3xxs, Tensor iq3s) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(radixserve, CPU, m) {
   m.impl("gguf_gemm", &radixserve::gguf_gemm);
   m.impl("gguf_dequant", &radixserve::gguf_dequant);
   m.impl("gguf_repack", &radixserve::gguf_repack);
+  m.impl("set_iq_grids", &radixserve::set_iq_grids);
 }

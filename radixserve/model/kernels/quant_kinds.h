@@ -24,7 +24,12 @@ enum QuantKind : int64_t {
   kQ4_K = 12,
   kQ5_K = 13,
   kQ6_K = 14,
+  kIQ2_XXS = 16,
+  kIQ2_XS = 17,
+  kIQ3_XXS = 18,
   kIQ4_NL = 20,
+  kIQ3_S = 21,
+  kIQ2_S = 22,
   kIQ4_XS = 23,
   kBF16 = 30,
   kInt4 = 100,
@@ -53,6 +58,11 @@ inline const char* quant_kind_name(int64_t kind) {
     case kQ6_K: return "q6_k";
     case kIQ4_NL: return "iq4_nl";
     case kIQ4_XS: return "iq4_xs";
+    case kIQ2_XXS: return "iq2_xxs";
+    case kIQ2_XS: return "iq2_xs";
+    case kIQ2_S: return "iq2_s";
+    case kIQ3_XXS: return "iq3_xxs";
+    case kIQ3_S: return "iq3_s";
     case kInt4: return "int4";
     case kInt8: return "int8";
     case kInt4Vnni: return "int4-vnni";
