@@ -153,8 +153,12 @@ def load() -> bool:
 
 def _set_iq_grids() -> None:
     """Hand the kernels the gguf package's grids of the 2- and 3-bit i-quants (IQ2_XXS, IQ2_XS,
-    IQ2_S, IQ3_XXS, IQ3_S: kquants.cpp's IqGrids), as bytes."""
-    from gguf import quants
+    IQ2_S, IQ3_XXS, IQ3_S: kquants.cpp's IqGrids), as bytes. Without gguf (which every GGUF
+    load needs) nothing is set: the kernels refuse those types."""
+    try:
+        from gguf import quants
+    except ImportError:
+        return
 
     grids = []
     for cls in (quants.IQ2_XXS, quants.IQ2_XS, quants.IQ2_S, quants.IQ3_XXS, quants.IQ3_S):

@@ -749,6 +749,53 @@ inline void row_dot_iq4_vnni(const Q8Rows& a, const float* dxv, const VnniLanes&
 }
 #endif
 
+#ifdef RS_AVX512_VNNI
+// The grid i-quants on AVX-512 VNNI: row_dot_iq_grid two sub-blocks a vector. The weights'
+// signs, 64 bits, negate the activations under a mask (no vpsignb in AVX-512); vpdpbusd meets
+// the magnitudes with them, each lane 4 weights, so lanes 4h..4h + 3 are half h of the pair;
+// the block's 16 half scales times dx make one vector a row, picked per pair by vpermps.
+template <typename B, int MR>
+inline void row_dot_iq_grid_vnni(const Q8Rows& a, const uint8_t* row, float* out, int64_t ldo) {
+  const int64_t K = a.K, G = K / 32;
+  __m512 acc[MR][2];  // even and odd pairs: two chains of FMAs
+  RS_UNROLL for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  const __m512i twice = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  for (int64_t b = 0; b < K / 256; ++b) {
+    const uint8_t* blk = row + b * B::kBytes;
+    stream_ahead(blk, 2);
+    alignas(64) float sc[16];  // (s0_j, s1_j) for j = 0..7
+    B::Format::block_scales(f16_at(blk), blk, sc);
+    __m512 vs[MR];
+    RS_UNROLL for (int r = 0; r < MR; ++r) {
+      const __m512 dx = _mm512_permutexvar_ps(
+          twice, _mm512_castps256_ps512(_mm256_loadu_ps(a.d + r * G + 8 * b)));
+      vs[r] = _mm512_mul_ps(_mm512_load_ps(sc), dx);
+      asm("" : "+v"(vs[r]));  // see row_dot_q8
+    }
+    RS_UNROLL for (int v = 0; v < 4; ++v) {
+      const __m512i mag = _mm512_inserti64x4(
+          _mm512_castsi256_si512(B::magnitudes(blk, 2 * v)), B::magnitudes(blk, 2 * v + 1), 1);
+      const __mmask64 neg = static_cast<uint64_t>(B::sign_mask(blk, 2 * v)) |
+                            static_cast<uint64_t>(B::sign_mask(blk, 2 * v + 1)) << 32;
+      // lanes 4h .. 4h + 3 take half scale 4v + h (sub-block 2v + h / 2's half h % 2)
+      const __m512i pick = _mm512_setr_epi32(4 * v, 4 * v, 4 * v, 4 * v, 4 * v + 1, 4 * v + 1,
+                                             4 * v + 1, 4 * v + 1, 4 * v + 2, 4 * v + 2,
+                                             4 * v + 2, 4 * v + 2, 4 * v + 3, 4 * v + 3,
+                                             4 * v + 3, 4 * v + 3);
+      RS_UNROLL for (int r = 0; r < MR; ++r) {
+        const __m512i qx = _mm512_loadu_si512(a.q + r * K + 256 * b + 64 * v);
+        const __m512i signed_x = _mm512_mask_sub_epi8(qx, neg, _mm512_setzero_si512(), qx);
+        const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), mag, signed_x);
+        acc[r][v & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
+                                        _mm512_permutexvar_ps(pick, vs[r]), acc[r][v & 1]);
+      }
+    }
+  }
+  RS_UNROLL for (int r = 0; r < MR; ++r)
+    out[r * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
+}
+#endif
+
 // How far ahead of the row it reads a thread asks for weight rows into L2, a row at a time: 64
 // KB (Q6_K rows of 2,048 weights one row: 19.6 against 14.6 GB/s for 4 rows, 1,680 bytes each,
 // into L1; 16384 x 2048, 12 matrices in turn, AMX Xeon). row_dot_q6k_vnni asks for its lines as
@@ -834,8 +881,12 @@ void gemv_part_q8(const Q8Rows& a, int64_t M, const uint8_t* blocks, int64_t N, 
             if (K % 256 == 0) return row_dot_iq4<B, R>(at, row, o, ldo);
             row_dot_q8<B, R>(at.q, at.d, at.sums, at.sums16, K, row, o, ldo);  // IQ4_NL rows
           }
-          else if constexpr (kIqGridBlock<B>)
+          else if constexpr (kIqGridBlock<B>) {
+#ifdef RS_AVX512_VNNI
+            if (vnni) return row_dot_iq_grid_vnni<B, R>(at, row, o, ldo);
+#endif
             row_dot_iq_grid<B, R>(at, row, o, ldo);
+          }
           else
             row_dot_q8<B, R>(at.q, at.d, at.sums, at.sums16, K, row, o, ldo);
         });

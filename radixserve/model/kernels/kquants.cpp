@@ -529,7 +529,8 @@ struct IQ4XSBlock {
 // or 4 (IQ3) weights is an entry of a fixed grid of magnitudes, each weight has a sign, and a
 // scale serves 16 or 32 weights: weight = scale * grid[index][k] * sign. The grids are the
 // gguf package's (set_iq_grids, from kernels/__init__.py when the kernels load). IQ2_XXS,
-// IQ2_XS and IQ3_XXS store 7 sign bits per 8 weights, the eighth their parity (kIqSigns).
+// IQ2_XS and IQ3_XXS store 7 sign bits per 8 weights, the eighth their parity (kIqSigns);
+// IQ2_S and IQ3_S a sign bit a weight (kStoredSigns).
 // A sub-block's codes are grid * sign as signed bytes (|code| <= 62). Each format reads a
 // sub-block's grid `indices`, sign bits (`signs`; AVX2: `sign_bytes`, -1 / 1 a weight) and the
 // scales of its two halves of 16 weights (`scales`; AVX2: a block's 16 at once,
@@ -612,6 +613,7 @@ inline uint32_t iq_signs4(uint32_t bits) {
 // bits and a 4-bit scale (top): scale d (0.5 + s) / 4.
 struct IQ2XXSFormat {
   static constexpr int64_t kBytes = 66, kEntry = 8;
+  static constexpr bool kStoredSigns = false;
   static const uint8_t* grid() { return g_iq_grids.iq2xxs; }
   static void scales(float d, const uint8_t* b, int64_t j, float& s0, float& s1) {
     s0 = s1 = d * (0.5f + static_cast<float>(u32_at(b + 6 + 8 * j) >> 28)) * 0.25f;
@@ -642,6 +644,7 @@ struct IQ2XXSFormat {
 // each); 8 scale bytes at 66, a nibble per 16 weights (low first): scale d (0.5 + s) / 4.
 struct IQ2XSFormat {
   static constexpr int64_t kBytes = 74, kEntry = 8;
+  static constexpr bool kStoredSigns = false;
   static const uint8_t* grid() { return g_iq_grids.iq2xs; }
   static void scales(float d, const uint8_t* b, int64_t j, float& s0, float& s1) {
     s0 = d * (0.5f + static_cast<float>(b[66 + j] & 15)) * 0.25f;
@@ -677,6 +680,7 @@ struct IQ2XSFormat {
 // 8 bytes at 66 of the indices' high 2 bits (4 a byte), 8 scale bytes at 74 as IQ2_XS's.
 struct IQ2SFormat {
   static constexpr int64_t kBytes = 82, kEntry = 8;
+  static constexpr bool kStoredSigns = true;
   static const uint8_t* grid() { return g_iq_grids.iq2s; }
   static void scales(float d, const uint8_t* b, int64_t j, float& s0, float& s1) {
     s0 = d * (0.5f + static_cast<float>(b[74 + j] & 15)) * 0.25f;
@@ -700,6 +704,7 @@ struct IQ2SFormat {
 // of 4 x 7 sign bits and a 4-bit scale (top): scale d (0.5 + s) / 2.
 struct IQ3XXSFormat {
   static constexpr int64_t kBytes = 98, kEntry = 4;
+  static constexpr bool kStoredSigns = false;
   static const uint8_t* grid() { return g_iq_grids.iq3xxs; }
   static void scales(float d, const uint8_t* b, int64_t j, float& s0, float& s1) {
     s0 = s1 = d * (0.5f + static_cast<float>(u32_at(b + 66 + 4 * j) >> 28)) * 0.5f;
@@ -727,6 +732,7 @@ struct IQ3XXSFormat {
 // sub-block, low first): scale d (1 + 2 s).
 struct IQ3SFormat {
   static constexpr int64_t kBytes = 110, kEntry = 4;
+  static constexpr bool kStoredSigns = true;
   static const uint8_t* grid() { return g_iq_grids.iq3s; }
   static void scales(float d, const uint8_t* b, int64_t j, float& s0, float& s1) {
     const int sc = (b[106 + j / 2] >> (4 * (j % 2))) & 15;
@@ -800,6 +806,14 @@ struct IqBlock {
   }
   // Sub-block j's signs as bytes -1 / 1 (for _mm256_sign_epi8).
   static __m256i sign_bytes(const uint8_t* b, int64_t j) { return Format::sign_bytes(b, j); }
+  // Sub-block j's sign bits (bit e: weight e negative), from the sign bytes where the format
+  // keeps 7 bits and a parity (the table's lookups beat assembling the bits one by one).
+  static uint32_t sign_mask(const uint8_t* b, int64_t j) {
+    if constexpr (Format::kStoredSigns)
+      return Format::signs(b, j);
+    else
+      return static_cast<uint32_t>(_mm256_movemask_epi8(Format::sign_bytes(b, j)));
+  }
   static Sub sub(const uint8_t* row, int64_t s) {
     const uint8_t* b = row + (s / 8) * kBytes;
     const __m256i codes = _mm256_sign_epi8(magnitudes(b, s % 8), sign_bytes(b, s % 8));
