@@ -568,6 +568,12 @@ inline __m256i iq_sign_bytes7(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
                             kIqSignBytes[d & 127]);
 }
 
+// The same for the four 7-bit fields of the word at p (bits 0, 7, 14, 21; IQ2_XXS, IQ3_XXS).
+inline __m256i iq_sign_bytes7(const uint8_t* p) {
+  const uint32_t a = u32_at(p);
+  return iq_sign_bytes7(a, a >> 7, a >> 14, a >> 21);
+}
+
 // The sign bytes of 32 weights whose signs are the 32 bits of `bits`.
 inline __m256i iq_sign_bytes32(uint32_t bits) {
   return _mm256_or_si256(bits_to_bytes(bits, static_cast<char>(-1)), _mm256_set1_epi8(1));
@@ -633,10 +639,7 @@ struct IQ2XXSFormat {
     iq_twice(_mm256_srli_epi32(_mm256_permute2x128_si256(lo, hi, 0x20), 28), v0, v1);
     iq_half_scales(v0, v1, 0.5f, 0.25f * d, sc);
   }
-  static __m256i sign_bytes(const uint8_t* b, int64_t j) {
-    const uint32_t a = u32_at(b + 6 + 8 * j);
-    return iq_sign_bytes7(a, a >> 7, a >> 14, a >> 21);
-  }
+  static __m256i sign_bytes(const uint8_t* b, int64_t j) { return iq_sign_bytes7(b + 6 + 8 * j); }
 #endif
 };
 
@@ -720,10 +723,7 @@ struct IQ3XXSFormat {
              v0, v1);
     iq_half_scales(v0, v1, 0.5f, 0.5f * d, sc);
   }
-  static __m256i sign_bytes(const uint8_t* b, int64_t j) {
-    const uint32_t a = u32_at(b + 66 + 4 * j);
-    return iq_sign_bytes7(a, a >> 7, a >> 14, a >> 21);
-  }
+  static __m256i sign_bytes(const uint8_t* b, int64_t j) { return iq_sign_bytes7(b + 66 + 4 * j); }
 #endif
 };
 
