@@ -33,7 +33,6 @@ constexpr size_t kGranule = size_t{2} << 20;     // mappings in 2 MiB steps: nea
 struct Buffer {
   size_t bytes;    // the mapping's length
   uint64_t freed;  // when it was last freed (a counter), while kept
-  bool kept;
 };
 
 class BufferCache final : public c10::Allocator {
@@ -79,9 +78,7 @@ class BufferCache final : public c10::Allocator {
       if (it != kept_.end() && it->first <= 2 * bytes) {
         void* p = it->second;
         kept_.erase(it);
-        Buffer& b = buffers_.at(p);
-        b.kept = false;
-        kept_bytes_ -= b.bytes;
+        kept_bytes_ -= buffers_.at(p).bytes;
         ++reused_;
         return p;
       }
@@ -92,7 +89,7 @@ class BufferCache final : public c10::Allocator {
       TORCH_CHECK(false, "radixserve's CPU allocator: could not map ", bytes, " bytes");
     }
     std::lock_guard<std::mutex> g(mu_);
-    buffers_.emplace(p, Buffer{bytes, 0, false});
+    buffers_.emplace(p, Buffer{bytes, 0});
     mapped_bytes_ += bytes;
     ++mapped_;
     return p;
@@ -105,20 +102,21 @@ class BufferCache final : public c10::Allocator {
 
   void put(void* p) {
     std::vector<std::pair<void*, size_t>> drop;
+    bool small_one = false;
     {
       std::lock_guard<std::mutex> g(mu_);
       auto it = buffers_.find(p);
       if (it == buffers_.end()) {
-        c10::free_cpu(p);  // a small one
-        return;
+        small_one = true;
+      } else {
+        Buffer& b = it->second;
+        b.freed = ++clock_;
+        kept_.emplace(b.bytes, p);
+        kept_bytes_ += b.bytes;
+        trim(drop);
       }
-      Buffer& b = it->second;
-      b.kept = true;
-      b.freed = ++clock_;
-      kept_.emplace(b.bytes, p);
-      kept_bytes_ += b.bytes;
-      trim(drop);
     }
+    if (small_one) c10::free_cpu(p);  // outside the lock
     unmap(drop);
   }
 

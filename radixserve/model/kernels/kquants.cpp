@@ -590,12 +590,15 @@ inline void iq_half_scales(__m256i v0, __m256i v1, float add, float mul, float* 
   _mm256_storeu_ps(sc + 8, s1);
 }
 
+// The low 8 bytes of b as their 16 nibbles, low first (byte i's at 2i and 2i + 1).
+inline __m128i iq_nibble_bytes(__m128i b) {
+  const __m128i lo4 = _mm_set1_epi8(0x0F);
+  return _mm_unpacklo_epi8(_mm_and_si128(b, lo4), _mm_and_si128(_mm_srli_epi16(b, 4), lo4));
+}
+
 // 8 bytes of nibbles at p (a nibble per 16 weights, low first) as 16 int32, 8 a vector.
 inline void iq_nibbles16(const uint8_t* p, __m256i& v0, __m256i& v1) {
-  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-  const __m128i lo4 = _mm_set1_epi8(0x0F);
-  const __m128i n =
-      _mm_unpacklo_epi8(_mm_and_si128(b, lo4), _mm_and_si128(_mm_srli_epi16(b, 4), lo4));
+  const __m128i n = iq_nibble_bytes(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
   v0 = _mm256_cvtepu8_epi32(n);
   v1 = _mm256_cvtepu8_epi32(_mm_srli_si128(n, 8));
 }
@@ -744,9 +747,11 @@ struct IQ3SFormat {
   static uint32_t signs(const uint8_t* b, int64_t j) { return u32_at(b + 74 + 4 * j); }
 #ifdef RS_AVX2
   static void block_scales(float d, const uint8_t* b, float* sc) {
-    __m256i n0, n1, v0, v1;
-    iq_nibbles16(b + 106, n0, n1);  // 4 bytes: the first 8 nibbles, one per sub-block
-    iq_twice(n0, v0, v1);
+    // the block's last 4 bytes: a nibble per sub-block
+    const __m256i sub = _mm256_cvtepu8_epi32(
+        iq_nibble_bytes(_mm_cvtsi32_si128(static_cast<int>(u32_at(b + 106)))));
+    __m256i v0, v1;
+    iq_twice(sub, v0, v1);
     iq_half_scales(_mm256_slli_epi32(v0, 1), _mm256_slli_epi32(v1, 1), 1.f, d, sc);
   }
   static __m256i sign_bytes(const uint8_t* b, int64_t j) { return iq_sign_bytes32(signs(b, j)); }
