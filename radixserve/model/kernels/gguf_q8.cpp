@@ -773,8 +773,7 @@ inline void row_dot_iq_grid_vnni(const Q8Rows& a, const uint8_t* row, float* out
       asm("" : "+v"(vs[r]));  // see row_dot_q8
     }
     RS_UNROLL for (int v = 0; v < 4; ++v) {
-      const __m512i mag = _mm512_inserti64x4(
-          _mm512_castsi256_si512(B::magnitudes(blk, 2 * v)), B::magnitudes(blk, 2 * v + 1), 1);
+      const __m512i mag = B::template magnitudes64<(MR <= 2)>(blk, v);
       const __mmask64 neg = static_cast<uint64_t>(B::sign_mask(blk, 2 * v)) |
                             static_cast<uint64_t>(B::sign_mask(blk, 2 * v + 1)) << 32;
       // lanes 4h .. 4h + 3 take half scale 4v + h (sub-block 2v + h / 2's half h % 2)
