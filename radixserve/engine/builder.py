@@ -101,9 +101,8 @@ def load_parts(config: EngineConfig) -> EngineParts:
             Tokenizer.from_dir, files.path, chat_template=config.chat_template
         )
         with phase("weights"):
-            model = load_model(files, dtype, device, quantization, prefill)
-            if config.max_model_len:  # no position reaches it (request.check_prompt)
-                model.rotary.keep(config.max_model_len)
+            # no position reaches max_model_len (request.check_prompt)
+            model = load_model(files, dtype, device, quantization, prefill, config.max_model_len)
         with phase("tokenizer"):
             tokenizer = tokenizer_job.result()
     with phase("KV pool, runner and cache"):

@@ -82,7 +82,11 @@ class DecoderModel(nn.Module):
     _decode_weights_possible = True
     _fallback_logged = False
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self, config: ModelConfig, dtype: torch.dtype = torch.float32, positions: int | None = None
+    ) -> None:
+        """`positions`: the context served (RoPE tables for positions below it; the model's
+        maximum when None)."""
         super().__init__()
         self.config = config
         self.embed = frozen(torch.empty(config.vocab_size, config.hidden_size))
@@ -93,7 +97,7 @@ class DecoderModel(nn.Module):
             if config.tie_word_embeddings
             else frozen(torch.empty(config.vocab_size, config.hidden_size))
         )
-        self.rotary = Rotary(config, dtype)
+        self.rotary = Rotary(config, dtype, positions)
         self.to(dtype)
 
     def forward_path(self, batch: ForwardBatch, backend: AttentionBackend) -> ForwardPath:

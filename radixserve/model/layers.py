@@ -49,16 +49,18 @@ def rope_inv_freq(
 
 
 class Rotary(nn.Module):
-    """cos/sin tables for every position up to the model's maximum, built once (and cut to the
-    served context by `keep`): table 0 for full-attention layers, table 1 for sliding layers
-    with their own base (Gemma 3)."""
+    """cos/sin tables for every position below `positions` (the served context; the model's
+    maximum when None), built once: table 0 for full-attention layers, table 1 for sliding
+    layers with their own base (Gemma 3). A 128k-position model served at 8k builds 1/16 of
+    them (Llama 3.2's whole tables: 67 MB, held while its weights load)."""
 
     cos: torch.Tensor
     sin: torch.Tensor
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, positions: int | None = None):
         super().__init__()
-        t = torch.arange(config.max_position_embeddings, dtype=torch.float32)
+        limit = config.max_position_embeddings
+        t = torch.arange(min(positions, limit) if positions else limit, dtype=torch.float32)
         bases = [(config.rope_theta, config.rope_scaling)]
         if config.local_rope_theta is not None:
             bases.append((config.local_rope_theta, None))
@@ -70,13 +72,6 @@ class Rotary(nn.Module):
             sin.append(emb.sin().to(dtype))
         self.register_buffer("cos", torch.stack(cos), persistent=False)
         self.register_buffer("sin", torch.stack(sin), persistent=False)
-
-    def keep(self, positions: int) -> None:
-        """Hold the tables of the first `positions` positions only (the served context:
-        a 128k-position model served at 8k holds 1/16 of them)."""
-        if positions < self.cos.shape[1]:
-            self.cos = self.cos[:, :positions].clone()
-            self.sin = self.sin[:, :positions].clone()
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin [tables, T, head_dim] of each position [T]."""

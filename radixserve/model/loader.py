@@ -205,10 +205,12 @@ def load_model(
     device: torch.device,
     quantization: str | None = "none",
     prefill_path: PrefillPath = PrefillPath.FP32,
+    max_model_len: int | None = None,
 ) -> DecoderModel:
     """Build the DecoderModel for `files` with its weights, on `device` in `dtype`, with its
     projections quantized as `resolve_quantization` decides and prefill on `prefill_path`
-    (`resolve_prefill_path`; logged).
+    (`resolve_prefill_path`; logged), for contexts of up to `max_model_len` tokens (the
+    model's own maximum when None).
 
     A GGUF's weights are read from the file one tensor at a time. With quantization "gguf"
     its quantized matrices (the embedding table included) are used as stored, or repacked
@@ -217,7 +219,7 @@ def load_model(
     config = ModelConfig.from_dir(files.path)
     kind = resolve_quantization(quantization, files, device)
     return_freed_memory_at_once()
-    model = DecoderModel(config, dtype)
+    model = DecoderModel(config, dtype, max_model_len)
     stored: Mapping[str, QuantizedWeight] = {}
     arena: WeightArena | None = None  # where the codes are written, if not packed after
     if files.gguf is None:

@@ -12,6 +12,7 @@ import torch
 from radixserve.model.attention import AttentionBackend, select_backend
 from radixserve.model.batch import SeqChunk, build_batch
 from radixserve.model.kv_pool import KVPool
+from radixserve.model.layers import Rotary
 from tests.support.models import ARCHITECTURES
 
 BS = 4
@@ -159,3 +160,16 @@ def test_rows_without_logits_still_write_the_last_layers_kv(tiny_pair, attn) -> 
     c = ours(build_batch([SeqChunk(seqs[2][1:], 1, tables[2])], BS), pool, attn)[0]
     assert (b - hf_logits(hf, seqs[1])[-1]).abs().max() <= TOL
     assert (c - hf_logits(hf, seqs[2])[-1]).abs().max() <= TOL
+
+
+def test_a_served_context_builds_the_first_rows_of_the_rope_tables(tiny_pair) -> None:
+    """Built for a context shorter than the model's, the cos/sin tables (both bases where two)
+    are the full ones' first rows, and no more; a longer one gets the model's own."""
+    config = tiny_pair[1].config
+    full = Rotary(config, torch.float32)
+    assert full.cos.shape[1] == config.max_position_embeddings
+    short = Rotary(config, torch.float32, positions=7)
+    assert short.cos.shape[1] == short.sin.shape[1] == 7
+    assert torch.equal(short.cos, full.cos[:, :7]) and torch.equal(short.sin, full.sin[:, :7])
+    longer = Rotary(config, torch.float32, positions=config.max_position_embeddings + 5)
+    assert torch.equal(longer.cos, full.cos)
