@@ -377,12 +377,28 @@ def test_a_build_killed_midway_does_not_block_the_next_load(tmp_path) -> None:
         pytest.skip("radixserve's CPU kernels do not build here")
     built = kernels.kernel_cache_dir() / f"cpu-{kernels._build_key(kernels.compile_flags())}"
     copy = tmp_path / built.name
-    shutil.copytree(built, copy, ignore=shutil.ignore_patterns("lock", "*.lock"))
-    (copy / "lock").touch()  # as the killed build left it
+    shutil.copytree(built, copy, ignore=shutil.ignore_patterns("lock", "*.lock", "built"))
+    (copy / "lock").touch()  # as the killed build left it (not marked built)
     env = {**os.environ, "RADIXSERVE_KERNEL_CACHE_DIR": str(tmp_path)}
     code = "from radixserve.model import kernels; assert kernels.load()"
     subprocess.run([sys.executable, "-c", code], env=env, timeout=600, check=True)
     assert not (copy / "lock").exists()
+
+
+def test_a_whole_build_loads_without_torchs_builder() -> None:
+    """A build marked whole is loaded as it is: neither torch's extension builder (with
+    setuptools, 0.14 s of every start) nor ninja runs."""
+    if not kernels.load():
+        pytest.skip("radixserve's CPU kernels do not build here")
+    built = kernels.kernel_cache_dir() / f"cpu-{kernels._build_key(kernels.compile_flags())}"
+    assert (built / "built").exists()
+    code = (
+        "import sys; from radixserve.model import kernels; assert kernels.load(); "
+        "kernels.op('q4_gemm'); print('torch.utils.cpp_extension' in sys.modules)"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "False"
 
 
 def test_two_checkouts_of_the_same_sources_build_apart(tmp_path, monkeypatch) -> None:
