@@ -370,14 +370,19 @@ def test_the_build_key_covers_every_source_and_header(tmp_path, monkeypatch) -> 
     assert kernels._build_key(flags + ["-DX"]) not in keys
 
 
+def _this_build() -> Path:
+    """The build directory of this process's kernels."""
+    return kernels.kernel_cache_dir() / f"cpu-{kernels._build_key(kernels.compile_flags())}"
+
+
 def test_a_build_killed_midway_does_not_block_the_next_load(tmp_path) -> None:
     """torch's build baton (a plain `lock` file) outlives a builder killed mid-build; without
     radixserve's own lock around builds, every later load waited on it forever."""
     if not kernels.load():
         pytest.skip("radixserve's CPU kernels do not build here")
-    built = kernels.kernel_cache_dir() / f"cpu-{kernels._build_key(kernels.compile_flags())}"
+    built = _this_build()
     copy = tmp_path / built.name
-    shutil.copytree(built, copy, ignore=shutil.ignore_patterns("lock", "*.lock", "built"))
+    shutil.copytree(built, copy, ignore=shutil.ignore_patterns("lock", "*.lock", kernels._BUILT))
     (copy / "lock").touch()  # as the killed build left it (not marked built)
     env = {**os.environ, "RADIXSERVE_KERNEL_CACHE_DIR": str(tmp_path)}
     code = "from radixserve.model import kernels; assert kernels.load()"
@@ -390,8 +395,8 @@ def test_a_whole_build_loads_without_torchs_builder() -> None:
     setuptools, 0.14 s of every start) nor ninja runs."""
     if not kernels.load():
         pytest.skip("radixserve's CPU kernels do not build here")
-    built = kernels.kernel_cache_dir() / f"cpu-{kernels._build_key(kernels.compile_flags())}"
-    assert (built / "built").exists()
+    built = _this_build()
+    assert (built / kernels._BUILT).exists()
     code = (
         "import sys; from radixserve.model import kernels; assert kernels.load(); "
         "kernels.op('q4_gemm'); print('torch.utils.cpp_extension' in sys.modules)"

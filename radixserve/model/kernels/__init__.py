@@ -130,7 +130,8 @@ def load() -> bool:
     flags = compile_flags()
     key = _build_key(flags)
     build_dir = kernel_cache_dir() / f"cpu-{key}"
-    library, built = build_dir / f"radixserve_cpu_{key}.so", build_dir / _BUILT
+    name = f"radixserve_cpu_{key}"
+    library, built = build_dir / f"{name}.so", build_dir / _BUILT  # the library torch builds
     try:
         log.info("loading radixserve CPU kernels from %s (built on first use)", build_dir)
         if built.exists() and library.exists():
@@ -139,7 +140,7 @@ def load() -> bool:
             # setuptools and running ninja (0.14 s of every start).
             torch.ops.load_library(str(library))  # type: ignore[no-untyped-call]
         else:
-            _build(build_dir, key, flags)
+            _build(build_dir, name, flags)
     except Exception as e:  # no compiler, no ninja, an unusual platform: run without them
         log.warning("radixserve's CPU kernels are unavailable (%s); using torch fallbacks", e)
         return False
@@ -148,9 +149,10 @@ def load() -> bool:
     return True
 
 
-def _build(build_dir: Path, key: str, flags: list[str]) -> None:
-    """Build the kernels into `build_dir` with torch's extension builder (nothing to do when
-    an earlier build is current) and load them; then mark the build whole (`_BUILT`)."""
+def _build(build_dir: Path, name: str, flags: list[str]) -> None:
+    """Build the kernels as library `name` into `build_dir` with torch's extension builder
+    (nothing to do when an earlier build is current) and load them; then mark the build whole
+    (`_BUILT`)."""
     from torch.utils.cpp_extension import load as build
 
     build_dir.mkdir(parents=True, exist_ok=True)
@@ -158,7 +160,7 @@ def _build(build_dir: Path, key: str, flags: list[str]) -> None:
         _drop_stale_baton(build_dir)
         (build_dir / _BUILT).unlink(missing_ok=True)  # a link cut short is not whole
         build(
-            name=f"radixserve_cpu_{key}",
+            name=name,
             sources=[str(p) for p in _SOURCES],
             extra_cflags=flags,
             extra_ldflags=["-fopenmp"],
