@@ -11,7 +11,7 @@ import signal
 import socket
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
@@ -19,6 +19,9 @@ from radixserve.options import add_options
 from radixserve.server.config import ServerConfig, WorkerOptions
 from radixserve.server.kv_events.start import start_kv_events
 from radixserve.server.lifecycle import FAULT_ENV, install_fault_injection, watch_engine
+
+if TYPE_CHECKING:
+    from radixserve.model.hugepages import MovesHeld
 
 log = logging.getLogger("radixserve.server")
 
@@ -81,22 +84,29 @@ def _start_and_serve(args: argparse.Namespace) -> int:
 
         tiers = load_api_key_tiers(opts.api_key_tiers)  # a bad file: ValueError, one line
     from radixserve.engine.engine import LLMEngine
+    from radixserve.model.hugepages import MovesHeld
 
     # Start-up errors propagate: radixserve.cli prints them as one line (after the checks
     # of radixserve.preflight, which run before this).
-    engine = LLMEngine(opts.engine_config())
+    with MovesHeld() as moves:  # weights onto huge pages once serving (on_started)
+        engine = LLMEngine(opts.engine_config())
     fault = os.environ.get(FAULT_ENV)
     if fault:
         install_fault_injection(engine, fault)  # a bad spec is a ValueError: one line, exit 2
     try:
         engine.prepare_structured_outputs(background=True)  # requests wait for what they need
         engine.start()
-        return _serve(engine, opts.server_config(), tiers)
+        return _serve(engine, opts.server_config(), tiers, moves)
     finally:
         engine.shutdown()
 
 
-def _serve(engine: Any, cfg: ServerConfig, tiers: dict[str, int] | None = None) -> int:
+def _serve(
+    engine: Any,
+    cfg: ServerConfig,
+    tiers: dict[str, int] | None = None,
+    moves: MovesHeld | None = None,
+) -> int:
     from radixserve.server.app import build_app
 
     app = build_app(
@@ -130,6 +140,8 @@ def _serve(engine: Any, cfg: ServerConfig, tiers: dict[str, int] | None = None) 
         log.info(line)
         frozen = freeze_startup_heap()
         log.info("start-up heap: %d objects frozen out of garbage collection", frozen)
+        if moves is not None:
+            moves.start()
 
     server = _Server(
         config,
