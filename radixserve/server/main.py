@@ -94,7 +94,6 @@ def _start_and_serve(args: argparse.Namespace) -> int:
     if fault:
         install_fault_injection(engine, fault)  # a bad spec is a ValueError: one line, exit 2
     try:
-        engine.prepare_structured_outputs(background=True)  # requests wait for what they need
         engine.start()
         return _serve(engine, opts.server_config(), tiers, moves)
     finally:
@@ -140,6 +139,8 @@ def _serve(
         log.info(line)
         frozen = freeze_startup_heap()
         log.info("start-up heap: %d objects frozen out of garbage collection", frozen)
+        # Work that would slow the start (competing for the interpreter's lock), from here:
+        engine.prepare_structured_outputs(background=True)  # requests wait for what they need
         if moves is not None:
             moves.start()
 
