@@ -245,8 +245,6 @@ def load_model(
     # Before packing; int8-vnni's panels over the codes in the arena (nothing else reads them).
     model.use_prefill_path(prefill_path, in_place=arena is not None)
     pack_model_weights(model, arena)
-    if arena is not None:
-        arena.settle()
     return_freed_memory_at_once()
     # The load's temporaries are gone: a step's are reused from here, the large ones kept by
     # our allocator (glibc's heap fragments under them), the rest in glibc's heap.

@@ -11,7 +11,7 @@ import signal
 import socket
 from collections.abc import Callable
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import uvicorn
 
@@ -19,9 +19,6 @@ from radixserve.options import add_options
 from radixserve.server.config import ServerConfig, WorkerOptions
 from radixserve.server.kv_events.start import start_kv_events
 from radixserve.server.lifecycle import FAULT_ENV, install_fault_injection, watch_engine
-
-if TYPE_CHECKING:
-    from radixserve.model.hugepages import MovesHeld
 
 log = logging.getLogger("radixserve.server")
 
@@ -84,28 +81,21 @@ def _start_and_serve(args: argparse.Namespace) -> int:
 
         tiers = load_api_key_tiers(opts.api_key_tiers)  # a bad file: ValueError, one line
     from radixserve.engine.engine import LLMEngine
-    from radixserve.model.hugepages import MovesHeld
 
     # Start-up errors propagate: radixserve.cli prints them as one line (after the checks
     # of radixserve.preflight, which run before this).
-    with MovesHeld() as moves:  # weights onto huge pages once serving (on_started)
-        engine = LLMEngine(opts.engine_config())
+    engine = LLMEngine(opts.engine_config())
     fault = os.environ.get(FAULT_ENV)
     if fault:
         install_fault_injection(engine, fault)  # a bad spec is a ValueError: one line, exit 2
     try:
         engine.start()
-        return _serve(engine, opts.server_config(), tiers, moves)
+        return _serve(engine, opts.server_config(), tiers)
     finally:
         engine.shutdown()
 
 
-def _serve(
-    engine: Any,
-    cfg: ServerConfig,
-    tiers: dict[str, int] | None = None,
-    moves: MovesHeld | None = None,
-) -> int:
+def _serve(engine: Any, cfg: ServerConfig, tiers: dict[str, int] | None = None) -> int:
     from radixserve.server.app import build_app
 
     app = build_app(
@@ -139,10 +129,8 @@ def _serve(
         log.info(line)
         frozen = freeze_startup_heap()
         log.info("start-up heap: %d objects frozen out of garbage collection", frozen)
-        # Work that would slow the start (competing for the interpreter's lock), from here:
+        # Built from here: their thread competed for the interpreter's lock with the start.
         engine.prepare_structured_outputs(background=True)  # requests wait for what they need
-        if moves is not None:
-            moves.start()
 
     server = _Server(
         config,
